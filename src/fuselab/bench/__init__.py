@@ -1,0 +1,1 @@
+"""The measurement lab: cases, providers, correctness checks, timing, ceilings and reports."""

@@ -1,0 +1,144 @@
+"""The contract between the lab and each op's benchmark suite.
+
+An op's suite (``fuselab.bench.suites.<op>``) defines one :class:`OpSpec`:
+
+* ``cases(query)`` lists :class:`BenchCase` objects (shape, dtype, mode, and the
+  bytes/flops model: the minimum each input read once, each output written once);
+* ``make_inputs(case, device)`` builds fresh random, non-zero inputs (a tuple of
+  positional arguments, tensors or plain values) every time it is called;
+* ``reference(*args)`` is a pure PyTorch function, differentiable by autograd, that the
+  harness calls on float64 copies of the inputs: the oracle for every provider;
+* ``providers`` is the registry of implementations: each :class:`Provider` builds, once
+  per case, a callable with the reference's signature and outputs.
+
+Modes: ``fwd`` times ``fn(*args)`` under ``torch.no_grad()``; ``bwd`` runs the forward once
+and times ``torch.autograd.backward(outputs, grad_outputs)``; ``fwd+bwd`` times both.
+``grad_args(case)`` names the positional arguments that receive gradients.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+MODES: tuple[str, ...] = ("fwd", "bwd", "fwd+bwd")
+DTYPES: dict[str, torch.dtype] = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
+
+
+def dtype_name(dtype: torch.dtype) -> str:
+    for name, d in DTYPES.items():
+        if d == dtype:
+            return name
+    return str(dtype).removeprefix("torch.")
+
+
+@dataclass(frozen=True)
+class BenchCase:
+    """One op × shape × dtype × mode, with its cost model.
+
+    ``bytes`` is the minimum traffic for *this mode* (each input read once, each output
+    written once; for ``bwd``: grad_outputs and saved tensors read, grad_inputs written).
+    ``numel`` is the size used on the x-axis of plots. ``params`` carries op-specific
+    settings (shape tuple, activation, layout, ...) read by ``make_inputs`` and providers.
+    """
+
+    op: str
+    label: str
+    dtype: torch.dtype
+    mode: str
+    bytes: int
+    flops: int
+    numel: int
+    params: Mapping[str, Any] = field(default_factory=dict)
+    l2_cold: bool = False  # small inputs: time with rotating input sets so L2 starts cold
+
+    def __post_init__(self) -> None:
+        if self.mode not in MODES:
+            raise ValueError(f"mode must be one of {MODES}, got {self.mode!r}")
+
+    @property
+    def key(self) -> str:
+        return f"{self.op}/{self.label}/{dtype_name(self.dtype)}/{self.mode}"
+
+    @property
+    def intensity(self) -> float:
+        """Arithmetic intensity, flops per byte."""
+        return self.flops / self.bytes if self.bytes else 0.0
+
+
+@dataclass(frozen=True)
+class CaseQuery:
+    """What the user asked for: the suite returns the matching cases."""
+
+    device_type: str  # "cuda" or "cpu": CPU runs use small shapes
+    quick: bool = False
+    dtypes: tuple[torch.dtype, ...] | None = None  # None: the suite's defaults
+    modes: tuple[str, ...] | None = None  # None: the suite's defaults
+
+    def wants(self, dtype: torch.dtype, mode: str) -> bool:
+        return (self.dtypes is None or dtype in self.dtypes) and (self.modes is None or mode in self.modes)
+
+
+Fn = Callable[..., Any]
+
+
+@dataclass(frozen=True)
+class Provider:
+    """One implementation of an op.
+
+    ``build(case)`` returns ``fn(*args)`` (compilation happens here or on first call).
+    ``requires`` lists modules that must import; when one does not, the report says
+    "not installed". ``supports(case)`` returns ``None`` or a reason the case is skipped.
+    ``triton=True`` marks providers that launch Triton kernels: on a CPU machine they run
+    once under the interpreter, for correctness only. ``cuda_only`` providers are skipped
+    on CPU. ``inplace`` providers write into their inputs: the harness hands them clones.
+    """
+
+    name: str
+    build: Callable[[BenchCase], Fn]
+    requires: tuple[str, ...] = ()
+    modes: tuple[str, ...] = MODES
+    triton: bool = False
+    cuda_only: bool = False
+    inplace: bool = False
+    supports: Callable[[BenchCase], str | None] | None = None
+    description: str = ""
+
+    def missing(self) -> str | None:
+        """Name of the first required module that cannot be imported, if any."""
+        for module in self.requires:
+            try:
+                if importlib.util.find_spec(module) is None:
+                    return module
+            except (ImportError, ValueError):
+                return module
+        return None
+
+    def skip_reason(self, case: BenchCase) -> str | None:
+        if case.mode not in self.modes:
+            return f"no {case.mode} mode"
+        return self.supports(case) if self.supports is not None else None
+
+
+@dataclass(frozen=True)
+class OpSpec:
+    name: str
+    summary: str
+    cases: Callable[[CaseQuery], list[BenchCase]]
+    make_inputs: Callable[[BenchCase, torch.device], tuple[Any, ...]]
+    reference: Fn
+    providers: Sequence[Provider]
+    grad_args: Callable[[BenchCase], tuple[int, ...]] = lambda case: (0,)
+    baseline: str = "eager"  # provider that speedups are measured against
+
+    def provider(self, name: str) -> Provider:
+        for p in self.providers:
+            if p.name == name:
+                return p
+        raise ValueError(
+            f"unknown provider {name!r} for op {self.name!r}; valid: {', '.join(p.name for p in self.providers)}"
+        )

@@ -1,0 +1,1 @@
+"""Fused ops: one module per op (Triton kernels, launchers, torch.library registration, autograd)."""

@@ -1,0 +1,54 @@
+"""Test set-up: Triton's interpreter on machines without CUDA, seeds, markers, backends.
+
+``TRITON_INTERPRET=1`` must be set before triton is first imported, so it is set here,
+at the top, before anything imports fuselab's kernels.
+"""
+
+from __future__ import annotations
+
+import os
+
+import torch
+
+HAS_CUDA = torch.cuda.is_available()
+if not HAS_CUDA:
+    os.environ.setdefault("TRITON_INTERPRET", "1")
+
+import pytest  # noqa: E402
+
+#: device the kernel tests run on: CUDA when present, else CPU through the interpreter
+DEVICE = torch.device("cuda" if HAS_CUDA else "cpu")
+
+
+def pytest_collection_modifyitems(config, items):
+    if HAS_CUDA:
+        return
+    skip_gpu = pytest.mark.skip(reason="needs a CUDA device")
+    for item in items:
+        if "gpu" in item.keywords:
+            item.add_marker(skip_gpu)
+
+
+@pytest.fixture(autouse=True)
+def _seed():
+    torch.manual_seed(0)
+    yield
+
+
+@pytest.fixture
+def device() -> torch.device:
+    return DEVICE
+
+
+@pytest.fixture
+def triton_backend(monkeypatch):
+    """Route every op through the Triton kernels (interpreter on CPU, compiled on GPU)."""
+    monkeypatch.setenv("FUSELAB_BACKEND", "triton")
+    yield
+
+
+@pytest.fixture
+def torch_backend(monkeypatch):
+    """Route every op through the pure-PyTorch reference path."""
+    monkeypatch.setenv("FUSELAB_BACKEND", "torch")
+    yield
