@@ -1,0 +1,39 @@
+"""DLRM for Criteo click logs: model, data pipeline, trainer, export (``fuselab dlrm ...``).
+
+Names resolve lazily so ``import fuselab.dlrm`` (and the CLI) stays cheap.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+_API: dict[str, str] = {
+    "DLRM": "fuselab.dlrm.model",
+    "DenseArch": "fuselab.dlrm.model",
+    "SparseArch": "fuselab.dlrm.model",
+    "InteractionArch": "fuselab.dlrm.model",
+    "OverArch": "fuselab.dlrm.model",
+    "Batch": "fuselab.dlrm.model",
+    "torchrec_permutation": "fuselab.dlrm.model",
+    "DLRMConfig": "fuselab.dlrm.config",
+    "load_config": "fuselab.dlrm.config",
+    "roc_auc": "fuselab.dlrm.metrics",
+    "evaluate_predictions": "fuselab.dlrm.metrics",
+    "train": "fuselab.dlrm.train",
+    "open_dataset": "fuselab.dlrm.data.loader",
+    "kaggle_split": "fuselab.dlrm.data.loader",
+    "write_synthetic": "fuselab.dlrm.data.synth",
+    "preprocess": "fuselab.dlrm.data.tsv",
+    "configure_parser": "fuselab.dlrm.cli",
+}
+
+__all__ = sorted(_API)
+
+
+def __getattr__(name: str) -> Any:
+    if name in _API:
+        value = getattr(importlib.import_module(_API[name]), name)
+        globals()[name] = value
+        return value
+    raise AttributeError(f"module 'fuselab.dlrm' has no attribute {name!r}")

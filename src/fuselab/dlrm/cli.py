@@ -1,0 +1,197 @@
+"""``fuselab dlrm ...``: synth, preprocess, train, export, info.
+
+The top-level CLI calls :func:`configure_parser` with the ``dlrm`` sub-parser. Every
+sub-subcommand sets ``func(args) -> int``. Imports of torch / numpy / pyarrow happen inside
+the handlers, so building the parser (``fuselab --help``) stays fast.
+
+Errors that are the user's (a missing file, a bad flag value, a malformed row with
+``--on-error fail``) print one line to stderr and return exit status 2, never a traceback.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Callable
+
+#: default directory of the synthetic dataset `fuselab dlrm train` makes when given no data
+DEFAULT_SYNTH_DIR = "runs/dlrm/synth-tiny"
+
+
+class UserError(Exception):
+    """An error caused by the user's input: reported in one line, exit status 2."""
+
+
+def _guard(fn: Callable[[argparse.Namespace], int]) -> Callable[[argparse.Namespace], int]:
+    def run(args: argparse.Namespace) -> int:
+        try:
+            return fn(args)
+        except (UserError, ValueError, FileNotFoundError, NotADirectoryError, TypeError) as exc:
+            print(f"fuselab dlrm: error: {exc}", file=sys.stderr)
+            return 2
+        except KeyboardInterrupt:
+            print("fuselab dlrm: interrupted", file=sys.stderr)
+            return 130
+
+    run.__name__ = fn.__name__
+    run.__doc__ = fn.__doc__
+    return run
+
+
+# ---------------------------------------------------------------------------------------- handlers
+
+
+def _cmd_synth(args: argparse.Namespace) -> int:
+    from .data.synth import SynthSpec, write_synthetic
+
+    spec = SynthSpec(rows=args.rows, scale=args.scale, seed=args.seed, positive_rate=args.positive_rate,
+                     zipf_alpha=args.zipf_alpha, signal=args.signal)
+    meta = write_synthetic(args.out, spec, fmt=args.format, shard_rows=args.shard_rows, workers=args.workers,
+                           progress=not args.quiet)
+    print(f"wrote {meta['num_rows']:,} rows ({args.format}) to {args.out}; positive rate "
+          f"{meta['positive_rate']:.4f}; best achievable AUC {meta['best_auc']:.4f} "
+          f"(test split {meta['best_auc_test']:.4f}); embedding rows {sum(meta['cardinalities']):,}")
+    return 0
+
+
+def _cmd_preprocess(args: argparse.Namespace) -> int:
+    from .data.tsv import preprocess
+
+    report = preprocess(args.inputs, args.out, shard_rows=args.shard_rows, on_error=args.on_error,
+                        min_count=args.min_count, resume=not args.no_resume, progress=not args.quiet,
+                        block_size=args.block_size)
+    print(report.summary())
+    return 0
+
+
+def _cmd_train(args: argparse.Namespace) -> int:
+    from .train import main_from_args
+
+    return main_from_args(args)
+
+
+def _cmd_export(args: argparse.Namespace) -> int:
+    from .export import export_onnx
+
+    path = export_onnx(args.checkpoint, args.onnx, batch_size=args.batch_size, opset=args.opset,
+                       check=not args.no_check)
+    print(f"wrote {path}")
+    return 0
+
+
+def _cmd_info(args: argparse.Namespace) -> int:
+    import json
+
+    from .data.loader import open_dataset
+
+    ds = open_dataset(args.data)
+    meta = dict(ds.meta)
+    for key in ("shards", "vocab_counts"):
+        meta.pop(key, None)
+    print(json.dumps(meta, indent=2, default=str))
+    return 0
+
+
+# ---------------------------------------------------------------------------------------- parser
+
+
+def _add_train_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--config", default=None,
+                   help="config name (tiny, kaggle, mlperf-v1) or a .json/.toml file (default: tiny)")
+    p.add_argument("--data", default=None,
+                   help="dataset directory (npy shards from preprocess/synth, or parquet + metadata JSON). "
+                        f"Without it a small synthetic set is made in {DEFAULT_SYNTH_DIR}")
+    p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
+                   help="override any config field, e.g. --set lr_dense=0.05 --set bottom_mlp=[512,256,16]")
+    p.add_argument("--device", default=None, help="cpu, cuda, cuda:1 (default: cuda when present, else cpu)")
+    p.add_argument("--compile", action="store_true", default=None, help="torch.compile the dense part")
+    p.add_argument("--epochs", type=float, default=None, help="epochs over the train split (fractions allowed)")
+    p.add_argument("--steps", type=int, default=None, help="optimizer steps (wins over --epochs)")
+    p.add_argument("--time-budget", type=float, default=None, metavar="SECONDS",
+                   help="stop training after this many seconds (checked between steps)")
+    p.add_argument("--batch-size", type=int, default=None)
+    p.add_argument("--eval-every", type=int, default=None, metavar="STEPS", help="evaluate every N steps (0: end)")
+    p.add_argument("--eval-batches", type=int, default=None, help="cap on batches per evaluation (0: all)")
+    p.add_argument("--optimizer", choices=("sgd", "adagrad"), default=None)
+    p.add_argument("--lr-dense", type=float, default=None, help="learning rate of the MLPs")
+    p.add_argument("--lr-sparse", type=float, default=None, help="learning rate of the embedding tables")
+    p.add_argument("--bf16", action="store_true", default=None, help="bf16 autocast for the MLPs")
+    p.add_argument("--hashing", choices=("modulus", "vocab"), default=None)
+    p.add_argument("--seed", type=int, default=None)
+    p.add_argument("--breakdown", action="store_true",
+                   help="time data/forward/backward/optimizer per step (synchronizes between phases)")
+    p.add_argument("--profile", default=None, metavar="DIR",
+                   help="profile a window of steps: Chrome trace, TensorBoard trace, per-kernel table in DIR")
+    p.add_argument("--tensorboard", default=None, metavar="DIR", help="write TensorBoard scalars to DIR")
+    p.add_argument("--checkpoint-dir", default=None, metavar="DIR")
+    p.add_argument("--checkpoint-every", type=int, default=None, metavar="STEPS")
+    p.add_argument("--resume", nargs="?", const="latest", default=None, metavar="FILE",
+                   help="resume from FILE, or from the latest checkpoint in --checkpoint-dir")
+    p.add_argument("--loader-only", action="store_true",
+                   help="measure the data loader's throughput alone (no model) and exit")
+    p.add_argument("--json", default=None, metavar="FILE", help="write the run summary as JSON")
+    p.add_argument("--quiet", action="store_true", help="no progress bar")
+
+
+def configure_parser(parser: argparse.ArgumentParser) -> None:
+    """Add the ``dlrm`` sub-subcommands to ``parser`` (each sets ``func(args) -> int``)."""
+    sub = parser.add_subparsers(dest="dlrm_command", metavar="{synth,preprocess,train,export,info}")
+    sub.required = True
+
+    p = sub.add_parser("synth", help="write a synthetic Criteo-format dataset with a known best AUC",
+                       description="Zipf categorical ids over (scaled) Kaggle cardinalities, count-like dense "
+                                   "features, labels from a hidden logistic model (best AUC stored in metadata).")
+    p.add_argument("--out", required=True, help="output directory")
+    p.add_argument("--rows", type=int, default=200_000)
+    p.add_argument("--scale", type=float, default=1e-3,
+                   help="multiply the Kaggle cardinalities by this (1.0 = full Kaggle, ~33.8M rows)")
+    p.add_argument("--format", choices=("npy", "tsv", "tsv.gz"), default="npy")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--positive-rate", type=float, default=0.256)
+    p.add_argument("--zipf-alpha", type=float, default=1.2, help="power-law exponent of the categorical ids")
+    p.add_argument("--signal", type=float, default=1.0, help="scale of the hidden model's logit (harder when lower)")
+    p.add_argument("--shard-rows", type=int, default=1 << 20)
+    p.add_argument("--workers", type=int, default=0, help="generator processes (0: one per core, max 16)")
+    p.add_argument("--quiet", action="store_true")
+    p.set_defaults(func=_guard(_cmd_synth))
+
+    p = sub.add_parser("preprocess", help="Criteo TSV (.gz) -> npy shards + metadata JSON (streaming, resumable)")
+    p.add_argument("inputs", nargs="+", help="train.txt, day_0, day_1.gz, ... in order")
+    p.add_argument("--out", required=True, help="output directory")
+    p.add_argument("--shard-rows", type=int, default=1 << 20)
+    p.add_argument("--on-error", choices=("skip", "fail"), default="skip",
+                   help="malformed rows: skip and report (default) or stop at the first")
+    p.add_argument("--min-count", type=int, default=1,
+                   help="vocab hashing: ids seen fewer times share row 0 (vocabulary saved in the output)")
+    p.add_argument("--block-size", type=int, default=16 << 20, help="bytes parsed per block (bounds memory)")
+    p.add_argument("--no-resume", action="store_true", help="start over even if a partial run exists")
+    p.add_argument("--quiet", action="store_true")
+    p.set_defaults(func=_guard(_cmd_preprocess))
+
+    p = sub.add_parser("train", help="train DLRM (no arguments: tiny config on a small synthetic set)")
+    _add_train_args(p)
+    p.set_defaults(func=_guard(_cmd_train))
+
+    p = sub.add_parser("export", help="export a checkpoint's model to ONNX")
+    p.add_argument("--checkpoint", required=True, help="checkpoint file written by train")
+    p.add_argument("--onnx", required=True, metavar="FILE", help="output .onnx file")
+    p.add_argument("--batch-size", type=int, default=4, help="batch size of the example input (axis is dynamic)")
+    p.add_argument("--opset", type=int, default=18)
+    p.add_argument("--no-check", action="store_true", help="skip the onnxruntime comparison")
+    p.set_defaults(func=_guard(_cmd_export))
+
+    p = sub.add_parser("info", help="print a dataset's metadata")
+    p.add_argument("data", help="dataset directory")
+    p.set_defaults(func=_guard(_cmd_info))
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run ``fuselab dlrm`` on its own (the same parser the top-level CLI mounts)."""
+    parser = argparse.ArgumentParser(prog="fuselab dlrm")
+    configure_parser(parser)
+    args = parser.parse_args(argv)
+    return args.func(args)
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

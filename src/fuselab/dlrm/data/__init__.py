@@ -1,0 +1,1 @@
+"""Criteo data: TSV preprocessing, parquet, synthetic generator, shard loader."""
