@@ -1,0 +1,335 @@
+"""Triton kernels and out-param launchers of the fused bias + scaled residual + activation.
+
+Forward, one pass:  read x, residual (M·N each), bias (N) -> write y (M·N) [+ pre-activation z (M·N) when the
+backward of silu/gelu/gelu_tanh needs it].
+Backward, one pass: read grad_y + saved (M·N each) -> write grad_x, grad_residual (M·N each, only those asked
+for) + an fp32 partial column sum of dz per program ([grid_m, N], a few MB at most); a tiny second kernel sums
+the partials in a fixed order: the bias gradient is deterministic, no atomics, no second pass over grad_y.
+
+Tensors are 2-D ``[M, N]`` views with arbitrary strides (Triton specializes a unit inner stride, so contiguous
+rows get 16-byte vector access); outputs the launchers do not own are allocated by the caller.
+Programs walk row tiles with a grid stride (``for tile in range(pid_m, n_tiles, grid_m)``), so each program loads
+its bias slice once and the backward accumulates its column sums in registers over all of its tiles.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from fuselab.ops._launch import INT32_MAX, cdiv, needs_int64, next_power_of_2, sm_count
+
+#: activation name -> constexpr id used by the kernels (order of fuselab.ACTIVATIONS)
+ACT_IDS: dict[str, int] = {"none": 0, "relu": 1, "relu2": 2, "sigmoid": 3, "silu": 4, "gelu": 5, "gelu_tanh": 6}
+
+#: tuning knobs (module constants so a GPU sweep can change them): bytes of one tensor tile, programs per SM
+TILE_BYTES = 16384
+FWD_PROGRAMS_PER_SM = 16
+BWD_PROGRAMS_PER_SM = 4
+MAX_WARPS = 8
+
+
+@triton.jit
+def _act(z, ACTIVATION: tl.constexpr):
+    """act(z) in the compute dtype. tanh(u) = 2*sigmoid(2u) - 1, so gelu_tanh(z) = z * sigmoid(2u)."""
+    if ACTIVATION == 0:  # none
+        y = z
+    elif ACTIVATION == 1:  # relu
+        y = tl.maximum(z, 0.0)
+    elif ACTIVATION == 2:  # relu2
+        r = tl.maximum(z, 0.0)
+        y = r * r
+    elif ACTIVATION == 3:  # sigmoid
+        y = 1.0 / (1.0 + tl.exp(-z))
+    elif ACTIVATION == 4:  # silu
+        y = z / (1.0 + tl.exp(-z))
+    elif ACTIVATION == 5:  # gelu (erf)
+        y = 0.5 * z * (1.0 + tl.erf(z * 0.7071067811865476))
+    else:  # gelu_tanh; 2*sqrt(2/pi) = 1.5957691216057308
+        u2 = 1.5957691216057308 * (z + 0.044715 * z * z * z)
+        y = z / (1.0 + tl.exp(-u2))
+    return y
+
+
+@triton.jit
+def _act_grad(s, ACTIVATION: tl.constexpr):
+    """act'(z) from the saved tensor s: the output y for relu/relu2/sigmoid, the pre-activation z otherwise."""
+    if ACTIVATION == 1:  # relu, s = y
+        d = tl.where(s > 0.0, 1.0, 0.0)
+    elif ACTIVATION == 2:  # relu2, s = y = relu(z)^2 -> 2 relu(z) = 2 sqrt(y)
+        d = 2.0 * tl.sqrt(s)
+    elif ACTIVATION == 3:  # sigmoid, s = y
+        d = s * (1.0 - s)
+    elif ACTIVATION == 4:  # silu, s = z
+        sig = 1.0 / (1.0 + tl.exp(-s))
+        d = sig * (1.0 + s * (1.0 - sig))
+    elif ACTIVATION == 5:  # gelu (erf), s = z; 1/sqrt(2 pi) = 0.3989422804014327
+        d = 0.5 * (1.0 + tl.erf(s * 0.7071067811865476)) + s * tl.exp(-0.5 * s * s) * 0.3989422804014327
+    else:  # gelu_tanh, s = z
+        u2 = 1.5957691216057308 * (s + 0.044715 * s * s * s)
+        sig = 1.0 / (1.0 + tl.exp(-u2))
+        d = sig + s * sig * (1.0 - sig) * (1.5957691216057308 * (1.0 + 0.134145 * s * s))
+    return d
+
+
+@triton.jit
+def _bias_act_fwd_kernel(
+    X,  # [M, N] input x, strides (stride_xm, stride_xn)
+    R,  # [M, N] residual, strides (stride_rm, stride_rn); read only if HAS_RESIDUAL
+    B,  # [N] bias, stride stride_b; read only if HAS_BIAS
+    Y,  # [M, N] output y, strides (stride_ym, stride_yn) (Y is X when in place)
+    Z,  # [M, N] contiguous pre-activation for the backward; written only if SAVE_PRE
+    M,
+    N,
+    stride_xm,
+    stride_xn,
+    stride_rm,
+    stride_rn,
+    stride_b,
+    stride_ym,
+    stride_yn,
+    alpha,  # python float, scale of the residual
+    ACTIVATION: tl.constexpr,
+    HAS_RESIDUAL: tl.constexpr,
+    HAS_BIAS: tl.constexpr,
+    SAVE_PRE: tl.constexpr,
+    ACC: tl.constexpr,  # compute dtype: fp32 (fp64 for fp64 inputs)
+    INT64: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+):
+    # bytes: read x, residual (M·N each) + bias (N), write y (M·N) [+ z (M·N)]
+    pid_m = tl.program_id(0)
+    pid_n = tl.program_id(1)
+    grid_m = tl.num_programs(0)
+    cols = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    col_mask = cols < N
+    if INT64:
+        cols = cols.to(tl.int64)
+    if HAS_BIAS:  # once per program, reused by every row tile
+        b = tl.load(B + cols * stride_b, mask=col_mask, other=0.0).to(ACC)
+    n_tiles = tl.cdiv(M, BLOCK_M)
+    for tile in range(pid_m, n_tiles, grid_m):
+        rows = tile * BLOCK_M + tl.arange(0, BLOCK_M)
+        if INT64:
+            rows = rows.to(tl.int64)
+        mask = (rows < M)[:, None] & col_mask[None, :]
+        z = tl.load(X + rows[:, None] * stride_xm + cols[None, :] * stride_xn, mask=mask, other=0.0).to(ACC)
+        if HAS_RESIDUAL:
+            r = tl.load(R + rows[:, None] * stride_rm + cols[None, :] * stride_rn, mask=mask, other=0.0)
+            z = z + alpha * r.to(ACC)
+        if HAS_BIAS:
+            z = z + b[None, :]
+        if SAVE_PRE:
+            tl.store(Z + rows[:, None] * N + cols[None, :], z.to(Z.dtype.element_ty), mask=mask)
+        y = _act(z, ACTIVATION)
+        tl.store(Y + rows[:, None] * stride_ym + cols[None, :] * stride_yn, y.to(Y.dtype.element_ty), mask=mask)
+
+
+@triton.jit
+def _bias_act_bwd_kernel(
+    G,  # [M, N] grad of y, strides (stride_gm, stride_gn)
+    S,  # [M, N] saved tensor (y or z, see _act_grad), strides (stride_sm, stride_sn); unused for "none"
+    DX,  # [M, N] contiguous grad of x = dz; written only if WRITE_DX
+    DR,  # [M, N] contiguous grad of residual = alpha * dz; written only if WRITE_DR
+    P,  # [grid_m, N] contiguous fp32 (fp64) partial column sums of dz (bias grad, stage 1); only if HAS_BIAS
+    M,
+    N,
+    stride_gm,
+    stride_gn,
+    stride_sm,
+    stride_sn,
+    alpha,
+    ACTIVATION: tl.constexpr,
+    WRITE_DX: tl.constexpr,
+    WRITE_DR: tl.constexpr,
+    HAS_BIAS: tl.constexpr,
+    ACC: tl.constexpr,
+    INT64: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+):
+    # bytes: read grad_y, saved (M·N each), write grad_x, grad_residual (M·N each) + partials (grid_m·N fp32)
+    pid_m = tl.program_id(0)
+    pid_n = tl.program_id(1)
+    grid_m = tl.num_programs(0)
+    cols = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    col_mask = cols < N
+    if INT64:
+        cols = cols.to(tl.int64)
+    acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=ACC)
+    n_tiles = tl.cdiv(M, BLOCK_M)
+    for tile in range(pid_m, n_tiles, grid_m):
+        rows = tile * BLOCK_M + tl.arange(0, BLOCK_M)
+        if INT64:
+            rows = rows.to(tl.int64)
+        mask = (rows < M)[:, None] & col_mask[None, :]
+        dz = tl.load(G + rows[:, None] * stride_gm + cols[None, :] * stride_gn, mask=mask, other=0.0).to(ACC)
+        if ACTIVATION != 0:
+            s = tl.load(S + rows[:, None] * stride_sm + cols[None, :] * stride_sn, mask=mask, other=0.0)
+            dz = dz * _act_grad(s.to(ACC), ACTIVATION)
+        offs = rows[:, None] * N + cols[None, :]
+        if WRITE_DX:
+            tl.store(DX + offs, dz.to(DX.dtype.element_ty), mask=mask)
+        if WRITE_DR:
+            tl.store(DR + offs, (alpha * dz).to(DR.dtype.element_ty), mask=mask)
+        if HAS_BIAS:
+            acc += tl.where(mask, dz, 0.0)
+    if HAS_BIAS:
+        tl.store(P + pid_m.to(tl.int64) * N + cols, tl.sum(acc, axis=0).to(P.dtype.element_ty), mask=col_mask)
+
+
+@triton.jit
+def _column_sum_kernel(
+    P,  # [R, N] contiguous fp32 partial sums
+    OUT,  # [N] bias gradient, stride stride_out
+    R,
+    N,
+    stride_out,
+    ACC: tl.constexpr,
+    BLOCK_R: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+):
+    # bytes: read R·N fp32, write N; rows summed in a fixed order (deterministic)
+    pid = tl.program_id(0)
+    cols = pid * BLOCK_N + tl.arange(0, BLOCK_N)
+    col_mask = cols < N
+    acc = tl.zeros([BLOCK_R, BLOCK_N], dtype=ACC)
+    for r0 in range(0, R, BLOCK_R):
+        rows = (r0 + tl.arange(0, BLOCK_R)).to(tl.int64)
+        mask = (rows < R)[:, None] & col_mask[None, :]
+        acc += tl.load(P + rows[:, None] * N + cols[None, :], mask=mask, other=0.0).to(ACC)
+    tl.store(OUT + cols * stride_out, tl.sum(acc, axis=0).to(OUT.dtype.element_ty), mask=col_mask)
+
+
+def _acc_dtype(dtype: torch.dtype):
+    return tl.float64 if dtype == torch.float64 else tl.float32
+
+
+def _tile(M: int, N: int, elem_size: int) -> tuple[int, int, int]:
+    """(BLOCK_M, BLOCK_N, num_warps): a TILE_BYTES tile per tensor, whole rows when they fit."""
+    tile_elems = max(16, TILE_BYTES // elem_size)
+    block_n = min(next_power_of_2(N), tile_elems)
+    block_m = max(1, min(tile_elems // block_n, next_power_of_2(M)))
+    # 16-byte vectors: one warp covers 32 * 16 bytes; aim for ~4 vectors per thread per tensor
+    warps = (block_m * block_n * elem_size) // (32 * 16 * 4)
+    num_warps = max(1, min(MAX_WARPS, next_power_of_2(max(1, warps))))
+    return block_m, block_n, num_warps
+
+
+def _grid(M: int, N: int, block_m: int, block_n: int, device: torch.device, per_sm: int) -> tuple[int, int]:
+    grid_n = cdiv(N, block_n)
+    grid_m = min(cdiv(M, block_m), max(1, (sm_count(device) * per_sm) // grid_n))
+    return grid_m, grid_n
+
+
+def partial_dtype(dtype: torch.dtype) -> torch.dtype:
+    """dtype of the bias-grad partial sums: float32 (float64 for float64 gradients)."""
+    return torch.float64 if dtype == torch.float64 else torch.float32
+
+
+def bwd_partial_rows(M: int, N: int, dtype: torch.dtype, device: torch.device) -> int:
+    """Rows of the fp32 partial-sum buffer ``[rows, N]`` that :func:`bias_act_bwd_` needs for the bias grad."""
+    block_m, block_n, _ = _tile(M, N, torch.empty((), dtype=dtype).element_size())
+    return _grid(M, N, block_m, block_n, device, BWD_PROGRAMS_PER_SM)[0]
+
+
+def bias_act_fwd_(
+    x: torch.Tensor,
+    bias: torch.Tensor | None,
+    residual: torch.Tensor | None,
+    out: torch.Tensor,
+    pre: torch.Tensor | None,
+    alpha: float,
+    activation: str,
+) -> None:
+    """``out = act(x + alpha*residual + bias)``; also ``pre = x + alpha*residual + bias`` when given.
+
+    x, residual, out: ``[M, N]`` (any strides; ``out`` may be ``x`` for in place); pre: contiguous ``[M, N]``.
+    """
+    M, N = x.shape
+    if M == 0 or N == 0:
+        return
+    assert pre is None or pre.is_contiguous()
+    block_m, block_n, num_warps = _tile(M, N, x.element_size())
+    grid = _grid(M, N, block_m, block_n, x.device, FWD_PROGRAMS_PER_SM)
+    r = residual if residual is not None else x
+    _bias_act_fwd_kernel[grid](
+        x, r, bias if bias is not None else x, out, pre if pre is not None else out,
+        M, N,
+        x.stride(0), x.stride(1), r.stride(0), r.stride(1),
+        bias.stride(0) if bias is not None else 0,
+        out.stride(0), out.stride(1),
+        float(alpha),
+        ACTIVATION=ACT_IDS[activation],
+        HAS_RESIDUAL=residual is not None,
+        HAS_BIAS=bias is not None,
+        SAVE_PRE=pre is not None,
+        ACC=_acc_dtype(x.dtype),
+        INT64=needs_int64(x, residual, out, pre) or M * N > INT32_MAX,
+        BLOCK_M=block_m,
+        BLOCK_N=block_n,
+        num_warps=num_warps,
+    )
+
+
+def bias_act_bwd_(
+    grad: torch.Tensor,
+    saved: torch.Tensor | None,
+    alpha: float,
+    activation: str,
+    grad_x: torch.Tensor | None,
+    grad_residual: torch.Tensor | None,
+    partial: torch.Tensor | None,
+    grad_bias: torch.Tensor | None,
+) -> None:
+    """dz = grad * act'(saved); grad_x = dz, grad_residual = alpha*dz, grad_bias = dz summed over rows.
+
+    grad, saved: ``[M, N]`` any strides; grad_x, grad_residual: contiguous ``[M, N]`` or None (not wanted);
+    partial: contiguous fp32 ``[bwd_partial_rows(M, N, grad.dtype, device), N]`` and grad_bias ``[N]``, both
+    or neither. ``saved`` is unused (may be None) for activation "none".
+    """
+    M, N = grad.shape
+    if (partial is None) != (grad_bias is None):
+        raise ValueError("partial and grad_bias must be given together")
+    if M == 0 or N == 0:
+        if grad_bias is not None:
+            grad_bias.zero_()
+        return
+    for t in (grad_x, grad_residual):
+        assert t is None or t.is_contiguous()
+    block_m, block_n, num_warps = _tile(M, N, grad.element_size())
+    grid = _grid(M, N, block_m, block_n, grad.device, BWD_PROGRAMS_PER_SM)
+    want = partial_dtype(grad.dtype)
+    if partial is not None and (tuple(partial.shape) != (grid[0], N) or partial.dtype != want
+                                or not partial.is_contiguous()):
+        raise ValueError(f"partial must be a contiguous {want} tensor of shape {(grid[0], N)}")
+    s = saved if saved is not None else grad
+    acc = _acc_dtype(grad.dtype)
+    _bias_act_bwd_kernel[grid](
+        grad, s,
+        grad_x if grad_x is not None else grad,
+        grad_residual if grad_residual is not None else grad,
+        partial if partial is not None else grad,
+        M, N,
+        grad.stride(0), grad.stride(1), s.stride(0), s.stride(1),
+        float(alpha),
+        ACTIVATION=ACT_IDS[activation],
+        WRITE_DX=grad_x is not None,
+        WRITE_DR=grad_residual is not None,
+        HAS_BIAS=grad_bias is not None,
+        ACC=acc,
+        INT64=needs_int64(grad, s) or M * N > INT32_MAX,
+        BLOCK_M=block_m,
+        BLOCK_N=block_n,
+        num_warps=num_warps,
+    )
+    if grad_bias is not None:
+        rows = partial.shape[0]
+        block_n2 = min(next_power_of_2(N), 256)
+        block_r = min(next_power_of_2(rows), max(1, 4096 // block_n2))
+        _column_sum_kernel[(cdiv(N, block_n2),)](
+            partial, grad_bias, rows, N, grad_bias.stride(0),
+            ACC=acc, BLOCK_R=block_r, BLOCK_N=block_n2, num_warps=4,
+        )

@@ -1,0 +1,265 @@
+"""Fused bias + scaled residual + activation: ``y = act(x + alpha * residual + bias)``, forward and backward.
+
+Layers: Triton kernels and out-param launchers (:mod:`fuselab.ops._bias_act_triton`) -> allocating ops
+(:func:`_forward`, :func:`_backward`) -> ``torch.library.custom_op`` ``fuselab::bias_act_fwd`` /
+``fuselab::bias_act_bwd`` / ``fuselab::bias_act_`` (in place) with fake kernels and ``register_autograd`` ->
+the public :func:`bias_act`.
+
+What the backward keeps per element of ``x`` (see :data:`fuselab.reference.bias_act.SAVED`):
+``none`` nothing; ``relu``/``relu2``/``sigmoid`` the output ``y`` (no extra memory when the next layer keeps
+its input, as every Linear does); ``silu``/``gelu``/``gelu_tanh`` the pre-activation ``z`` in ``x``'s dtype
+(``x`` itself when there is neither bias nor residual).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from fuselab.backend import use_triton
+from fuselab.ops._validate import require_float, require_same_device, require_tensor
+from fuselab.reference import bias_act as ref
+
+ACTIVATIONS: tuple[str, ...] = ref.ACTIVATIONS
+
+__all__ = ["ACTIVATIONS", "bias_act"]
+
+
+def _check(x, bias, residual, alpha, activation) -> None:
+    require_tensor("x", x)
+    require_float("x", x)
+    if not isinstance(activation, str) or activation not in ACTIVATIONS:
+        raise ValueError(f"activation must be one of {', '.join(ACTIVATIONS)}, got {activation!r}")
+    if isinstance(alpha, bool) or not isinstance(alpha, (int, float)):
+        raise TypeError(f"alpha must be a Python float, got {type(alpha).__name__}")
+    if x.dim() == 0:
+        raise ValueError("x must have at least one dim (..., N), got a 0-dim tensor")
+    n = x.shape[-1]
+    if bias is not None:
+        require_float("bias", bias)
+        if bias.dim() != 1 or bias.shape[0] != n:
+            raise ValueError(f"bias must have shape ({n},) (the last dim of x), got {tuple(bias.shape)}")
+    if residual is not None:
+        require_float("residual", residual)
+        if residual.shape != x.shape:
+            raise ValueError(f"residual must have the shape of x {tuple(x.shape)}, got {tuple(residual.shape)}")
+    require_same_device(x=x, bias=bias, residual=residual)
+
+
+def _rows(t: torch.Tensor) -> torch.Tensor:
+    """``t`` as a 2-D ``[M, N]`` view (strides kept). Leading dims that cannot be merged without a copy
+    (exotic >2-D strides) fall back to ``reshape``, i.e. a copy: documented limit."""
+    if t.dim() == 2:
+        return t
+    try:
+        return t.view(-1, t.shape[-1])
+    except RuntimeError:
+        return t.reshape(-1, t.shape[-1])
+
+
+def _needs_pre(activation: str, bias, residual) -> bool:
+    """The backward needs a separately stored pre-activation (z differs from x)."""
+    return ref.SAVED[activation] == "pre" and (bias is not None or residual is not None)
+
+
+def _forward(x, bias, residual, alpha: float, activation: str, save_pre: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    """Allocating forward: (y contiguous like x, z or an empty tensor)."""
+    y = torch.empty(x.shape, dtype=x.dtype, device=x.device)
+    pre = torch.empty(x.shape if save_pre else (0,), dtype=x.dtype, device=x.device)
+    if use_triton(x.device):
+        from fuselab.ops._bias_act_triton import bias_act_fwd_
+
+        n = x.shape[-1]
+        bias_act_fwd_(_rows(x), bias, None if residual is None else _rows(residual), y.view(-1, n),
+                      pre.view(-1, n) if save_pre else None, alpha, activation)
+        return y, pre
+    with torch.no_grad():
+        acc = ref.compute_dtype(x.dtype)
+        z = x.to(acc)
+        if residual is not None:
+            z = z + alpha * residual.to(acc)
+        if bias is not None:
+            z = z + bias.to(acc)
+        y.copy_(ref.activation(z, activation))
+        if save_pre:
+            pre.copy_(z)
+    return y, pre
+
+
+def _inplace(x, bias, residual, alpha: float, activation: str) -> None:
+    if not use_triton(x.device):
+        with torch.no_grad():
+            x.copy_(ref.bias_act(x, bias, residual, alpha, activation))
+        return
+    from fuselab.ops._bias_act_triton import bias_act_fwd_
+
+    r2 = None if residual is None else _rows(residual)
+    try:
+        x2 = x if x.dim() == 2 else x.view(-1, x.shape[-1])
+    except RuntimeError:  # leading dims cannot be viewed as rows: compute into a buffer, copy back (documented)
+        x2 = None
+    if x2 is not None:
+        bias_act_fwd_(x2, bias, r2, x2, None, alpha, activation)
+    else:
+        out = torch.empty(x.shape, dtype=x.dtype, device=x.device)
+        bias_act_fwd_(_rows(x), bias, r2, out.view(-1, x.shape[-1]), None, alpha, activation)
+        x.copy_(out)
+
+
+_EMPTY_DTYPE = torch.float32  # placeholder dtype for a gradient that is not wanted
+
+
+def _backward(grad, saved, alpha: float, activation: str, x_dtype, residual_dtype, bias_dtype,
+              want_x: bool, want_residual: bool, want_bias: bool):
+    """Allocating backward: (grad_x, grad_residual, grad_bias), empty tensors for those not wanted."""
+    n = grad.shape[-1]
+    dev = grad.device
+    empty = torch.empty(0, dtype=_EMPTY_DTYPE, device=dev)
+    if not use_triton(dev):
+        gx, gr, gb = ref.bias_act_backward(grad, saved, alpha, activation, x_dtype if want_x else None,
+                                           residual_dtype if want_residual else None,
+                                           bias_dtype if want_bias else None)
+        return (empty if gx is None else gx, empty if gr is None else gr, empty if gb is None else gb)
+    from fuselab.ops._bias_act_triton import bias_act_bwd_, bwd_partial_rows, partial_dtype
+
+    g2 = _rows(grad)
+    m = g2.shape[0]
+    gx = torch.empty(grad.shape, dtype=x_dtype, device=dev) if want_x else None
+    gr = torch.empty(grad.shape, dtype=residual_dtype, device=dev) if want_residual else None
+    gb = torch.empty(n, dtype=bias_dtype, device=dev) if want_bias else None
+    partial = (torch.empty(bwd_partial_rows(m, n, grad.dtype, dev), n, dtype=partial_dtype(grad.dtype), device=dev)
+               if want_bias else None)
+    bias_act_bwd_(g2, None if saved is None else _rows(saved), alpha, activation,
+                  None if gx is None else gx.view(-1, n), None if gr is None else gr.view(-1, n), partial, gb)
+    return (empty if gx is None else gx, empty if gr is None else gr, empty if gb is None else gb)
+
+
+@torch.library.custom_op("fuselab::bias_act_fwd", mutates_args=())
+def _fwd_op(x: torch.Tensor, bias: torch.Tensor | None, residual: torch.Tensor | None, alpha: float,
+            activation: str, save_pre: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    return _forward(x, bias, residual, alpha, activation, save_pre)
+
+
+@_fwd_op.register_fake
+def _(x, bias, residual, alpha, activation, save_pre):
+    return x.new_empty(x.shape), x.new_empty(x.shape if save_pre else (0,))
+
+
+@torch.library.custom_op("fuselab::bias_act_bwd", mutates_args=())
+def _bwd_op(grad: torch.Tensor, saved: torch.Tensor | None, alpha: float, activation: str,
+            x_dtype: torch.dtype, residual_dtype: torch.dtype, bias_dtype: torch.dtype,
+            want_x: bool, want_residual: bool, want_bias: bool) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    return _backward(grad, saved, alpha, activation, x_dtype, residual_dtype, bias_dtype,
+                     want_x, want_residual, want_bias)
+
+
+@_bwd_op.register_fake
+def _(grad, saved, alpha, activation, x_dtype, residual_dtype, bias_dtype, want_x, want_residual, want_bias):
+    n = grad.shape[-1]
+    empty = grad.new_empty(0, dtype=_EMPTY_DTYPE)
+    return (grad.new_empty(grad.shape, dtype=x_dtype) if want_x else empty,
+            grad.new_empty(grad.shape, dtype=residual_dtype) if want_residual else empty.clone(),
+            grad.new_empty(n, dtype=bias_dtype) if want_bias else empty.clone())
+
+
+def _setup_context(ctx, inputs, output):
+    x, bias, residual, alpha, activation, save_pre = inputs
+    y, pre = output
+    ctx.mark_non_differentiable(pre)
+    kind = ref.SAVED[activation]
+    if kind == "output":
+        ctx.save_for_backward(y)
+    elif kind == "pre":
+        if _needs_pre(activation, bias, residual) and not save_pre:
+            raise RuntimeError("fuselab::bias_act_fwd ran without save_pre but its backward needs z")
+        ctx.save_for_backward(pre if save_pre else x)
+    else:
+        ctx.save_for_backward()
+    ctx.alpha, ctx.activation = alpha, activation
+    ctx.dtypes = (x.dtype, (residual if residual is not None else x).dtype, (bias if bias is not None else x).dtype)
+    ctx.present = (bias is not None, residual is not None)
+
+
+def _autograd_backward(ctx, grad_y, grad_pre):
+    saved = ctx.saved_tensors[0] if ctx.saved_tensors else None
+    has_bias, has_residual = ctx.present
+    want_x = ctx.needs_input_grad[0]
+    want_b = has_bias and ctx.needs_input_grad[1]
+    want_r = has_residual and ctx.needs_input_grad[2]
+    gx, gr, gb = torch.ops.fuselab.bias_act_bwd(grad_y, saved, ctx.alpha, ctx.activation, *ctx.dtypes,
+                                                want_x, want_r, want_b)
+    return (gx if want_x else None, gb if want_b else None, gr if want_r else None, None, None, None)
+
+
+torch.library.register_autograd("fuselab::bias_act_fwd", _autograd_backward, setup_context=_setup_context)
+
+
+@torch.library.custom_op("fuselab::bias_act_", mutates_args=("x",))
+def _inplace_op(x: torch.Tensor, bias: torch.Tensor | None, residual: torch.Tensor | None, alpha: float,
+                activation: str) -> None:
+    _inplace(x, bias, residual, alpha, activation)
+
+
+@_inplace_op.register_fake
+def _(x, bias, residual, alpha, activation):
+    return None
+
+
+def _requires_grad(*tensors: torch.Tensor | None) -> bool:
+    return torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in tensors)
+
+
+def bias_act(
+    x: torch.Tensor,
+    bias: torch.Tensor | None = None,
+    *,
+    residual: torch.Tensor | None = None,
+    alpha: float = 1.0,
+    activation: str = "relu",
+    inplace: bool = False,
+) -> torch.Tensor:
+    """``act(x + alpha * residual + bias)`` in one fused pass, differentiable.
+
+    Args:
+        x: ``(..., N)``, float32/bfloat16/float16 (float64 accepted, computed in float64), any strides.
+        bias: ``(N,)`` or None, broadcast over the rows; may have another floating dtype than ``x``.
+        residual: tensor of ``x``'s shape or None (e.g. a LoRA branch or a skip connection), any strides.
+        alpha: Python float scaling ``residual``. It is a constant: no gradient flows to it.
+        activation: one of :data:`ACTIVATIONS`: ``none``, ``relu``, ``relu2`` (relu squared), ``sigmoid``,
+            ``silu``, ``gelu`` (exact, erf), ``gelu_tanh`` (tanh approximation).
+        inplace: write the result into ``x`` and return ``x`` (inference only).
+
+    Returns:
+        ``y`` with ``x``'s shape and dtype, contiguous (when not in place). Math is float32 inside.
+
+    Gradients flow to ``x``, ``residual`` (``alpha * grad``) and ``bias`` (fused column sum, deterministic).
+    CUDA tensors run the Triton kernels, others the PyTorch reference (``FUSELAB_BACKEND`` overrides).
+    A 2-D ``x`` (or one whose leading dims merge into rows without a copy) is read through its strides;
+    other >2-D strided inputs are first copied by ``reshape``.
+
+    Raises:
+        TypeError: ``x``/``bias``/``residual`` not a floating tensor (integer dtypes), ``alpha`` not a float.
+        ValueError: ``bias`` not of shape ``(N,)``; ``residual`` of another shape; unknown ``activation``
+            (the message lists the valid ones); tensors on different devices; ``inplace=True`` when ``x``
+            requires grad, or when grad mode is on and ``bias``/``residual`` require grad.
+    """
+    _check(x, bias, residual, alpha, activation)
+    alpha = float(alpha)
+    if inplace:
+        if x.requires_grad:
+            raise ValueError("inplace=True on x that requires grad is unsafe; use inplace=False")
+        if _requires_grad(bias, residual):
+            raise ValueError("inplace=True does not support autograd: bias/residual require grad; "
+                             "use inplace=False")
+        if torch.compiler.is_compiling():
+            torch.ops.fuselab.bias_act_(x, bias, residual, alpha, activation)
+        else:
+            _inplace(x, bias, residual, alpha, activation)
+        return x
+    needs_grad = _requires_grad(x, bias, residual)
+    save_pre = needs_grad and _needs_pre(activation, bias, residual)
+    if not torch.compiler.is_compiling():
+        if not use_triton(x.device):
+            return ref.bias_act(x, bias, residual, alpha, activation)
+        if not needs_grad:  # no autograd, no dispatcher: straight to the launcher
+            return _forward(x, bias, residual, alpha, activation, False)[0]
+    return torch.ops.fuselab.bias_act_fwd(x, bias, residual, alpha, activation, save_pre)[0]
