@@ -1,0 +1,189 @@
+"""DLRM configuration: one dataclass, built-in presets (JSON files), JSON/TOML loading, overrides.
+
+Presets (``src/fuselab/dlrm/configs/*.json``):
+
+* ``kaggle``: D=16, bottom 13-512-256-64-16, top 512-256-1 (facebookresearch/dlrm's Kaggle run).
+* ``mlperf-v1``: D=128, bottom 13-512-256-128, top 1024-1024-512-256-1, tables capped at 40M rows.
+* ``tiny``: D=8, bottom 13-32-8, top 32-1, for tests and the CPU default run.
+
+Table sizes are not part of the config: they come from the dataset's metadata
+(:func:`table_sizes`). Any field can be overridden with ``key=value`` strings
+(``--set lr_dense=0.1``; values parse as JSON, else as plain strings).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+CONFIG_DIR = Path(__file__).with_name("configs")
+PRESETS = ("tiny", "kaggle", "mlperf-v1")
+NUM_DENSE = 13
+NUM_SPARSE = 26
+
+
+@dataclass
+class DLRMConfig:
+    """Every knob of a DLRM run. ``bottom_mlp`` excludes the 13 inputs; its last width must equal
+    ``embedding_dim``. ``top_mlp`` excludes the interaction width; its last width must be 1."""
+
+    name: str = "custom"
+    embedding_dim: int = 16
+    bottom_mlp: list[int] = field(default_factory=lambda: [512, 256, 64, 16])
+    top_mlp: list[int] = field(default_factory=lambda: [512, 256, 1])
+    interaction: str = "dot"  # dot | cat
+    self_interaction: bool = False
+    hashing: str = "modulus"  # modulus | vocab
+    max_rows_per_table: int | None = None
+    embedding_layout: str = "fused"  # fused (one weight, row offsets per table) | per_table (nn.EmbeddingBag each)
+    sparse_grad: bool = True
+    optimizer: str = "adagrad"  # sgd | adagrad
+    lr_dense: float = 0.02
+    lr_sparse: float = 0.05
+    batch_size: int = 8192
+    eval_batch_size: int = 65536
+    epochs: float = 1.0
+    steps: int | None = None
+    eval_every: int = 0
+    eval_batches: int = 0
+    bf16: bool = False
+    compile: bool = False
+    seed: int = 0
+    shuffle: str = "batch"  # batch (contiguous batches, order permuted) | row (full permutation) | none
+    prefetch: int = 3
+    checkpoint_every: int = 0
+    device: str | None = None
+
+    def validate(self) -> DLRMConfig:
+        def bad(what: str) -> ValueError:
+            return ValueError(f"config {self.name!r}: {what}")
+
+        if self.embedding_dim <= 0:
+            raise bad(f"embedding_dim must be positive, got {self.embedding_dim}")
+        if not self.bottom_mlp or any(int(w) <= 0 for w in self.bottom_mlp):
+            raise bad(f"bottom_mlp must be a non-empty list of positive widths, got {self.bottom_mlp}")
+        if self.interaction == "dot" and self.bottom_mlp[-1] != self.embedding_dim:
+            raise bad(f"bottom_mlp must end at embedding_dim={self.embedding_dim} for the dot interaction, "
+                      f"got {self.bottom_mlp}")
+        if not self.top_mlp or self.top_mlp[-1] != 1 or any(int(w) <= 0 for w in self.top_mlp):
+            raise bad(f"top_mlp must be positive widths ending in 1, got {self.top_mlp}")
+        choices = {"interaction": ("dot", "cat"), "hashing": ("modulus", "vocab"), "optimizer": ("sgd", "adagrad"),
+                   "embedding_layout": ("fused", "per_table"), "shuffle": ("batch", "row", "none")}
+        for key, allowed in choices.items():
+            if getattr(self, key) not in allowed:
+                raise bad(f"{key} must be one of {allowed}, got {getattr(self, key)!r}")
+        for key in ("batch_size", "eval_batch_size"):
+            if getattr(self, key) <= 0:
+                raise bad(f"{key} must be positive, got {getattr(self, key)}")
+        if self.max_rows_per_table is not None and self.max_rows_per_table <= 0:
+            raise bad(f"max_rows_per_table must be positive or null, got {self.max_rows_per_table}")
+        if self.steps is not None and self.steps < 0:
+            raise bad(f"steps must be >= 0, got {self.steps}")
+        if self.epochs < 0 or self.lr_dense < 0 or self.lr_sparse < 0:
+            raise bad("epochs and learning rates must be >= 0")
+        return self
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+
+_FIELDS = {f.name: f for f in dataclasses.fields(DLRMConfig)}
+
+
+def _coerce(key: str, value: Any) -> Any:
+    if key not in _FIELDS:
+        raise ValueError(f"unknown config field {key!r}; known: {', '.join(sorted(_FIELDS))}")
+    kind = str(_FIELDS[key].type)
+    if value is None:
+        return None
+    if kind.startswith("list"):
+        if not isinstance(value, (list, tuple)):
+            raise ValueError(f"config field {key!r} expects a list of ints, got {value!r}")
+        return [int(v) for v in value]
+    if kind.startswith("bool"):
+        if isinstance(value, str):
+            if value.lower() not in ("true", "false", "1", "0"):
+                raise ValueError(f"config field {key!r} expects true/false, got {value!r}")
+            return value.lower() in ("true", "1")
+        return bool(value)
+    try:
+        if kind.startswith("int"):
+            if isinstance(value, float) and not value.is_integer():
+                raise ValueError
+            return int(value)
+        if kind.startswith("float"):
+            return float(value)
+    except (TypeError, ValueError):
+        raise ValueError(f"config field {key!r} expects {kind}, got {value!r}") from None
+    return str(value)
+
+
+def parse_override(text: str) -> tuple[str, Any]:
+    """``"key=value"`` -> (key, value); value parses as JSON (``[1,2]``, ``0.1``, ``true``), else a string."""
+    if "=" not in text:
+        raise ValueError(f"--set expects KEY=VALUE, got {text!r}")
+    key, raw = text.split("=", 1)
+    key = key.strip().replace("-", "_")
+    try:
+        value = json.loads(raw)
+    except json.JSONDecodeError:
+        value = raw
+    return key, _coerce(key, value)
+
+
+def _read_file(path: Path) -> dict[str, Any]:
+    if not path.is_file():
+        raise FileNotFoundError(f"config file {path} does not exist")
+    if path.suffix == ".toml":
+        try:
+            import tomllib
+        except ModuleNotFoundError:  # Python 3.10
+            raise ValueError("TOML configs need Python >= 3.11 (tomllib); use JSON") from None
+        with path.open("rb") as f:
+            return tomllib.load(f)
+    try:
+        return json.loads(path.read_text())
+    except json.JSONDecodeError as exc:
+        raise ValueError(f"config file {path} is not valid JSON: {exc}") from None
+
+
+def load_config(source: str | Path | None = None, overrides: list[str] | None = None, **named: Any) -> DLRMConfig:
+    """Build a config from a preset name or a ``.json``/``.toml`` file, then ``--set`` overrides, then named
+    overrides (CLI flags; ``None`` values are ignored). Raises ``ValueError`` naming a bad field."""
+    source = source or "tiny"
+    path = Path(source)
+    if str(source) in PRESETS:
+        data = _read_file(CONFIG_DIR / f"{source}.json")
+    elif path.suffix in (".json", ".toml"):
+        data = _read_file(path)
+    else:
+        raise ValueError(f"config must be one of {PRESETS} or a .json/.toml file, got {source!r}")
+    values = {key: _coerce(key, value) for key, value in data.items()}
+    for text in overrides or []:
+        key, value = parse_override(text)
+        values[key] = value
+    for key, value in named.items():
+        if value is not None:
+            values[key] = _coerce(key, value)
+    return DLRMConfig(**values).validate()
+
+
+def table_sizes(cfg: DLRMConfig, meta: dict[str, Any]) -> list[int]:
+    """Rows of each embedding table from a dataset's metadata.
+
+    ``modulus``: ``min(cardinality, max_rows_per_table)`` (ids are taken modulo this).
+    ``vocab``: vocabulary size + 1 (row 0 holds every id rarer than the preprocessing threshold), capped.
+    """
+    if cfg.hashing == "vocab":
+        if "vocab_sizes" not in meta:
+            raise ValueError("hashing='vocab' needs a dataset preprocessed with a vocabulary (vocab_sizes in "
+                             "metadata); synthetic and parquet datasets only support 'modulus'")
+        sizes = [int(n) + 1 for n in meta["vocab_sizes"]]
+    else:
+        sizes = [max(1, int(n)) for n in meta["cardinalities"]]
+    if cfg.max_rows_per_table:
+        sizes = [min(n, cfg.max_rows_per_table) for n in sizes]
+    return sizes
