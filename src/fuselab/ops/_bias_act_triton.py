@@ -131,6 +131,7 @@ def _bias_act_fwd_kernel(
 def _bias_act_bwd_kernel(
     G,  # [M, N] grad of y, strides (stride_gm, stride_gn)
     S,  # [M, N] saved tensor (y or z, see _act_grad), strides (stride_sm, stride_sn); unused for "none"
+    SHIFT,  # [N] bias added to S to rebuild z = x + bias (saved x, no residual), stride stride_shift; if HAS_SHIFT
     DX,  # [M, N] contiguous grad of x = dz; written only if WRITE_DX
     DR,  # [M, N] contiguous grad of residual = alpha * dz; written only if WRITE_DR
     P,  # [grid_m, N] contiguous fp32 (fp64) partial column sums of dz (bias grad, stage 1); only if HAS_BIAS
@@ -140,8 +141,10 @@ def _bias_act_bwd_kernel(
     stride_gn,
     stride_sm,
     stride_sn,
+    stride_shift,
     alpha,
     ACTIVATION: tl.constexpr,
+    HAS_SHIFT: tl.constexpr,
     WRITE_DX: tl.constexpr,
     WRITE_DR: tl.constexpr,
     HAS_BIAS: tl.constexpr,
@@ -158,6 +161,8 @@ def _bias_act_bwd_kernel(
     col_mask = cols < N
     if INT64:
         cols = cols.to(tl.int64)
+    if HAS_SHIFT:
+        shift = tl.load(SHIFT + cols * stride_shift, mask=col_mask, other=0.0).to(ACC)
     acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=ACC)
     n_tiles = tl.cdiv(M, BLOCK_M)
     for tile in range(pid_m, n_tiles, grid_m):
@@ -167,8 +172,10 @@ def _bias_act_bwd_kernel(
         mask = (rows < M)[:, None] & col_mask[None, :]
         dz = tl.load(G + rows[:, None] * stride_gm + cols[None, :] * stride_gn, mask=mask, other=0.0).to(ACC)
         if ACTIVATION != 0:
-            s = tl.load(S + rows[:, None] * stride_sm + cols[None, :] * stride_sn, mask=mask, other=0.0)
-            dz = dz * _act_grad(s.to(ACC), ACTIVATION)
+            s = tl.load(S + rows[:, None] * stride_sm + cols[None, :] * stride_sn, mask=mask, other=0.0).to(ACC)
+            if HAS_SHIFT:
+                s = s + shift[None, :]
+            dz = dz * _act_grad(s, ACTIVATION)
         offs = rows[:, None] * N + cols[None, :]
         if WRITE_DX:
             tl.store(DX + offs, dz.to(DX.dtype.element_ty), mask=mask)
@@ -277,6 +284,7 @@ def bias_act_fwd_(
 def bias_act_bwd_(
     grad: torch.Tensor,
     saved: torch.Tensor | None,
+    shift: torch.Tensor | None,
     alpha: float,
     activation: str,
     grad_x: torch.Tensor | None,
@@ -284,11 +292,12 @@ def bias_act_bwd_(
     partial: torch.Tensor | None,
     grad_bias: torch.Tensor | None,
 ) -> None:
-    """dz = grad * act'(saved); grad_x = dz, grad_residual = alpha*dz, grad_bias = dz summed over rows.
+    """dz = grad * act'(saved [+ shift]); grad_x = dz, grad_residual = alpha*dz, grad_bias = dz summed over rows.
 
     grad, saved: ``[M, N]`` any strides; grad_x, grad_residual: contiguous ``[M, N]`` or None (not wanted);
     partial: contiguous fp32 ``[bwd_partial_rows(M, N, grad.dtype, device), N]`` and grad_bias ``[N]``, both
-    or neither. ``saved`` is unused (may be None) for activation "none".
+    or neither. ``saved`` is unused (may be None) for activation "none". ``shift`` ``[N]`` (or None) is added
+    to ``saved`` to rebuild the pre-activation ``x + bias`` when ``x`` was saved instead of ``z``.
     """
     M, N = grad.shape
     if (partial is None) != (grad_bias is None):
@@ -308,14 +317,16 @@ def bias_act_bwd_(
     s = saved if saved is not None else grad
     acc = _acc_dtype(grad.dtype)
     _bias_act_bwd_kernel[grid](
-        grad, s,
+        grad, s, shift if shift is not None else grad,
         grad_x if grad_x is not None else grad,
         grad_residual if grad_residual is not None else grad,
         partial if partial is not None else grad,
         M, N,
         grad.stride(0), grad.stride(1), s.stride(0), s.stride(1),
+        shift.stride(0) if shift is not None else 0,
         float(alpha),
         ACTIVATION=ACT_IDS[activation],
+        HAS_SHIFT=shift is not None,
         WRITE_DX=grad_x is not None,
         WRITE_DR=grad_residual is not None,
         HAS_BIAS=grad_bias is not None,

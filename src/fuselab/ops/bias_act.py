@@ -8,7 +8,8 @@ the public :func:`bias_act`.
 What the backward keeps per element of ``x`` (see :data:`fuselab.reference.bias_act.SAVED`):
 ``none`` nothing; ``relu``/``relu2``/``sigmoid`` the output ``y`` (no extra memory when the next layer keeps
 its input, as every Linear does); ``silu``/``gelu``/``gelu_tanh`` the pre-activation ``z`` in ``x``'s dtype
-(``x`` itself when there is neither bias nor residual).
+when there is a residual; without one, ``x`` itself (and the bias), from which the backward rebuilds
+``z = x + bias``: no extra write in the forward.
 """
 
 from __future__ import annotations
@@ -56,9 +57,10 @@ def _rows(t: torch.Tensor) -> torch.Tensor:
         return t.reshape(-1, t.shape[-1])
 
 
-def _needs_pre(activation: str, bias, residual) -> bool:
-    """The backward needs a separately stored pre-activation (z differs from x)."""
-    return ref.SAVED[activation] == "pre" and (bias is not None or residual is not None)
+def _needs_pre(activation: str, residual) -> bool:
+    """The backward needs a separately stored pre-activation: z = x + alpha*r + b has a residual in it.
+    (Without residual the backward rebuilds z = x + bias from the saved x: no extra write in the forward.)"""
+    return ref.SAVED[activation] == "pre" and residual is not None
 
 
 def _forward(x, bias, residual, alpha: float, activation: str, save_pre: bool) -> tuple[torch.Tensor, torch.Tensor]:
@@ -108,17 +110,19 @@ def _inplace(x, bias, residual, alpha: float, activation: str) -> None:
 _EMPTY_DTYPE = torch.float32  # placeholder dtype for a gradient that is not wanted
 
 
-def _backward(grad, saved, alpha: float, activation: str, x_dtype, residual_dtype, bias_dtype,
+def _backward(grad, saved, shift, alpha: float, activation: str, x_dtype, residual_dtype, bias_dtype,
               want_x: bool, want_residual: bool, want_bias: bool):
     """Allocating backward: (grad_x, grad_residual, grad_bias), empty tensors for those not wanted."""
     n = grad.shape[-1]
     dev = grad.device
-    empty = torch.empty(0, dtype=_EMPTY_DTYPE, device=dev)
+    empty = lambda: torch.empty(0, dtype=_EMPTY_DTYPE, device=dev)  # one per output: outputs may not alias
     if not use_triton(dev):
+        if shift is not None:
+            saved = saved.to(ref.compute_dtype(saved.dtype)) + shift.to(ref.compute_dtype(saved.dtype))
         gx, gr, gb = ref.bias_act_backward(grad, saved, alpha, activation, x_dtype if want_x else None,
                                            residual_dtype if want_residual else None,
                                            bias_dtype if want_bias else None)
-        return (empty if gx is None else gx, empty if gr is None else gr, empty if gb is None else gb)
+        return tuple(empty() if t is None else t for t in (gx, gr, gb))
     from fuselab.ops._bias_act_triton import bias_act_bwd_, bwd_partial_rows, partial_dtype
 
     g2 = _rows(grad)
@@ -128,9 +132,9 @@ def _backward(grad, saved, alpha: float, activation: str, x_dtype, residual_dtyp
     gb = torch.empty(n, dtype=bias_dtype, device=dev) if want_bias else None
     partial = (torch.empty(bwd_partial_rows(m, n, grad.dtype, dev), n, dtype=partial_dtype(grad.dtype), device=dev)
                if want_bias else None)
-    bias_act_bwd_(g2, None if saved is None else _rows(saved), alpha, activation,
+    bias_act_bwd_(g2, None if saved is None else _rows(saved), shift, alpha, activation,
                   None if gx is None else gx.view(-1, n), None if gr is None else gr.view(-1, n), partial, gb)
-    return (empty if gx is None else gx, empty if gr is None else gr, empty if gb is None else gb)
+    return tuple(empty() if t is None else t for t in (gx, gr, gb))
 
 
 @torch.library.custom_op("fuselab::bias_act_fwd", mutates_args=())
@@ -145,15 +149,15 @@ def _(x, bias, residual, alpha, activation, save_pre):
 
 
 @torch.library.custom_op("fuselab::bias_act_bwd", mutates_args=())
-def _bwd_op(grad: torch.Tensor, saved: torch.Tensor | None, alpha: float, activation: str,
+def _bwd_op(grad: torch.Tensor, saved: torch.Tensor | None, shift: torch.Tensor | None, alpha: float, activation: str,
             x_dtype: torch.dtype, residual_dtype: torch.dtype, bias_dtype: torch.dtype,
             want_x: bool, want_residual: bool, want_bias: bool) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    return _backward(grad, saved, alpha, activation, x_dtype, residual_dtype, bias_dtype,
+    return _backward(grad, saved, shift, alpha, activation, x_dtype, residual_dtype, bias_dtype,
                      want_x, want_residual, want_bias)
 
 
 @_bwd_op.register_fake
-def _(grad, saved, alpha, activation, x_dtype, residual_dtype, bias_dtype, want_x, want_residual, want_bias):
+def _(grad, saved, shift, alpha, activation, x_dtype, residual_dtype, bias_dtype, want_x, want_residual, want_bias):
     n = grad.shape[-1]
     empty = grad.new_empty(0, dtype=_EMPTY_DTYPE)
     return (grad.new_empty(grad.shape, dtype=x_dtype) if want_x else empty,
@@ -169,9 +173,12 @@ def _setup_context(ctx, inputs, output):
     if kind == "output":
         ctx.save_for_backward(y)
     elif kind == "pre":
-        if _needs_pre(activation, bias, residual) and not save_pre:
+        if _needs_pre(activation, residual) and not save_pre:
             raise RuntimeError("fuselab::bias_act_fwd ran without save_pre but its backward needs z")
-        ctx.save_for_backward(pre if save_pre else x)
+        if save_pre:
+            ctx.save_for_backward(pre)
+        else:  # the backward rebuilds z = x + bias
+            ctx.save_for_backward(x, bias)
     else:
         ctx.save_for_backward()
     ctx.alpha, ctx.activation = alpha, activation
@@ -180,12 +187,14 @@ def _setup_context(ctx, inputs, output):
 
 
 def _autograd_backward(ctx, grad_y, grad_pre):
-    saved = ctx.saved_tensors[0] if ctx.saved_tensors else None
+    saved_tensors = ctx.saved_tensors
+    saved = saved_tensors[0] if saved_tensors else None
+    shift = saved_tensors[1] if len(saved_tensors) > 1 else None
     has_bias, has_residual = ctx.present
     want_x = ctx.needs_input_grad[0]
     want_b = has_bias and ctx.needs_input_grad[1]
     want_r = has_residual and ctx.needs_input_grad[2]
-    gx, gr, gb = torch.ops.fuselab.bias_act_bwd(grad_y, saved, ctx.alpha, ctx.activation, *ctx.dtypes,
+    gx, gr, gb = torch.ops.fuselab.bias_act_bwd(grad_y, saved, shift, ctx.alpha, ctx.activation, *ctx.dtypes,
                                                 want_x, want_r, want_b)
     return (gx if want_x else None, gb if want_b else None, gr if want_r else None, None, None, None)
 
@@ -256,7 +265,7 @@ def bias_act(
             _inplace(x, bias, residual, alpha, activation)
         return x
     needs_grad = _requires_grad(x, bias, residual)
-    save_pre = needs_grad and _needs_pre(activation, bias, residual)
+    save_pre = needs_grad and _needs_pre(activation, residual)
     if not torch.compiler.is_compiling():
         if not use_triton(x.device):
             return ref.bias_act(x, bias, residual, alpha, activation)

@@ -1,0 +1,324 @@
+// fuselab CUDA backend of the fused epilogue y = act(x + alpha * residual + bias), forward and backward.
+//
+// Tensors are 2-D [M, N] with a unit inner stride and any row stride (the Python wrapper guarantees it);
+// residual, bias and the saved tensor have x's dtype (float32, float16 or bfloat16). Math in float.
+// Vector path: 16-byte loads/stores (8 bf16/fp16, 4 fp32 per access) when N, every row stride and
+// every base pointer allow it; otherwise the same kernels with one element per access.
+//
+// forward : read x, residual (M*N), bias (N); write y (M*N) [+ pre-activation z (M*N) for the backward]
+// backward: read grad, saved (M*N); write grad_x, grad_residual (M*N, those wanted) + per-block column
+//           partial sums [grid_m, N] of dz (fixed-order reduction in shared memory, no atomics); the host sums
+//           the small partial buffer with at::sum: the bias gradient is deterministic.
+
+#include <torch/extension.h>
+
+#include <ATen/OpMathType.h>
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <optional>
+#include <vector>
+
+namespace {
+
+constexpr int kNone = 0, kRelu = 1, kRelu2 = 2, kSigmoid = 3, kSilu = 4, kGelu = 5, kGeluTanh = 6;
+
+template <typename T, int V>
+struct alignas(sizeof(T) * V) Vec {
+  T v[V];
+};
+
+template <typename T, int V>
+__device__ __forceinline__ Vec<T, V> load_vec(const T* p) {
+  return *reinterpret_cast<const Vec<T, V>*>(p);
+}
+
+template <typename T, int V>
+__device__ __forceinline__ void store_vec(T* p, const Vec<T, V>& v) {
+  *reinterpret_cast<Vec<T, V>*>(p) = v;
+}
+
+template <typename A>
+__device__ __forceinline__ A sigmoid(A z) {
+  return A(1) / (A(1) + exp(-z));
+}
+
+// act(z); tanh(u) = 2 sigmoid(2u) - 1, so gelu_tanh(z) = z * sigmoid(2u), u = sqrt(2/pi) (z + 0.044715 z^3)
+template <int ACT, typename A>
+__device__ __forceinline__ A act_fwd(A z) {
+  if constexpr (ACT == kNone) {
+    return z;
+  } else if constexpr (ACT == kRelu) {
+    return z > A(0) ? z : A(0);
+  } else if constexpr (ACT == kRelu2) {
+    A r = z > A(0) ? z : A(0);
+    return r * r;
+  } else if constexpr (ACT == kSigmoid) {
+    return sigmoid(z);
+  } else if constexpr (ACT == kSilu) {
+    return z * sigmoid(z);
+  } else if constexpr (ACT == kGelu) {
+    return A(0.5) * z * (A(1) + erf(z * A(0.7071067811865476)));
+  } else {
+    return z * sigmoid(A(1.5957691216057308) * (z + A(0.044715) * z * z * z));
+  }
+}
+
+// act'(z) from the saved tensor s: the output y for relu/relu2/sigmoid, the pre-activation z otherwise
+template <int ACT, typename A>
+__device__ __forceinline__ A act_grad(A s) {
+  if constexpr (ACT == kNone) {
+    return A(1);
+  } else if constexpr (ACT == kRelu) {
+    return s > A(0) ? A(1) : A(0);
+  } else if constexpr (ACT == kRelu2) {
+    return A(2) * sqrt(s > A(0) ? s : A(0));
+  } else if constexpr (ACT == kSigmoid) {
+    return s * (A(1) - s);
+  } else if constexpr (ACT == kSilu) {
+    A sg = sigmoid(s);
+    return sg * (A(1) + s * (A(1) - sg));
+  } else if constexpr (ACT == kGelu) {
+    return A(0.5) * (A(1) + erf(s * A(0.7071067811865476))) + s * exp(A(-0.5) * s * s) * A(0.3989422804014327);
+  } else {
+    A sg = sigmoid(A(1.5957691216057308) * (s + A(0.044715) * s * s * s));
+    return sg + s * sg * (A(1) - sg) * (A(1.5957691216057308) * (A(1) + A(0.134145) * s * s));
+  }
+}
+
+// grid-stride over the M * (N / V) vectors of the output
+template <typename T, int ACT, int V>
+__global__ void bias_act_fwd_kernel(const T* __restrict__ x,     // [M, N], row stride sxm
+                                    const T* __restrict__ res,   // [M, N], row stride srm, or nullptr
+                                    const T* __restrict__ bias,  // [N], or nullptr
+                                    T* __restrict__ y,           // [M, N], row stride sym
+                                    T* __restrict__ pre,         // [M, N] contiguous, or nullptr
+                                    int64_t M, int64_t N, int64_t sxm, int64_t srm, int64_t sym,
+                                    at::opmath_type<T> alpha) {
+  using A = at::opmath_type<T>;
+  const int64_t nvec = N / V;
+  const int64_t total = M * nvec;
+  const int64_t step = static_cast<int64_t>(gridDim.x) * blockDim.x;
+  for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < total; i += step) {
+    const int64_t row = i / nvec;
+    const int64_t col = (i - row * nvec) * V;
+    const Vec<T, V> xv = load_vec<T, V>(x + row * sxm + col);
+    Vec<T, V> rv, bv, yv, zv;
+    if (res != nullptr) rv = load_vec<T, V>(res + row * srm + col);
+    if (bias != nullptr) bv = load_vec<T, V>(bias + col);
+#pragma unroll
+    for (int k = 0; k < V; ++k) {
+      A z = static_cast<A>(xv.v[k]);
+      if (res != nullptr) z += alpha * static_cast<A>(rv.v[k]);
+      if (bias != nullptr) z += static_cast<A>(bv.v[k]);
+      zv.v[k] = static_cast<T>(z);
+      yv.v[k] = static_cast<T>(act_fwd<ACT>(z));
+    }
+    store_vec<T, V>(y + row * sym + col, yv);
+    if (pre != nullptr) store_vec<T, V>(pre + row * N + col, zv);
+  }
+}
+
+// block (TX, TY): thread (tx, ty) owns column vector blockIdx.y * TX + tx and walks rows
+// blockIdx.x * TY + ty, stepping gridDim.x * TY; its dz column sums stay in registers, then the block
+// reduces over ty in a fixed order into partial[blockIdx.x, :]
+template <typename T, int ACT, int V>
+__global__ void bias_act_bwd_kernel(const T* __restrict__ g,      // [M, N], row stride sgm
+                                    const T* __restrict__ s,      // [M, N], row stride ssm, or nullptr (none)
+                                    T* __restrict__ dx,           // [M, N] contiguous, or nullptr
+                                    T* __restrict__ dr,           // [M, N] contiguous, or nullptr
+                                    at::opmath_type<T>* __restrict__ partial,  // [gridDim.x, N], or nullptr
+                                    int64_t M, int64_t N, int64_t sgm, int64_t ssm, at::opmath_type<T> alpha) {
+  using A = at::opmath_type<T>;
+  extern __shared__ unsigned char smem_raw[];
+  A* smem = reinterpret_cast<A*>(smem_raw);  // [TY, TX * V]
+  const int64_t nvec = N / V;
+  const int64_t cv = static_cast<int64_t>(blockIdx.y) * blockDim.x + threadIdx.x;
+  const bool active = cv < nvec;
+  const int64_t col = cv * V;
+  A acc[V];
+#pragma unroll
+  for (int k = 0; k < V; ++k) acc[k] = A(0);
+  if (active) {
+    const int64_t step = static_cast<int64_t>(gridDim.x) * blockDim.y;
+    for (int64_t row = static_cast<int64_t>(blockIdx.x) * blockDim.y + threadIdx.y; row < M; row += step) {
+      const Vec<T, V> gv = load_vec<T, V>(g + row * sgm + col);
+      Vec<T, V> sv, xo, ro;
+      if (ACT != kNone) sv = load_vec<T, V>(s + row * ssm + col);
+#pragma unroll
+      for (int k = 0; k < V; ++k) {
+        A dz = static_cast<A>(gv.v[k]);
+        if (ACT != kNone) dz *= act_grad<ACT>(static_cast<A>(sv.v[k]));
+        xo.v[k] = static_cast<T>(dz);
+        ro.v[k] = static_cast<T>(alpha * dz);
+        acc[k] += dz;
+      }
+      if (dx != nullptr) store_vec<T, V>(dx + row * N + col, xo);
+      if (dr != nullptr) store_vec<T, V>(dr + row * N + col, ro);
+    }
+  }
+  if (partial == nullptr) return;
+  const int width = blockDim.x * V;
+#pragma unroll
+  for (int k = 0; k < V; ++k) smem[threadIdx.y * width + threadIdx.x * V + k] = acc[k];
+  __syncthreads();
+  if (threadIdx.y == 0 && active) {
+#pragma unroll
+    for (int k = 0; k < V; ++k) {
+      A sum = A(0);
+      for (int ty = 0; ty < static_cast<int>(blockDim.y); ++ty) sum += smem[ty * width + threadIdx.x * V + k];
+      partial[static_cast<int64_t>(blockIdx.x) * N + col + k] = sum;
+    }
+  }
+}
+
+#define FUSELAB_DISPATCH_ACT(act, ...)                              \
+  switch (act) {                                                    \
+    case kNone: { constexpr int ACT = kNone; __VA_ARGS__ break; }   \
+    case kRelu: { constexpr int ACT = kRelu; __VA_ARGS__ break; }   \
+    case kRelu2: { constexpr int ACT = kRelu2; __VA_ARGS__ break; } \
+    case kSigmoid: { constexpr int ACT = kSigmoid; __VA_ARGS__ break; } \
+    case kSilu: { constexpr int ACT = kSilu; __VA_ARGS__ break; }   \
+    case kGelu: { constexpr int ACT = kGelu; __VA_ARGS__ break; }   \
+    case kGeluTanh: { constexpr int ACT = kGeluTanh; __VA_ARGS__ break; } \
+    default: TORCH_CHECK(false, "bias_act: unknown activation id ", act); \
+  }
+
+// float32, float16, bfloat16 (float64 is not built: it would add a third of the compile time for no user)
+#define FUSELAB_DISPATCH_FLOATS(dtype, name, ...)                                        \
+  AT_DISPATCH_SWITCH(dtype, name, AT_DISPATCH_CASE(at::kFloat, __VA_ARGS__)              \
+                                      AT_DISPATCH_CASE(at::kHalf, __VA_ARGS__)           \
+                                          AT_DISPATCH_CASE(at::kBFloat16, __VA_ARGS__))
+
+bool aligned16(const void* p) { return p == nullptr || reinterpret_cast<uintptr_t>(p) % 16 == 0; }
+
+void check_rows(const torch::Tensor& t, const torch::Tensor& x, const char* name) {
+  TORCH_CHECK(t.dim() == 2 && t.sizes() == x.sizes(), name, " must be [M, N] like x");
+  TORCH_CHECK(t.size(1) <= 1 || t.stride(1) == 1, name, " must have a unit inner stride");
+  TORCH_CHECK(t.scalar_type() == x.scalar_type(), name, " must have x's dtype");
+  TORCH_CHECK(t.device() == x.device(), name, " must be on x's device");
+}
+
+int num_sms(int device) {
+  int sms = 0;
+  TORCH_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device) == cudaSuccess,
+              "bias_act: cudaDeviceGetAttribute failed");
+  return sms;
+}
+
+void check_launch() {
+  const cudaError_t err = cudaGetLastError();
+  TORCH_CHECK(err == cudaSuccess, "bias_act: kernel launch failed: ", cudaGetErrorString(err));
+}
+
+}  // namespace
+
+// returns {y, pre}; pre is empty unless save_pre
+std::vector<torch::Tensor> bias_act_forward(torch::Tensor x, std::optional<torch::Tensor> bias,
+                                            std::optional<torch::Tensor> residual, double alpha,
+                                            int64_t activation, bool save_pre, int64_t stream_handle) {
+  // the caller (fuselab.cuda.bias_act) sets the current device and passes torch's current stream
+  const cudaStream_t stream = reinterpret_cast<cudaStream_t>(stream_handle);
+  TORCH_CHECK(x.is_cuda() && x.dim() == 2, "x must be a 2-D CUDA tensor");
+  TORCH_CHECK(x.size(1) <= 1 || x.stride(1) == 1, "x must have a unit inner stride");
+  if (residual) check_rows(*residual, x, "residual");
+  if (bias) {
+    TORCH_CHECK(bias->dim() == 1 && bias->size(0) == x.size(1) && bias->is_contiguous(),
+                "bias must be a contiguous [N] tensor");
+    TORCH_CHECK(bias->scalar_type() == x.scalar_type() && bias->device() == x.device(),
+                "bias must have x's dtype and device");
+  }
+    const int64_t M = x.size(0), N = x.size(1);
+  auto y = torch::empty({M, N}, x.options());
+  auto pre = torch::empty({save_pre ? M : 0, save_pre ? N : 0}, x.options());
+  if (M == 0 || N == 0) return {y, pre};
+  FUSELAB_DISPATCH_FLOATS(x.scalar_type(), "bias_act_forward", [&] {
+    using A = at::opmath_type<scalar_t>;
+    constexpr int VW = 16 / sizeof(scalar_t);
+    const scalar_t* xp = x.data_ptr<scalar_t>();
+    const scalar_t* rp = residual ? residual->data_ptr<scalar_t>() : nullptr;
+    const scalar_t* bp = bias ? bias->data_ptr<scalar_t>() : nullptr;
+    scalar_t* yp = y.data_ptr<scalar_t>();
+    scalar_t* pp = save_pre ? pre.data_ptr<scalar_t>() : nullptr;
+    const int64_t srm = residual ? residual->stride(0) : 0;
+    const bool vec = N % VW == 0 && x.stride(0) % VW == 0 && srm % VW == 0 && aligned16(xp) && aligned16(rp) &&
+                     aligned16(bp) && aligned16(yp) && aligned16(pp);
+    const int threads = 256;
+    const int64_t work = vec ? M * (N / VW) : M * N;
+    const int64_t blocks = std::max<int64_t>(1, std::min<int64_t>((work + threads - 1) / threads, num_sms(x.get_device()) * 8));
+    FUSELAB_DISPATCH_ACT(activation, {
+      if (vec) {
+        bias_act_fwd_kernel<scalar_t, ACT, VW><<<blocks, threads, 0, stream>>>(
+            xp, rp, bp, yp, pp, M, N, x.stride(0), srm, N, static_cast<A>(alpha));
+      } else {
+        bias_act_fwd_kernel<scalar_t, ACT, 1><<<blocks, threads, 0, stream>>>(
+            xp, rp, bp, yp, pp, M, N, x.stride(0), srm, N, static_cast<A>(alpha));
+      }
+    })
+    check_launch();
+  });
+  return {y, pre};
+}
+
+template <typename scalar_t, int ACT, int V>
+static void launch_bwd(const torch::Tensor& grad, const scalar_t* sp, int64_t ssm, scalar_t* dxp, scalar_t* drp,
+                       torch::Tensor* partial, bool want_bias, double alpha, cudaStream_t stream) {
+  using A = at::opmath_type<scalar_t>;
+  const int64_t M = grad.size(0), N = grad.size(1);
+  const int64_t nvec = N / V;
+  const int tx = static_cast<int>(std::min<int64_t>(256, ((nvec + 31) / 32) * 32));
+  const int ty = 256 / tx;
+  const int64_t grid_n = (nvec + tx - 1) / tx;
+  const int64_t grid_m =
+      std::max<int64_t>(1, std::min<int64_t>((M + ty - 1) / ty, std::max<int64_t>(1, num_sms(grad.get_device()) * 4 / grid_n)));
+  A* pp = nullptr;
+  if (want_bias) {
+    *partial = torch::empty({grid_m, N}, grad.options().dtype(c10::CppTypeToScalarType<A>::value));
+    pp = partial->data_ptr<A>();
+  }
+  const dim3 grid(static_cast<unsigned>(grid_m), static_cast<unsigned>(grid_n));
+  const dim3 block(tx, ty);
+  const size_t smem = want_bias ? sizeof(A) * tx * ty * V : 0;
+  bias_act_bwd_kernel<scalar_t, ACT, V><<<grid, block, smem, stream>>>(
+      grad.data_ptr<scalar_t>(), sp, dxp, drp, pp, M, N, grad.stride(0), ssm, static_cast<A>(alpha));
+  check_launch();
+}
+
+// returns {grad_x, grad_residual, grad_bias}; each empty unless wanted
+std::vector<torch::Tensor> bias_act_backward(torch::Tensor grad, std::optional<torch::Tensor> saved, double alpha,
+                                             int64_t activation, bool want_x, bool want_residual, bool want_bias,
+                                             int64_t stream_handle) {
+  const cudaStream_t stream = reinterpret_cast<cudaStream_t>(stream_handle);
+  TORCH_CHECK(grad.is_cuda() && grad.dim() == 2, "grad must be a 2-D CUDA tensor");
+  TORCH_CHECK(grad.size(1) <= 1 || grad.stride(1) == 1, "grad must have a unit inner stride");
+  TORCH_CHECK(activation == kNone || saved.has_value(), "bias_act_backward: this activation needs the saved tensor");
+  if (saved) check_rows(*saved, grad, "saved");
+    const int64_t M = grad.size(0), N = grad.size(1);
+  auto empty = torch::empty({0}, grad.options());
+  auto gx = want_x ? torch::empty({M, N}, grad.options()) : empty;
+  auto gr = want_residual ? torch::empty({M, N}, grad.options()) : empty;
+  torch::Tensor gb = empty;
+  if (M == 0 || N == 0) {
+    if (want_bias) gb = torch::zeros({N}, grad.options());
+    return {gx, gr, gb};
+  }
+  torch::Tensor partial;
+  FUSELAB_DISPATCH_FLOATS(grad.scalar_type(), "bias_act_backward", [&] {
+    constexpr int VW = 16 / sizeof(scalar_t);
+    const scalar_t* sp = saved ? saved->data_ptr<scalar_t>() : nullptr;
+    const int64_t ssm = saved ? saved->stride(0) : 0;
+    scalar_t* dxp = want_x ? gx.data_ptr<scalar_t>() : nullptr;
+    scalar_t* drp = want_residual ? gr.data_ptr<scalar_t>() : nullptr;
+    const bool vec = N % VW == 0 && grad.stride(0) % VW == 0 && ssm % VW == 0 && aligned16(grad.data_ptr()) &&
+                     aligned16(sp) && aligned16(dxp) && aligned16(drp);
+    FUSELAB_DISPATCH_ACT(activation, {
+      if (vec) {
+        launch_bwd<scalar_t, ACT, VW>(grad, sp, ssm, dxp, drp, &partial, want_bias, alpha, stream);
+      } else {
+        launch_bwd<scalar_t, ACT, 1>(grad, sp, ssm, dxp, drp, &partial, want_bias, alpha, stream);
+      }
+    })
+  });
+  if (want_bias) gb = partial.sum(0).to(grad.scalar_type());  // fixed-order reduction of a small buffer
+  return {gx, gr, gb};
+}
