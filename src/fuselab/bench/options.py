@@ -1,0 +1,46 @@
+"""The one place the lab's defaults live: the CLI reads its defaults from :class:`BenchOptions`."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from fuselab.envinfo import device_slug
+
+#: results go to ``<RESULTS_ROOT>/<device slug>`` unless ``out`` is given
+RESULTS_ROOT = Path("benchmarks") / "results"
+#: ``fuselab bench compare``: a time ratio beyond 1 ± this is a regression / an improvement
+COMPARE_THRESHOLD = 0.05
+
+
+def default_out_dir() -> Path:
+    """``benchmarks/results/<device slug>`` relative to the working directory (``h100``, ``cpu``, ...)."""
+    return RESULTS_ROOT / device_slug()
+
+
+@dataclass
+class BenchOptions:
+    """What ``fuselab bench`` (and :func:`fuselab.bench.run`) runs, and where it writes.
+
+    ``ops``: op names (empty: every op in the registry). ``providers``: provider names to keep
+    (None: all). ``dtypes`` / ``modes``: names (``fp32``, ``fwd``...; None: each suite's defaults).
+    ``quick``: one or two sizes per op. ``out``: output folder (None: :func:`default_out_dir`).
+    ``plot``: write PNGs. ``l2_cold``: time ``l2_cold`` cases over rotating input sets (GPU).
+    ``cuda_graph``: with ``l2_cold``, replay the rotation as one CUDA graph (fwd cases).
+    ``write``: write JSON/CSV files at all. ``command``: recorded in the JSON.
+    """
+
+    ops: tuple[str, ...] = ()
+    providers: tuple[str, ...] | None = None
+    dtypes: tuple[str, ...] | None = None
+    modes: tuple[str, ...] | None = None
+    quick: bool = False
+    out: Path | None = None
+    plot: bool = False
+    l2_cold: bool = False
+    cuda_graph: bool = False
+    write: bool = True
+    command: str = field(default="")
+
+    def out_dir(self) -> Path:
+        return Path(self.out) if self.out is not None else default_out_dir()

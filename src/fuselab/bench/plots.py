@@ -1,0 +1,94 @@
+"""PNG plots of one op's run: GB/s vs size per provider, and a roofline.
+
+``<out>/<op>_gbps.png``: one panel per (dtype, mode), GB/s vs numel (log x), one line per
+provider, the measured copy bandwidth as a dashed line. ``<out>/<op>_roofline.png``:
+arithmetic intensity (flop/byte) vs achieved TFLOP/s with the bandwidth and compute ceilings.
+Only correct, timed results are drawn (WRONG ones are left out). Written atomically.
+"""
+
+from __future__ import annotations
+
+import io
+from pathlib import Path
+
+from . import results as R
+
+
+def _pyplot():
+    import matplotlib
+
+    matplotlib.use("Agg")  # files only, never a window
+    import matplotlib.pyplot as plt
+
+    return plt
+
+
+def _save(fig, path: Path) -> Path:
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png", dpi=120, bbox_inches="tight")
+    R.write_atomic(path, buf.getvalue())
+    return path
+
+
+def plot_gbps(run: R.OpRun, path: Path) -> Path | None:
+    plt = _pyplot()
+    ok = [r for r in run.results if r.timed_ok and r.gbps is not None]
+    panels = sorted({(r.dtype, r.mode) for r in ok})
+    if not panels:
+        return None
+    fig, axes = plt.subplots(1, len(panels), figsize=(5.5 * len(panels), 4.2), squeeze=False)
+    for ax, (dtype, mode) in zip(axes[0], panels):
+        rows = [r for r in ok if (r.dtype, r.mode) == (dtype, mode)]
+        for provider in dict.fromkeys(r.provider for r in rows):
+            pts = sorted((r.numel, r.gbps) for r in rows if r.provider == provider)
+            ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o", label=provider)
+        if run.ceilings:
+            ax.axhline(run.ceilings.copy_gbps, ls="--", color="gray", label="copy bandwidth")
+        ax.set_xscale("log", base=2)
+        ax.set_xlabel("elements (numel)")
+        ax.set_ylabel("GB/s")
+        ax.set_title(f"{run.op} {dtype} {mode}")
+        ax.grid(True, alpha=0.3)
+        ax.legend(fontsize=8)
+    fig.suptitle(f"{run.op} on {run.env.get('device', '?')} ({run.timer})", fontsize=9)
+    try:
+        return _save(fig, path)
+    finally:
+        plt.close(fig)
+
+
+def plot_roofline(run: R.OpRun, path: Path) -> Path | None:
+    plt = _pyplot()
+    ok = [r for r in run.results if r.timed_ok and r.tflops and r.bytes]
+    if not ok or run.ceilings is None:
+        return None
+    fig, ax = plt.subplots(figsize=(6.5, 4.5))
+    for provider in dict.fromkeys(r.provider for r in ok):
+        rows = [r for r in ok if r.provider == provider]
+        ax.scatter([r.flops / r.bytes for r in rows], [r.tflops for r in rows], label=provider, s=18)
+    lo = min(r.flops / r.bytes for r in ok) / 4
+    bw = run.ceilings.copy_gbps / 1e3  # TB/s: TFLOP/s = intensity * TB/s
+    peak = run.ceilings.matmul_tflops
+    hi = max(max(r.flops / r.bytes for r in ok) * 4, (peak / bw * 4) if peak else 0)
+    xs = [lo * (hi / lo) ** (i / 100) for i in range(101)]
+    roof = [min(x * bw, peak) if peak else x * bw for x in xs]
+    ax.plot(xs, roof, color="black", lw=1.2, label=f"roof: {run.ceilings.copy_gbps:.0f} GB/s"
+            + (f", {peak:.0f} TFLOP/s" if peak else ""))
+    ax.set_xscale("log")
+    ax.set_yscale("log")
+    ax.set_xlabel("arithmetic intensity (flop / byte)")
+    ax.set_ylabel("achieved TFLOP/s")
+    ax.set_title(f"{run.op} roofline on {run.env.get('device', '?')}", fontsize=9)
+    ax.grid(True, which="both", alpha=0.3)
+    ax.legend(fontsize=8)
+    try:
+        return _save(fig, path)
+    finally:
+        plt.close(fig)
+
+
+def plot_run(run: R.OpRun, out_dir: Path) -> list[Path]:
+    """Both plots of ``run`` into ``out_dir``; returns the files written."""
+    out_dir = Path(out_dir)
+    written = [plot_gbps(run, out_dir / f"{run.op}_gbps.png"), plot_roofline(run, out_dir / f"{run.op}_roofline.png")]
+    return [p for p in written if p is not None]

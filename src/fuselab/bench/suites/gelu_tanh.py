@@ -1,0 +1,75 @@
+"""Benchmark suite: tanh-approximated GELU, ``0.5·x·(1 + tanh(√(2/π)·(x + 0.044715·x³)))``.
+
+The eager formula (one kernel per operator, each a round trip to memory) vs ``torch.compile``
+of it (Inductor fuses it into one kernel) vs ``F.gelu(approximate="tanh")`` (PyTorch's own
+fused kernel) vs TorchScript of the formula. Modes ``fwd`` and ``fwd+bwd``.
+
+Cost model per case (N elements, itemsize s): fwd reads x and writes y: ``2·N·s`` bytes;
+bwd reads x and grad_out, writes grad_in: ``3·N·s``; fwd+bwd: ``5·N·s``. Flops: 9 per element
+forward (tanh counted as one), 14 backward. Memory-bound: the fused versions should reach the
+same fraction of copy bandwidth as a copy; the eager formula moves ~10x the minimum bytes.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+
+from fuselab.bench import providers
+from fuselab.bench.spec import DTYPES, BenchCase, CaseQuery, OpSpec
+from fuselab.bench.suites._sizes import L2_COLD_BELOW, size_label, sizes
+
+SQRT_2_OVER_PI = math.sqrt(2.0 / math.pi)  # 0.7978845608028654, written as a literal in the formula
+DEFAULT_DTYPES = (torch.float32, torch.bfloat16)
+QUICK_DTYPES = (torch.float32,)
+MODES = ("fwd", "fwd+bwd")
+_BYTES_PER_ELEMENT = {"fwd": 2, "bwd": 3, "fwd+bwd": 5}  # elements moved per element of x
+_FLOPS_PER_ELEMENT = {"fwd": 9, "bwd": 14, "fwd+bwd": 23}
+
+
+def gelu_tanh_formula(x: torch.Tensor) -> torch.Tensor:
+    """The formula as a user writes it in eager PyTorch (also what torch.compile and TorchScript get)."""
+    return 0.5 * x * (1.0 + torch.tanh(0.7978845608028654 * (x + 0.044715 * torch.pow(x, 3))))
+
+
+def gelu_tanh_builtin(x: torch.Tensor) -> torch.Tensor:
+    return F.gelu(x, approximate="tanh")
+
+
+def cases(query: CaseQuery) -> list[BenchCase]:
+    dtypes = query.dtypes or (QUICK_DTYPES if query.quick else DEFAULT_DTYPES)
+    out = []
+    for dtype in dtypes:
+        if dtype not in DTYPES.values():
+            continue
+        for mode in query.modes or MODES:
+            if not query.wants(dtype, mode):
+                continue
+            for n in sizes(query.device_type, query.quick):
+                nbytes = _BYTES_PER_ELEMENT[mode] * n * dtype.itemsize
+                out.append(BenchCase(op="gelu_tanh", label=size_label(n), dtype=dtype, mode=mode, bytes=nbytes,
+                                     flops=_FLOPS_PER_ELEMENT[mode] * n, numel=n, params={"n": n},
+                                     l2_cold=nbytes < L2_COLD_BELOW))
+    return out
+
+
+def make_inputs(case: BenchCase, device: torch.device) -> tuple[torch.Tensor]:
+    """One fresh random vector (normal, so non-zero, spanning GELU's curved region)."""
+    return (torch.randn(case.params["n"], dtype=case.dtype, device=device),)
+
+
+SPEC = OpSpec(
+    name="gelu_tanh",
+    summary="tanh-GELU: eager formula vs torch.compile vs F.gelu(approximate='tanh') vs TorchScript",
+    cases=cases,
+    make_inputs=make_inputs,
+    reference=gelu_tanh_formula,
+    providers=(
+        providers.eager(gelu_tanh_formula, description="the formula in eager PyTorch (one kernel per operator)"),
+        providers.compiled(gelu_tanh_formula),
+        providers.eager(gelu_tanh_builtin, name="F.gelu", description="F.gelu(x, approximate='tanh')"),
+        providers.scripted(gelu_tanh_formula),
+    ),
+)

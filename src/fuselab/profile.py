@@ -1,0 +1,249 @@
+"""``fuselab profile``: one op × provider × shape under ``torch.profiler``.
+
+Prints a per-kernel device-time table (name, calls, total, average, % of device time), the
+number of kernel launches per call (what shows fusion: the eager GELU formula launches one
+kernel per operator, ``torch.compile`` one in all), the host time per call and the wall time
+per call. On a machine without a GPU it prints the CPU op table instead (top-level ATen ops and
+compiled-graph calls, CPU time), labelled as such. ``trace`` writes a Chrome trace (chrome://tracing, ui.perfetto.dev).
+For ``torch.compile`` providers the Python module Inductor generated (Triton kernels on GPU,
+C++ on CPU) is copied next to the trace / into ``out_dir`` and its fused kernels are listed.
+
+:func:`kernel_table` and :func:`render_kernel_table` are reusable (the DLRM trainer uses them).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import re
+import shutil
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+from rich.table import Table
+
+STEP_RANGE = "fuselab::step"
+
+
+@dataclass(frozen=True)
+class KernelRow:
+    """One kernel (GPU) or CPU op: ``total_us`` device time (GPU) or self CPU time (CPU)."""
+
+    name: str
+    calls: int
+    total_us: float
+    avg_us: float
+    percent: float  # of the total over all rows
+
+
+def _is_device_event(e: Any) -> bool:
+    return str(getattr(e, "device_type", "")).endswith(("CUDA", "PrivateUse1")) or getattr(e, "is_kernel", False)
+
+
+def _is_cpu_compute(e: Any) -> bool:
+    """A top-level ATen op (no ATen op above it) or a call of an Inductor-compiled graph."""
+    if "CompiledFxGraph" in e.name:
+        return True
+    if not e.name.startswith("aten::"):
+        return False
+    parent = e.cpu_parent
+    while parent is not None:
+        if parent.name.startswith("aten::") or "CompiledFxGraph" in parent.name:
+            return False
+        parent = parent.cpu_parent
+    return True
+
+
+def kernel_table(prof: torch.profiler.profile, device: bool | None = None) -> list[KernelRow]:
+    """Aggregate a finished profile by name, largest total first.
+
+    ``device=True``: GPU kernels (and memcpy/memset) with their device durations. ``device=False``:
+    top-level ATen ops and Inductor compiled-graph calls with their CPU time (children included).
+    ``None``: device rows when the profile holds any, else CPU rows.
+    """
+    events = list(prof.events())
+    dev = [e for e in events if _is_device_event(e)]
+    if device is None:
+        device = bool(dev)
+    totals: dict[str, list[float]] = {}
+    if device:
+        for e in dev:
+            entry = totals.setdefault(e.name, [0, 0.0])
+            entry[0] += 1
+            entry[1] += e.time_range.elapsed_us()
+    else:
+        for e in events:
+            if _is_device_event(e) or not _is_cpu_compute(e):
+                continue
+            entry = totals.setdefault(e.name, [0, 0.0])
+            entry[0] += 1
+            entry[1] += e.cpu_time_total
+    grand = sum(t for _, t in totals.values()) or 1.0
+    rows = [KernelRow(name, int(n), t, t / n if n else 0.0, 100.0 * t / grand) for name, (n, t) in totals.items()]
+    return sorted(rows, key=lambda r: r.total_us, reverse=True)
+
+
+def render_kernel_table(rows: Sequence[KernelRow], title: str = "kernels", device: bool = True,
+                        steps: int = 1, limit: int | None = 30) -> Table:
+    """A rich table of :func:`kernel_table` rows; ``steps`` adds a calls-per-step column."""
+    what = "device time" if device else "CPU time"
+    table = Table(title=title, caption=f"times are {what}; % of the total {what} in the profile",
+                  caption_justify="left")
+    table.add_column("kernel" if device else "CPU op", overflow="fold")
+    for col in ("calls", "per call", f"total {what}", "avg", "%"):
+        table.add_column(col, justify="right", no_wrap=True)
+    for r in rows[:limit] if limit else rows:
+        table.add_row(r.name, str(r.calls), f"{r.calls / max(steps, 1):g}", f"{r.total_us:.1f} µs",
+                      f"{r.avg_us:.2f} µs", f"{r.percent:.1f}%")
+    if limit and len(rows) > limit:
+        table.add_row(f"... {len(rows) - limit} more", "", "", "", "", "")
+    return table
+
+
+FUSED_KERNEL = re.compile(r"^(\w+)\s*=\s*async_compile\.\w+\(", re.MULTILINE)
+
+
+def fused_kernels(source: str) -> list[str]:
+    """Names of the kernels defined in an Inductor output-code module (``triton_poi_fused_*``, ``cpp_fused_*``)."""
+    return FUSED_KERNEL.findall(source)
+
+
+def _inductor_modules() -> list[Any]:
+    try:
+        from torch._inductor.codecache import PyCodeCache
+    except ImportError:
+        return []
+    mods = PyCodeCache.modules
+    return list(mods.values()) if isinstance(mods, dict) else list(mods)
+
+
+@dataclass
+class ProfileResult:
+    op: str
+    provider: str
+    case: str
+    device: str  # "cuda" or "cpu"
+    steps: int
+    rows: list[KernelRow]
+    launches_per_call: float  # GPU kernels (or CPU compute ops) per call
+    host_us_per_call: float  # CPU time inside one call (launch overhead on a GPU)
+    wall_us_per_call: float  # wall time per call, synchronized
+    device_us_per_call: float | None  # summed kernel time per call (GPU)
+    trace: Path | None = None
+    inductor_sources: list[Path] = field(default_factory=list)
+    fused: list[str] = field(default_factory=list)
+
+
+def profile_fn(step: Callable[[], Any], steps: int = 10, warmup: int = 3,
+               trace: Path | None = None) -> tuple[torch.profiler.profile, float]:
+    """Profile ``steps`` calls of ``step`` (after ``warmup``), each inside a ``fuselab::step`` range.
+
+    Returns the profiler and the synchronized wall time per call in µs."""
+    from torch.profiler import ProfilerActivity, profile, record_function
+
+    cuda = torch.cuda.is_available()
+    sync = torch.cuda.synchronize if cuda else (lambda: None)
+    for _ in range(warmup):
+        step()
+    sync()
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])
+    with profile(activities=activities) as prof:
+        t0 = time.perf_counter()
+        for _ in range(steps):
+            with record_function(STEP_RANGE):
+                step()
+        sync()
+        wall = (time.perf_counter() - t0) * 1e6 / steps
+    if trace is not None:
+        trace.parent.mkdir(parents=True, exist_ok=True)
+        prof.export_chrome_trace(str(trace))
+    return prof, wall
+
+
+def host_us_per_call(prof: torch.profiler.profile) -> float:
+    spans = [e.cpu_time_total for e in prof.events() if e.name == STEP_RANGE]
+    return sum(spans) / len(spans) if spans else 0.0
+
+
+def _launches(rows: Sequence[KernelRow], steps: int) -> float:
+    return sum(r.calls for r in rows) / steps
+
+
+def profile_case(op: str, provider: str, shape: str | None = None, dtype: str = "fp32", mode: str = "fwd",
+                 steps: int = 10, trace: Path | None = None, out_dir: Path | None = None) -> ProfileResult:
+    """Profile one op × provider × case (``shape`` = a case label; None: the first quick case).
+
+    Raises ``ValueError`` for an unknown op, provider, dtype, mode or shape (listing valid ones),
+    and ``RuntimeError`` when the provider cannot run here (not installed, CUDA-only, skipped)."""
+    from fuselab.backend import forced
+    from fuselab.bench.check import prepare_args
+    from fuselab.bench.options import BenchOptions
+    from fuselab.bench.runner import make_step, validate
+    from fuselab.bench.suites import get_spec
+
+    if steps < 1:
+        raise ValueError(f"steps must be >= 1, got {steps}")
+    validate(BenchOptions(ops=(op,), providers=(provider,), dtypes=(dtype,), modes=(mode,)))
+    spec = get_spec(op)
+    prov = spec.provider(provider)
+    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    case = _find_case(spec, device, dtype, mode, shape)
+    if prov.missing():
+        raise RuntimeError(f"provider {provider!r} is not installed (needs {prov.missing()})")
+    reason = prov.skip_reason(case) or ("needs CUDA" if prov.cuda_only and device.type != "cuda" else None)
+    if reason:
+        raise RuntimeError(f"provider {provider!r} cannot run {case.key}: {reason}")
+    before = {id(m) for m in _inductor_modules()}
+    interpreted = prov.triton and device.type != "cuda"
+    with forced("triton") if interpreted else contextlib.nullcontext():
+        fn = prov.build(case)
+        args = prepare_args(spec.make_inputs(case, device), spec.grad_args(case), mode != "fwd")
+        step, leaves = make_step(fn, args, case, spec.grad_args(case))
+
+        def reset_and_step() -> None:
+            for t in leaves:
+                t.grad = None
+            step()
+
+        prof, wall = profile_fn(reset_and_step, steps=steps, trace=trace)
+    on_device = device.type == "cuda"
+    rows = kernel_table(prof, device=on_device)
+    dev_us = sum(r.total_us for r in rows) / steps if on_device else None
+    result = ProfileResult(op, provider, case.key, device.type, steps, rows, _launches(rows, steps),
+                           host_us_per_call(prof), wall, dev_us, trace=trace)
+    new = [m for m in _inductor_modules() if id(m) not in before and getattr(m, "__file__", None)]
+    target = out_dir or (trace.parent if trace is not None else None)
+    for i, module in enumerate(new):
+        source = Path(module.__file__).read_text()
+        result.fused += fused_kernels(source)
+        if target is not None:
+            target.mkdir(parents=True, exist_ok=True)
+            dest = target / f"{op}_{_safe(provider)}_{_safe(case.label)}_inductor_{i}.py"
+            shutil.copyfile(module.__file__, dest)
+            result.inductor_sources.append(dest)
+    return result
+
+
+def _safe(name: str) -> str:
+    return re.sub(r"[^A-Za-z0-9_.-]+", "_", name)
+
+
+def _find_case(spec: Any, device: torch.device, dtype: str, mode: str, shape: str | None):
+    from fuselab.bench.options import BenchOptions
+    from fuselab.bench.runner import spec_query
+
+    opts = BenchOptions(dtypes=(dtype,), modes=(mode,))
+    quick = spec.cases(spec_query(device, BenchOptions(dtypes=(dtype,), modes=(mode,), quick=True)))
+    full = spec.cases(spec_query(device, opts))
+    if shape is None:
+        if not quick:
+            raise ValueError(f"op {spec.name!r} has no {dtype} {mode} case on {device.type}")
+        return quick[0]
+    for case in [*quick, *full]:
+        if case.label == shape:
+            return case
+    labels = list(dict.fromkeys(c.label for c in [*quick, *full]))
+    raise ValueError(f"unknown shape {shape!r} for {spec.name} {dtype} {mode}; valid shapes: {', '.join(labels)}")
