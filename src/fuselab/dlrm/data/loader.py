@@ -155,15 +155,11 @@ def _open_npy(root: Path, meta: dict[str, Any]) -> CriteoDataset:
 def open_dataset(path: str | Path) -> CriteoDataset:
     """Open a dataset directory: npy shards (``preprocess``/``synth``) or parquet files + a metadata JSON."""
     root = Path(path)
-    if root.is_dir() and not (root / "metadata.json").exists() and list(root.glob("*.parquet")):
+    if root.suffix == ".parquet" or (root.is_dir() and any(root.glob("*.parquet"))):
         from .parquet import open_parquet
 
         return open_parquet(root)
     meta = read_metadata(root)
-    if meta.get("format") == "parquet":
-        from .parquet import open_parquet
-
-        return open_parquet(root)
     if meta.get("format") != "fuselab-dlrm-npy":
         raise ValueError(f"{root}: unsupported dataset format {meta.get('format')!r} (TSV must be preprocessed "
                          "first: `fuselab dlrm preprocess`)")

@@ -1,0 +1,332 @@
+"""Criteo TSV -> npy shards: streaming, bounded memory, resumable, malformed rows reported with file and line.
+
+Input rows (Kaggle ``train.txt``, 1TB ``day_N``, optionally ``.gz``): ``label \\t I1..I13 \\t C1..C26``, 40
+tab-separated fields, empty = missing. Parsing is pyarrow's CSV reader (all fields as strings, one block of
+``block_size`` bytes at a time), validation and conversion are vectorised:
+
+* label must be ``0`` or ``1``;
+* dense fields must be empty or integers (``-?[0-9]{1,18}``); missing -> 0; then clamp at 0, log(x + 1);
+* categorical fields must be empty or 1-16 hex digits; parsed to int64 (16-digit values >= 2^63 wrap to
+  negative int64, still distinct); missing -> 0.
+
+A malformed row (wrong field count, bad label, non-integer dense, non-hex categorical) is counted by kind and
+reported with file and line (the first ``MAX_EXAMPLES``); ``on_error="skip"`` drops it, ``"fail"`` stops with
+:class:`MalformedRowError`. After the shards, a second pass over them counts ids per feature: ``cardinalities``
+(distinct ids) and a vocabulary per feature (ids seen >= ``min_count`` times, sorted, ``vocab/C<k>.npy``) for
+``hashing="vocab"``; memory is bounded by the number of distinct ids, never by the number of rows.
+
+Resuming: ``progress.json`` records, per input file, the shards written; a rerun skips finished files and the
+finished shards of a partial file (it re-parses that file from the start, since gzip cannot seek).
+"""
+
+from __future__ import annotations
+
+import gzip
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from .shards import FORMAT, METADATA, dense_transform, save_npy_atomic, write_json_atomic, write_shard
+
+NUM_FIELDS = 40
+MAX_EXAMPLES = 20
+_NAMES = ["label"] + [f"I{j}" for j in range(1, 14)] + [f"C{j}" for j in range(1, 27)]
+_HEX = np.full(256, 255, dtype=np.uint8)
+for _i, _c in enumerate("0123456789abcdef"):
+    _HEX[ord(_c)] = _i
+    _HEX[ord(_c.upper())] = _i
+
+
+class MalformedRowError(ValueError):
+    """A malformed row with ``on_error="fail"``: message names the file, line and reason."""
+
+
+@dataclass
+class PreprocessReport:
+    out: str
+    rows: int = 0
+    files: int = 0
+    malformed: dict[str, int] = field(default_factory=dict)
+    examples: list[str] = field(default_factory=list)
+    cardinalities: list[int] = field(default_factory=list)
+
+    def summary(self) -> str:
+        bad = sum(self.malformed.values())
+        lines = [f"preprocessed {self.files} file(s): {self.rows:,} rows -> {self.out}; "
+                 f"{bad:,} malformed row(s) skipped" + (f" {self.malformed}" if bad else "")]
+        lines += [f"  {e}" for e in self.examples]
+        if bad > len(self.examples):
+            lines.append(f"  ... ({bad - len(self.examples)} more)")
+        return "\n".join(lines)
+
+
+def _hex_to_int64(col) -> np.ndarray:
+    """Valid hex strings (or empty) -> int64 (empty -> 0), vectorised through a nibble lookup table."""
+    import pyarrow.compute as pc
+
+    n = len(col)
+    padded = pc.utf8_lpad(col, width=16, padding="0").combine_chunks() if hasattr(col, "chunks") else \
+        pc.utf8_lpad(col, width=16, padding="0")
+    offsets = np.frombuffer(padded.buffers()[1], dtype=np.int32)[padded.offset: padded.offset + n + 1]
+    chars = np.frombuffer(padded.buffers()[2], dtype=np.uint8)[offsets[0]: offsets[0] + 16 * n].reshape(n, 16)
+    nibbles = _HEX[chars].astype(np.uint64)
+    value = np.zeros(n, dtype=np.uint64)
+    for k in range(16):
+        value = (value << np.uint64(4)) | nibbles[:, k]
+    return value.view(np.int64)
+
+
+class _LineMap:
+    """Maps the k-th row pyarrow returned (0-based, over the file) to its 1-based line number."""
+
+    def __init__(self):
+        self.skipped: list[int] = []  # line numbers of rows the field-count handler dropped, increasing
+
+    def lines(self, rows: np.ndarray) -> np.ndarray:
+        s = np.asarray(self.skipped, dtype=np.int64)
+        t = s - np.arange(len(s))
+        return rows + 1 + np.searchsorted(t, rows + 1, side="right")
+
+
+class _Errors:
+    def __init__(self, path: str, on_error: str, counts: dict[str, int], examples: list[str]):
+        self.path, self.on_error, self.counts, self.examples = path, on_error, counts, examples
+        self.fatal: list[tuple[int, str]] = []
+
+    def add(self, kind: str, line: int | None, detail: str) -> None:
+        """Count one malformed row (never raises: pyarrow's row handler must not; see :meth:`check`)."""
+        self.counts[kind] = self.counts.get(kind, 0) + 1
+        message = f"{self.path}:{line if line is not None else '?'}: {kind}: {detail}"
+        if self.on_error == "fail":
+            self.fatal.append((line if line is not None else 0, message))
+        if len(self.examples) < MAX_EXAMPLES:
+            self.examples.append(message)
+            self.examples.sort(key=self._line_of)
+
+    def _line_of(self, message: str) -> int:
+        line = message[len(self.path) + 1:].split(":", 1)[0]
+        return int(line) if line.isdigit() else 0
+
+    def check(self) -> None:
+        """With ``on_error="fail"``: raise for the earliest malformed row seen so far."""
+        if self.fatal:
+            message = min(self.fatal)[1]
+            raise MalformedRowError(f"malformed row at {message} (use --on-error skip to skip such rows)")
+
+
+def _convert(batch, row0: int, lines: _LineMap, errors: _Errors) -> tuple[np.ndarray, ...]:
+    """One pyarrow record batch (40 string columns) -> valid (dense, sparse, labels) and their count."""
+    import pyarrow.compute as pc
+
+    n = batch.num_rows
+    cols = batch.columns
+    bad = np.zeros(n, dtype=bool)
+    reasons: list[tuple[np.ndarray, str, str]] = []
+    empty = pc.equal(pc.binary_length(cols[0]), 0).to_numpy(zero_copy_only=False)
+    for j in range(1, NUM_FIELDS):
+        empty &= pc.equal(pc.binary_length(cols[j]), 0).to_numpy(zero_copy_only=False)
+    reasons.append((empty, "wrong field count", "empty line"))
+    label_ok = pc.is_in(cols[0], value_set=_label_values()).to_numpy(zero_copy_only=False)
+    reasons.append((~label_ok, "bad label", "label must be 0 or 1"))
+    for j in range(1, 14):
+        ok = pc.match_substring_regex(cols[j], r"^(-?[0-9]{1,18})?$").to_numpy(zero_copy_only=False)
+        reasons.append((~ok, "non-integer dense", f"field {_NAMES[j]} is not an integer"))
+    for j in range(14, NUM_FIELDS):
+        ok = pc.match_substring_regex(cols[j], r"^[0-9a-fA-F]{0,16}$").to_numpy(zero_copy_only=False)
+        reasons.append((~ok, "non-hex categorical", f"field {_NAMES[j]} is not hexadecimal"))
+    for mask, _, _ in reasons:
+        bad |= mask
+    if bad.any():
+        rows = np.flatnonzero(bad)
+        line_of = dict(zip(rows.tolist(), lines.lines(rows + row0).tolist()))
+        for r in rows.tolist():
+            kind, detail = next((k, d) for m, k, d in reasons if m[r])
+            errors.add(kind, line_of[r], detail)
+        keep = pc.invert(_pa().array(bad))
+        cols = [pc.filter(c, keep) for c in cols]
+    labels = np.asarray(pc.cast(cols[0], _pa().int8()).to_numpy(zero_copy_only=False), dtype=np.float32)
+    m = len(labels)
+    dense = np.empty((m, 13), dtype=np.float32)
+    for j in range(13):
+        col = pc.if_else(pc.equal(cols[1 + j], ""), "0", cols[1 + j])
+        dense[:, j] = dense_transform(pc.cast(col, _pa().int64()).to_numpy(zero_copy_only=False))
+    sparse = np.empty((m, 26), dtype=np.int64)
+    for j in range(26):
+        sparse[:, j] = _hex_to_int64(cols[14 + j]) if m else 0
+    return dense, sparse, labels
+
+
+def _pa():
+    import pyarrow
+
+    return pyarrow
+
+
+def _label_values():
+    return _pa().array(["0", "1"])
+
+
+def _open_text(path: Path):
+    raw = open(path, "rb")  # noqa: SIM115 - closed by the caller through the returned handle
+    stream = gzip.GzipFile(fileobj=raw) if path.suffix == ".gz" else raw
+    return raw, stream
+
+
+def _parse_file(path: Path, file_index: int, root: Path, shard_rows: int, block_size: int, errors: _Errors,
+                done_shards: list[dict[str, Any]], on_shard, on_bytes) -> None:
+    """Parse one TSV file into shards; skip the shards listed in ``done_shards`` (already written)."""
+    import pyarrow.csv as pcsv
+
+    lines = _LineMap()
+
+    def on_invalid(row) -> str:
+        if row.number is not None:
+            lines.skipped.append(int(row.number))
+        text = (row.text or "")[:60]
+        errors.add("wrong field count", row.number,
+                   f"{row.actual_columns} fields, expected {NUM_FIELDS} ({text!r}...)")
+        return "skip"
+
+    skip_rows = sum(s["rows"] for s in done_shards)
+    shard_index = len(done_shards)
+    read_options = pcsv.ReadOptions(column_names=_NAMES, block_size=block_size, use_threads=False)
+    parse_options = pcsv.ParseOptions(delimiter="\t", quote_char=False, escape_char=False, ignore_empty_lines=False,
+                                      invalid_row_handler=on_invalid)
+    convert_options = pcsv.ConvertOptions(column_types=dict.fromkeys(_NAMES, _pa().string()),
+                                          strings_can_be_null=False, quoted_strings_can_be_null=False)
+    buffers: list[tuple[np.ndarray, ...]] = []
+    buffered = row0 = 0
+    raw, stream = _open_text(path)
+    try:
+        reader = pcsv.open_csv(stream, read_options=read_options, parse_options=parse_options,
+                               convert_options=convert_options)
+        last_pos = 0
+        for batch in reader:
+            dense, sparse, labels = _convert(batch, row0, lines, errors)
+            errors.check()
+            row0 += batch.num_rows
+            pos = raw.tell()
+            on_bytes(pos - last_pos)
+            last_pos = pos
+            if skip_rows:  # rows already in finished shards (resume)
+                drop = min(skip_rows, len(labels))
+                dense, sparse, labels = dense[drop:], sparse[drop:], labels[drop:]
+                skip_rows -= drop
+            buffers.append((dense, sparse, labels))
+            buffered += len(labels)
+            while buffered >= shard_rows:
+                buffered = _flush(buffers, shard_rows, root, file_index, path, shard_index, on_shard)
+                shard_index += 1
+        if buffered:
+            _flush(buffers, buffered, root, file_index, path, shard_index, on_shard)
+        errors.check()
+    except _pa().ArrowInvalid as exc:
+        errors.check()
+        raise ValueError(f"{path}: cannot parse as Criteo TSV: {exc}") from None
+    finally:
+        stream.close()
+        raw.close()
+
+
+def _flush(buffers: list, rows: int, root: Path, file_index: int, path: Path, shard_index: int, on_shard) -> int:
+    """Write the first ``rows`` buffered rows as one shard; keep the rest buffered. Returns rows still buffered."""
+    dense, sparse, labels = (np.concatenate([b[k] for b in buffers]) for k in range(3))
+    name = f"f{file_index:03d}-{shard_index:05d}"
+    info = write_shard(root, name, dense[:rows], sparse[:rows], labels[:rows])
+    info["positives"] = int(labels[:rows].sum())
+    buffers.clear()
+    if len(labels) > rows:
+        buffers.append((dense[rows:], sparse[rows:], labels[rows:]))
+    on_shard(info)
+    return len(labels) - rows
+
+
+def _count_ids(root: Path, shards: list[dict[str, Any]], min_count: int) -> tuple[list[int], list[int]]:
+    """Second pass: distinct ids per feature and the vocabulary (ids with count >= min_count)."""
+    ids: list[np.ndarray] = [np.empty(0, np.int64)] * 26
+    counts: list[np.ndarray] = [np.empty(0, np.int64)] * 26
+    for shard in shards:
+        sparse = np.load(root / "shards" / f"{shard['name']}.sparse.npy", mmap_mode="r")
+        for t in range(sparse.shape[1]):
+            u, c = np.unique(np.asarray(sparse[:, t]), return_counts=True)
+            merged, inverse = np.unique(np.concatenate([ids[t], u]), return_inverse=True)
+            counts[t] = np.bincount(inverse, weights=np.concatenate([counts[t], c]), minlength=len(merged)
+                                    ).astype(np.int64)
+            ids[t] = merged
+    (root / "vocab").mkdir(exist_ok=True)
+    vocab_sizes = []
+    for t in range(26):
+        vocab = ids[t][counts[t] >= min_count]
+        save_npy_atomic(root / "vocab" / f"C{t + 1}.npy", vocab)
+        vocab_sizes.append(len(vocab))
+    return [len(x) for x in ids], vocab_sizes
+
+
+def preprocess(inputs: list[str | Path], out: str | Path, shard_rows: int = 1 << 20, on_error: str = "skip",
+               min_count: int = 1, resume: bool = True, progress: bool = False,
+               block_size: int = 16 << 20) -> PreprocessReport:
+    """Convert Criteo TSV files (in order) into a dataset directory ``out``; see the module docstring."""
+    if on_error not in ("skip", "fail"):
+        raise ValueError(f"on_error must be 'skip' or 'fail', got {on_error!r}")
+    if shard_rows <= 0 or min_count < 1 or block_size < 4096:
+        raise ValueError("shard_rows must be > 0, min_count >= 1, block_size >= 4096")
+    paths = [Path(p) for p in inputs]
+    for p in paths:
+        if not p.is_file():
+            raise FileNotFoundError(f"input file {p} does not exist")
+    root = Path(out)
+    root.mkdir(parents=True, exist_ok=True)
+    state_path = root / "progress.json"
+    state: dict[str, Any] = {"inputs": [str(p) for p in paths], "files": {}, "shard_rows": shard_rows}
+    if resume and state_path.is_file():
+        old = json.loads(state_path.read_text())
+        if old.get("inputs") == state["inputs"] and old.get("shard_rows") == shard_rows:
+            state = old
+    report = PreprocessReport(out=str(root))
+    from rich.progress import Progress
+
+    total_bytes = sum(p.stat().st_size for p in paths)
+    with Progress(disable=not progress, transient=True) as bar:
+        task = bar.add_task("preprocess", total=total_bytes)
+        for index, path in enumerate(paths):
+            entry = state["files"].setdefault(str(path), {"shards": [], "complete": False})
+            if entry["complete"]:
+                bar.advance(task, path.stat().st_size)
+                continue
+            entry["malformed"], entry["examples"] = {}, []
+            errors = _Errors(str(path), on_error, entry["malformed"], entry["examples"])
+
+            def on_shard(info: dict[str, Any], entry=entry) -> None:
+                entry["shards"].append(info)
+                write_json_atomic(state_path, state)
+
+            _parse_file(path, index, root, shard_rows, block_size, errors, list(entry["shards"]), on_shard,
+                        lambda n: bar.advance(task, n))
+            entry["complete"] = True
+            write_json_atomic(state_path, state)
+    shards = [s for p in paths for s in state["files"][str(p)]["shards"]]
+    if not shards:
+        raise ValueError("no valid rows in the input")
+    cardinalities, vocab_sizes = _count_ids(root, shards, min_count)
+    malformed: dict[str, int] = {}
+    for p in paths:
+        for kind, n in state["files"][str(p)]["malformed"].items():
+            malformed[kind] = malformed.get(kind, 0) + n
+        report.examples += state["files"][str(p)]["examples"]
+    report.examples = report.examples[:MAX_EXAMPLES]
+    rows = sum(s["rows"] for s in shards)
+    meta = {
+        "format": FORMAT, "source": "tsv", "inputs": [str(p) for p in paths], "num_rows": rows, "num_dense": 13,
+        "num_sparse": 26, "cardinalities": cardinalities, "vocab_sizes": vocab_sizes, "min_count": min_count,
+        "positive_rate": sum(s["positives"] for s in shards) / rows,
+        "counts": {"rows_per_file": {str(p): sum(s["rows"] for s in state["files"][str(p)]["shards"]) for p in paths},
+                   "malformed": malformed},
+        "dense_transform": "log(max(x, 0) + 1)",
+        "shards": [{"name": s["name"], "rows": s["rows"]} for s in shards],
+    }
+    write_json_atomic(root / METADATA, meta)
+    report.rows, report.files, report.malformed, report.cardinalities = rows, len(paths), malformed, cardinalities
+    return report
