@@ -1,0 +1,339 @@
+"""Triton kernels and launchers of ``fuselab.sum``/``fuselab.mean`` (deterministic, fixed two-stage trees).
+
+Every reduction is planned as ``out[o, i] = Σ_r x[o·s_o + r·s_r + i·s_i]`` (:class:`ReducePlan`): the
+reduced axes coalesce into one axis ``r`` of ``R`` elements and the kept axes into at most two
+groups ``o`` and ``i`` (``K = O·I`` outputs, written contiguously in the output's axis order).
+Strided and permuted views are read in place whenever that holds; otherwise the input is copied
+once into ``(kept..., reduced...)`` order (see :func:`plan_reduction`).
+
+Two kernels, chosen by which axis is contiguous:
+
+* ``_rows_kernel`` (the reduced axis has the smallest stride: ``dim=-1``, full reductions): each
+  program owns ``ROWS`` outputs and streams their rows in ``[ROWS, BLOCK_R]`` tiles of ~16 KiB
+  (wide vector loads, several in flight per thread), accumulating element-wise in fp32 and
+  reducing the tile once at the end.
+* ``_cols_kernel`` (a kept axis is contiguous: ``dim=0``, middle axes): each program owns
+  ``BLOCK_I`` contiguous columns (coalesced rows of ≥ 128 B) and streams ``[BLOCK_R, BLOCK_I]``
+  tiles down the reduced axis.
+
+Parallelism when there are few outputs: the reduced axis is split into ``SPLIT`` fixed chunks
+(grid axis 1). Stage 1 writes fp32 partials ``[SPLIT, K]``; stage 2 reduces them over ``SPLIT``
+with the same kernels, in a fixed order. No atomics: the same shape on the same device gives the
+same bits on every run. Bytes: read the input once, write ``K`` outputs (+ ``2·SPLIT·K·4`` bytes of
+partials, kept ≤ a few percent of the input and mostly served from L2).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import triton
+import triton.language as tl
+
+from ._launch import INT32_MAX, cdiv, needs_int64, next_power_of_2, sm_count
+
+#: bytes each program loads per loop iteration (enough in flight to cover DRAM latency)
+TILE_BYTES = 16384
+#: the same under the interpreter (CPU): larger tiles, fewer (serially run) programs
+INTERPRETER_TILE_BYTES = 262144
+#: programs per SM the launch aims for (≈ one resident wave of 8-warp programs)
+PROGRAMS_PER_SM = 4
+#: narrowest column tile of the cols kernel: one 128-byte line per row
+MIN_COL_BYTES = 128
+#: widest column tile of the cols kernel (1 KiB rows on GPUs), and most rows per program of the rows
+#: kernel, as a fraction of the tile
+MAX_COL_FRACTION = 16
+
+_TL_ACC = {torch.float32: tl.float32, torch.float64: tl.float64}
+
+
+@triton.jit
+def _cast_out(v, out_ptr, OUT_BF16: tl.constexpr):
+    """``v`` in the output dtype. bf16 is rounded to nearest even with integer ops, because the
+    interpreter truncates fp32 -> bf16 casts (the GPU rounds to nearest even): same bits on both."""
+    if OUT_BF16:
+        bits = v.to(tl.float32).to(tl.uint32, bitcast=True)
+        bits = bits + 0x7FFF + ((bits >> 16) & 1)
+        return (bits >> 16).to(tl.uint16).to(tl.bfloat16, bitcast=True)
+    else:
+        return v.to(out_ptr.dtype.element_ty)
+
+
+@triton.jit
+def _rows_kernel(
+    x_ptr,  # input; element (o, i, r) at o*s_o + i*s_i + r*s_r, o < K // I, i < I, r < R
+    out_ptr,  # [K] result (output dtype) when FINAL, else [SPLIT, K] partials (ACC dtype)
+    K, I, R, s_o, s_i, s_r,
+    r_per_split,  # reduced elements per split (a multiple of BLOCK_R); R when SPLIT == 1
+    n_reduced,  # divisor of the mean (IS_MEAN only)
+    ROWS: tl.constexpr, BLOCK_R: tl.constexpr, HAS_I: tl.constexpr, R_CONTIG: tl.constexpr,
+    SPLIT_R: tl.constexpr, ACC: tl.constexpr, FINAL: tl.constexpr, IS_MEAN: tl.constexpr,
+    OUT_BF16: tl.constexpr, INT64: tl.constexpr,
+):
+    pid = tl.program_id(0)
+    split = tl.program_id(1)
+    if INT64:
+        pid = pid.to(tl.int64)
+        split = split.to(tl.int64)
+    rows = pid * ROWS + tl.arange(0, ROWS)
+    row_mask = rows < K
+    if HAS_I:
+        row_off = (rows // I) * s_o + (rows % I) * s_i
+    else:
+        row_off = rows * s_o
+    if SPLIT_R:
+        r_start = split * r_per_split
+        r_end = tl.minimum(r_start + r_per_split, R)
+    else:
+        r_start = 0
+        r_end = R
+    cols = tl.arange(0, BLOCK_R)
+    if INT64:
+        cols = cols.to(tl.int64)
+    acc = tl.zeros([ROWS, BLOCK_R], dtype=ACC)
+    n_full = (r_end - r_start) // BLOCK_R
+    # full blocks: only the (per-row constant) row mask, so loads stay vectorized
+    for b in range(0, n_full):
+        r = r_start + b * BLOCK_R + cols
+        if R_CONTIG:
+            offs = row_off[:, None] + r[None, :]
+        else:
+            offs = row_off[:, None] + r[None, :] * s_r
+        acc += tl.load(x_ptr + offs, mask=row_mask[:, None], other=0.0).to(ACC)
+    # the ragged tail (possibly empty)
+    r = r_start + n_full * BLOCK_R + cols
+    if R_CONTIG:
+        offs = row_off[:, None] + r[None, :]
+    else:
+        offs = row_off[:, None] + r[None, :] * s_r
+    mask = row_mask[:, None] & (r < r_end)[None, :]
+    acc += tl.load(x_ptr + offs, mask=mask, other=0.0).to(ACC)
+    total = tl.sum(acc, axis=1)  # [ROWS]
+    if FINAL:
+        if IS_MEAN:
+            total = total / n_reduced
+        tl.store(out_ptr + rows, _cast_out(total, out_ptr, OUT_BF16), mask=row_mask)
+    else:
+        tl.store(out_ptr + split * K + rows, total, mask=row_mask)
+
+
+@triton.jit
+def _cols_kernel(
+    x_ptr,  # input; element (o, r, i) at o*s_o + r*s_r + i*s_i, o < O, r < R, i < I
+    out_ptr,  # [O*I] result (output dtype) when FINAL, else [SPLIT, O*I] partials (ACC dtype)
+    O, I, R, s_o, s_r, s_i,
+    r_per_split,  # reduced elements per split (a multiple of BLOCK_R); R when SPLIT == 1
+    n_reduced,  # divisor of the mean (IS_MEAN only)
+    BLOCK_R: tl.constexpr, BLOCK_I: tl.constexpr, I_CONTIG: tl.constexpr, SPLIT_R: tl.constexpr,
+    ACC: tl.constexpr, FINAL: tl.constexpr, IS_MEAN: tl.constexpr, OUT_BF16: tl.constexpr, INT64: tl.constexpr,
+):
+    pid = tl.program_id(0)  # o * blocks_of_i + block of i
+    split = tl.program_id(1)
+    if INT64:
+        pid = pid.to(tl.int64)
+        split = split.to(tl.int64)
+    i_blocks = tl.cdiv(I, BLOCK_I)
+    o = pid // i_blocks
+    cols = (pid % i_blocks) * BLOCK_I + tl.arange(0, BLOCK_I)
+    col_mask = cols < I
+    if I_CONTIG:
+        col_off = o * s_o + cols
+    else:
+        col_off = o * s_o + cols * s_i
+    if SPLIT_R:
+        r_start = split * r_per_split
+        r_end = tl.minimum(r_start + r_per_split, R)
+    else:
+        r_start = 0
+        r_end = R
+    rr = tl.arange(0, BLOCK_R)
+    if INT64:
+        rr = rr.to(tl.int64)
+    acc = tl.zeros([BLOCK_R, BLOCK_I], dtype=ACC)
+    n_full = (r_end - r_start) // BLOCK_R
+    for b in range(0, n_full):
+        r = r_start + b * BLOCK_R + rr
+        offs = r[:, None] * s_r + col_off[None, :]
+        acc += tl.load(x_ptr + offs, mask=col_mask[None, :], other=0.0).to(ACC)
+    r = r_start + n_full * BLOCK_R + rr
+    offs = r[:, None] * s_r + col_off[None, :]
+    mask = (r < r_end)[:, None] & col_mask[None, :]
+    acc += tl.load(x_ptr + offs, mask=mask, other=0.0).to(ACC)
+    total = tl.sum(acc, axis=0)  # [BLOCK_I]
+    out_idx = o * I + cols
+    if FINAL:
+        if IS_MEAN:
+            total = total / n_reduced
+        tl.store(out_ptr + out_idx, _cast_out(total, out_ptr, OUT_BF16), mask=col_mask)
+    else:
+        tl.store(out_ptr + split * (O * I) + out_idx, total, mask=col_mask)
+
+
+@dataclass(frozen=True)
+class ReducePlan:
+    """``out[o*I + i] = Σ_{r<R} x[o*s_o + r*s_r + i*s_i]``; ``kind`` is ``"rows"`` or ``"cols"``."""
+
+    kind: str
+    O: int
+    I: int
+    R: int
+    s_o: int
+    s_i: int
+    s_r: int
+    block_r: int
+    block_i: int  # cols: columns per program; rows: rows (outputs) per program
+    split: int  # chunks of the reduced axis (grid axis 1); > 1 means a second stage
+    r_per_split: int
+    num_warps: int
+
+    @property
+    def K(self) -> int:
+        return self.O * self.I
+
+    @property
+    def grid(self) -> tuple[int, int]:
+        if self.kind == "rows":
+            return (cdiv(self.K, self.block_i), self.split)
+        return (self.O * cdiv(self.I, self.block_i), self.split)
+
+
+def _coalesce(dims: list[tuple[int, int]]) -> list[tuple[int, int]]:
+    """Merge (size, stride) axes, outer to inner, where the outer stride equals size·stride of the inner."""
+    merged: list[tuple[int, int]] = []
+    for size, stride in dims:
+        if size == 1:
+            continue
+        if merged and merged[-1][1] == size * stride:
+            merged[-1] = (merged[-1][0] * size, stride)
+        else:
+            merged.append((size, stride))
+    return merged
+
+
+def _strided_layout(x: torch.Tensor, dims: tuple[int, ...]):
+    """(kept groups, reduced axis) of ``x`` read in place, or ``None`` when it needs a copy."""
+    kept = _coalesce([(x.shape[d], x.stride(d)) for d in range(x.dim()) if d not in dims])
+    # the order of the reduced axes is free: largest stride outermost, then merge
+    red = sorted(((x.shape[d], x.stride(d)) for d in dims), key=lambda t: -t[1])
+    red = _coalesce(red)
+    if len(kept) > 2 or len(red) > 1:
+        return None
+    return kept, (red[0] if red else (1, 0))
+
+
+def prepare(x: torch.Tensor, dims: tuple[int, ...]) -> tuple[torch.Tensor, list[tuple[int, int]], tuple[int, int]]:
+    """The tensor the kernels read (``x`` itself when its strides allow, else one copy) and its layout.
+
+    The copy happens only when the reduced axes cannot be merged into one strided axis (e.g.
+    ``dim=(0, 2)`` of a contiguous 3-d tensor) or the kept axes need more than two strided groups.
+    """
+    layout = _strided_layout(x, dims)
+    if layout is None:
+        kept_axes = [d for d in range(x.dim()) if d not in dims]
+        x = x.permute(*kept_axes, *dims).contiguous()
+        layout = _strided_layout(x, tuple(range(len(kept_axes), x.dim())))
+        assert layout is not None
+    return x, *layout
+
+
+def plan_reduction(x: torch.Tensor, kept: list[tuple[int, int]], red: tuple[int, int], *,
+                   allow_split: bool = True) -> ReducePlan:
+    """Pick kernel, tile sizes and split for reading ``x`` with the layout from :func:`prepare`."""
+    R, s_r = red
+    elsize = x.element_size()
+    tile = (TILE_BYTES if x.device.type == "cuda" else INTERPRETER_TILE_BYTES) // elsize
+    target = sm_count(x.device) * PROGRAMS_PER_SM
+    inner_stride = kept[-1][1] if kept else None
+    use_rows = inner_stride is None or abs(s_r) <= abs(inner_stride)
+    if use_rows:
+        if len(kept) == 2:
+            (O, s_o), (I, s_i) = kept
+        elif len(kept) == 1:
+            (O, s_o), (I, s_i) = kept[0], (1, 0)
+        else:
+            O, s_o, I, s_i = 1, 0, 1, 0
+        block_r = min(next_power_of_2(R), tile)
+        rows = max(1, min(tile // block_r, tile // MAX_COL_FRACTION, next_power_of_2(O * I)))
+        tiles = cdiv(O * I, rows)
+        split, r_per_split = _split(R, block_r, tiles, target, allow_split)
+        warps = 8 if rows * block_r >= 4096 else 4
+        return ReducePlan("rows", O, I, R, s_o, s_i, s_r, block_r, rows, split, r_per_split, warps)
+    if len(kept) == 2:
+        (O, s_o), (I, s_i) = kept
+    else:
+        (O, s_o), (I, s_i) = (1, 0), kept[0]
+    # widest column tile (≤ 1 KiB rows) that still leaves enough tiles to keep splits small
+    block_i = min(next_power_of_2(I), max(1, tile // MAX_COL_FRACTION))
+    min_block_i = max(1, MIN_COL_BYTES // elsize)
+    while block_i > min_block_i and O * cdiv(I, block_i) < target // 8:
+        block_i //= 2
+    block_r = max(1, min(tile // block_i, next_power_of_2(R)))
+    tiles = O * cdiv(I, block_i)
+    split, r_per_split = _split(R, block_r, tiles, target, allow_split)
+    warps = 8 if block_r * block_i >= 4096 else 4
+    return ReducePlan("cols", O, I, R, s_o, s_i, s_r, block_r, block_i, split, r_per_split, warps)
+
+
+def _split(R: int, block_r: int, tiles: int, target: int, allow: bool) -> tuple[int, int]:
+    """Chunks of the reduced axis so ``tiles·split`` ≈ ``target`` programs; each chunk a multiple of ``block_r``."""
+    if not allow or tiles >= target or block_r * 2 >= R:
+        return 1, R
+    split = min(cdiv(target, tiles), cdiv(R, block_r))
+    r_per_split = cdiv(cdiv(R, split), block_r) * block_r
+    split = cdiv(R, r_per_split)
+    if split <= 1:
+        return 1, R
+    return split, r_per_split
+
+
+def workspace_numel(plan: ReducePlan) -> int:
+    """fp32 (fp64) elements of the stage-1 partials ``[split, K]`` (0 without a second stage)."""
+    return plan.split * plan.K if plan.split > 1 else 0
+
+
+def launch(x: torch.Tensor, plan: ReducePlan, out: torch.Tensor, *, is_mean: bool, n_reduced: int,
+           acc_dtype: torch.dtype, final: bool = True) -> None:
+    """One kernel launch of ``plan`` on ``x``, writing ``out`` (result when ``final``, else partials)."""
+    common = dict(
+        SPLIT_R=plan.split > 1, OUT_BF16=final and out.dtype == torch.bfloat16, ACC=_TL_ACC[acc_dtype],
+        FINAL=final, IS_MEAN=is_mean, INT64=needs_int64(x, out) or plan.K * plan.split > INT32_MAX,
+        num_warps=plan.num_warps,
+    )
+    if plan.kind == "rows":
+        _rows_kernel[plan.grid](
+            x, out, plan.K, plan.I, plan.R, plan.s_o, plan.s_i, plan.s_r, plan.r_per_split, n_reduced,
+            ROWS=plan.block_i, BLOCK_R=plan.block_r, HAS_I=plan.I > 1, R_CONTIG=plan.s_r == 1, **common,
+        )
+    else:
+        _cols_kernel[plan.grid](
+            x, out, plan.O, plan.I, plan.R, plan.s_o, plan.s_r, plan.s_i, plan.r_per_split, n_reduced,
+            BLOCK_R=plan.block_r, BLOCK_I=plan.block_i, I_CONTIG=plan.s_i == 1, **common,
+        )
+
+
+def reduce_into(x: torch.Tensor, dims: tuple[int, ...], out: torch.Tensor, workspace: torch.Tensor | None, *,
+                plan: ReducePlan, is_mean: bool) -> None:
+    """Launcher: reduce ``x`` (already laid out by :func:`prepare`) over ``dims`` into ``out``.
+
+    ``out`` is contiguous with ``plan.K`` elements; ``workspace`` holds :func:`workspace_numel`
+    accumulator-dtype elements (``None`` when that is 0). Stage 2, when ``plan.split > 1``, sums the
+    partials ``[split, K]`` over ``split`` in a fixed order.
+    """
+    if out.numel() != plan.K or not out.is_contiguous():
+        raise ValueError(f"out must be contiguous with {plan.K} elements, got shape {tuple(out.shape)}")
+    n_reduced = plan.R
+    if plan.split == 1:
+        launch(x, plan, out, is_mean=is_mean, n_reduced=n_reduced, acc_dtype=_acc(x, out))
+        return
+    if workspace is None or workspace.numel() < workspace_numel(plan):
+        raise ValueError(f"workspace must hold {workspace_numel(plan)} elements")
+    partials = workspace[: workspace_numel(plan)].view(plan.split, plan.K)
+    launch(x, plan, partials, is_mean=is_mean, n_reduced=n_reduced, acc_dtype=workspace.dtype, final=False)
+    _, kept2, red2 = prepare(partials, (0,))
+    plan2 = plan_reduction(partials, kept2, red2, allow_split=False)
+    launch(partials, plan2, out, is_mean=is_mean, n_reduced=n_reduced, acc_dtype=workspace.dtype)
+
+
+def _acc(x: torch.Tensor, out: torch.Tensor) -> torch.dtype:
+    return torch.float64 if torch.float64 in (x.dtype, out.dtype) else torch.float32

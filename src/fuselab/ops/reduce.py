@@ -1,0 +1,128 @@
+"""Deterministic ``sum`` and ``mean`` over any axes, at the memory roofline.
+
+Layers: Triton kernels and the out-param launcher (:mod:`fuselab.ops._reduce_triton`) -> the allocating
+op :func:`_reduce_alloc` -> ``torch.library.custom_op`` ``fuselab::reduce`` with a fake kernel and
+``register_autograd`` (the gradient is a broadcast, scaled by ``1/n`` for the mean) -> the public
+:func:`sum` and :func:`mean`. Tensors that are not on CUDA take the pure-PyTorch path
+(:mod:`fuselab.reference.reduce`) unless ``FUSELAB_BACKEND=triton`` (see :mod:`fuselab.backend`).
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+from fuselab.backend import use_triton
+from fuselab.reference import reduce as ref
+
+__all__ = ["mean", "sum"]
+
+Dim = ref.Dim
+
+
+def _reduce_alloc(x: torch.Tensor, dims: tuple[int, ...], keepdim: bool, is_mean: bool,
+                  out_dtype: torch.dtype) -> torch.Tensor:
+    """Allocating op: the output (contiguous) and, for split reductions, the fp32 partials workspace."""
+    from fuselab.ops import _reduce_triton as kernels
+
+    shape = ref.output_shape(x, dims, keepdim)
+    out = torch.empty(shape, dtype=out_dtype, device=x.device)
+    src, kept, red = kernels.prepare(x, dims)
+    plan = kernels.plan_reduction(src, kept, red)
+    acc = ref.accumulate_dtype(x.dtype, out_dtype)
+    n = kernels.workspace_numel(plan)
+    workspace = torch.empty(n, dtype=acc, device=x.device) if n else None
+    kernels.reduce_into(src, dims, out, workspace, plan=plan, is_mean=is_mean)
+    return out
+
+
+@torch.library.custom_op("fuselab::reduce", mutates_args=())
+def _reduce_op(x: torch.Tensor, dims: list[int], keepdim: bool, is_mean: bool, out_dtype: torch.dtype) -> torch.Tensor:
+    return _reduce_alloc(x, tuple(dims), keepdim, is_mean, out_dtype)
+
+
+@_reduce_op.register_fake
+def _(x: torch.Tensor, dims: list[int], keepdim: bool, is_mean: bool, out_dtype: torch.dtype) -> torch.Tensor:
+    return x.new_empty(ref.output_shape(x, tuple(dims), keepdim), dtype=out_dtype)
+
+
+def _setup_context(ctx, inputs, output) -> None:
+    x, dims, keepdim, is_mean, _ = inputs
+    ctx.x_shape = x.shape
+    ctx.x_dtype = x.dtype
+    ctx.dims = tuple(dims)
+    ctx.keepdim = keepdim
+    ctx.is_mean = is_mean
+
+
+def _backward(ctx, grad: torch.Tensor):
+    return broadcast_grad(grad, ctx.x_shape, ctx.x_dtype, ctx.dims, ctx.keepdim, ctx.is_mean), None, None, None, None
+
+
+_reduce_op.register_autograd(_backward, setup_context=_setup_context)
+
+
+def broadcast_grad(grad: torch.Tensor, x_shape, x_dtype: torch.dtype, dims: tuple[int, ...], keepdim: bool,
+                   is_mean: bool) -> torch.Tensor:
+    """d(sum)/dx: ``grad`` broadcast back over the reduced axes (an expanded view, no copy);
+    the mean scales it by ``1/n`` first (in the accumulation dtype, on the small output)."""
+    if is_mean:
+        n = math.prod(x_shape[d] for d in dims)
+        grad = (grad.to(ref.accumulate_dtype(grad.dtype, x_dtype)) / n)
+    grad = grad.to(x_dtype)
+    if not keepdim:
+        for d in dims:  # ascending: each unsqueeze restores an axis at its original position
+            grad = grad.unsqueeze(d)
+    return grad.expand(x_shape)
+
+
+def _dispatch(x: torch.Tensor, dim: Dim, keepdim: bool, dtype: torch.dtype | None, op: str) -> torch.Tensor:
+    out_dtype = ref.result_dtype(x, dtype, op)
+    dims = ref.normalize_dims(x, dim)
+    if not isinstance(keepdim, bool):
+        raise TypeError(f"keepdim must be a bool, got {type(keepdim).__name__}")
+    reference = ref.sum if op == "sum" else ref.mean
+    if not use_triton(x.device):
+        return reference(x, dims, keepdim, dtype=out_dtype)
+    if not x.is_floating_point():
+        x = x.to(out_dtype)  # integer/bool input with dtype=: converted first, as torch does (a copy)
+    if x.numel() == 0:
+        # empty input or empty reduced axes: torch's result (sum 0, mean NaN) and its warnings
+        return reference(x, dims, keepdim, dtype=out_dtype)
+    return _reduce_op(x, list(dims), keepdim, op == "mean", out_dtype)
+
+
+def sum(x: torch.Tensor, dim: Dim = None, keepdim: bool = False, *, dtype: torch.dtype | None = None) -> torch.Tensor:
+    """Sum of ``x`` over ``dim``: deterministic, accumulated in float32.
+
+    Args:
+        x: float32, bfloat16 or float16 tensor (float64 accumulates in float64; integer/bool inputs
+            need ``dtype``), any shape and strides, on CUDA (Triton kernels) or any other device
+            (pure PyTorch).
+        dim: ``None`` or ``()`` for every element, an axis (negative counts from the end), or a tuple of axes.
+        keepdim: keep the reduced axes with size 1.
+        dtype: output dtype (float32, bfloat16, float16, float64); default: ``x.dtype``.
+
+    Returns:
+        A new contiguous tensor of shape ``x.shape`` without (or with size-1) reduced axes. The same
+        input on the same device gives the same bits on every run (fixed reduction trees, no atomics).
+        Empty reduced axes give 0, like ``torch.sum``. The gradient is the output gradient broadcast
+        over the reduced axes.
+
+    Raises:
+        TypeError: ``x`` is not a tensor, is complex, or is integer/bool without ``dtype``; ``dtype``
+            is not a floating dtype; ``dim`` is not an int/tuple of ints; ``keepdim`` is not a bool.
+        ValueError: an axis in ``dim`` is out of range or repeated.
+    """
+    return _dispatch(x, dim, keepdim, dtype, "sum")
+
+
+def mean(x: torch.Tensor, dim: Dim = None, keepdim: bool = False, *, dtype: torch.dtype | None = None) -> torch.Tensor:
+    """Mean of ``x`` over ``dim``: deterministic, accumulated in float32; NaN over empty axes (as torch).
+
+    Same arguments, dtypes, errors and determinism as :func:`sum`; the gradient is the output gradient
+    broadcast over the reduced axes and divided by their element count.
+    """
+    return _dispatch(x, dim, keepdim, dtype, "mean")
+

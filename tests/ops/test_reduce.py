@@ -1,0 +1,351 @@
+"""fuselab.sum / fuselab.mean: Triton kernels (interpreter on CPU) and the PyTorch path vs float64 torch."""
+
+from __future__ import annotations
+
+import warnings
+
+import pytest
+import torch
+
+import fuselab
+from fuselab.backend import forced
+from fuselab.bench.check import check
+from fuselab.bench.spec import CaseQuery
+from fuselab.ops import _reduce_triton as kernels
+from fuselab.testing import assert_close
+
+OPS = {"sum": (fuselab.sum, torch.sum), "mean": (fuselab.mean, torch.mean)}
+DTYPES = (torch.float32, torch.bfloat16, torch.float16)
+
+
+def _expected(x: torch.Tensor, dim, keepdim: bool, op: str) -> torch.Tensor:
+    """float64 torch result on the same (already rounded) input."""
+    x64 = x.detach().to(torch.float64)
+    if x.dim() == 0:
+        return x64
+    return OPS[op][1](x64, dim=() if dim is None else dim, keepdim=keepdim)
+
+
+def _check(x: torch.Tensor, dim, keepdim: bool, op: str, dtype: torch.dtype | None = None) -> torch.Tensor:
+    out = OPS[op][0](x, dim, keepdim, dtype=dtype)
+    ref = _expected(x, dim, keepdim, op)
+    assert out.dtype == (dtype or x.dtype)
+    assert out.shape == ref.shape
+    assert_close(out, ref, dtype=out.dtype, what=f"{op}(shape={tuple(x.shape)}, dim={dim}, keepdim={keepdim})")
+    return out
+
+
+# ---------------------------------------------------------------- forward vs float64
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("op", OPS)
+@pytest.mark.parametrize("keepdim", [False, True])
+@pytest.mark.parametrize("dim", [None, 0, 1, 2, -1, -3, (0, 2), (1, 2), (0, 1), (2, 0, 1), ()], ids=str)
+def test_all_dims(triton_backend, device, dtype, op, keepdim, dim):
+    x = torch.randn(5, 37, 65, device=device, dtype=dtype)
+    _check(x, dim, keepdim, op)
+
+
+@pytest.mark.parametrize("op", OPS)
+@pytest.mark.parametrize("n", [1, 7, 1023, 2**20 + 3])
+def test_sizes_1d(triton_backend, device, op, n):
+    x = torch.randn(n, device=device)
+    _check(x, None, False, op)
+    _check(x, 0, True, op)
+
+
+@pytest.mark.parametrize("op", OPS)
+@pytest.mark.parametrize("shape", [(1, 1), (1, 1023), (1023, 1), (7, 1023), (1023, 7), (3, 2**17 + 3), (2**15 + 1, 3)],
+                         ids=str)
+@pytest.mark.parametrize("dim", [None, 0, -1])
+def test_sizes_2d(triton_backend, device, op, shape, dim):
+    _check(torch.randn(shape, device=device), dim, False, op)
+
+
+def test_scalar(triton_backend, device):
+    x = torch.randn((), device=device)
+    for op in OPS:
+        for dim in (None, 0, -1, ()):
+            _check(x, dim, False, op)
+            _check(x, dim, True, op)
+
+
+@pytest.mark.parametrize("op", OPS)
+@pytest.mark.parametrize(
+    "view",
+    [
+        lambda t: t.t(),
+        lambda t: t[:, ::2],
+        lambda t: t[::3, 1:],
+        lambda t: t[2:, 5:-3],
+        lambda t: t.t()[::2],
+        lambda t: t.unsqueeze(1).expand(-1, 4, -1),
+        lambda t: t.view(4, 10, 3, 19).permute(2, 0, 3, 1),
+        lambda t: t.view(4, 10, 3, 19).permute(1, 3, 0, 2)[:, ::2],
+    ],
+    ids=["t", "cols::2", "rows::3", "slice", "t::2", "expand", "permute4d", "permute4d_strided"],
+)
+def test_strided_views(triton_backend, device, op, view):
+    base = torch.randn(40, 57, device=device)
+    x = view(base)
+    assert not x.is_contiguous()
+    for dim in [None, 0, -1, *([(0, 2), (1, 3), (0, 1, 3)] if x.dim() == 4 else [])]:
+        for keepdim in (False, True):
+            _check(x, dim, keepdim, op)
+
+
+def test_strided_read_in_place(device):
+    """Views whose reduced axes merge are planned on x's own storage (no copy)."""
+    base = torch.randn(40, 57, device=device)
+    for x, dims in [(base.t(), (0,)), (base.t(), (0, 1)), (base[:, ::2], (1,)), (base[::3], (0,)),
+                    (base.view(4, 10, 3, 19).permute(2, 0, 3, 1), (1, 3))]:
+        src, _, _ = kernels.prepare(x, dims)
+        assert src.data_ptr() == x.data_ptr() and src.stride() == x.stride()
+    x = torch.randn(4, 5, 6, device=device)  # dims (0, 2) cannot merge: one documented copy
+    src, _, _ = kernels.prepare(x, (0, 2))
+    assert src.is_contiguous() and src.shape == (5, 4, 6)
+
+
+@pytest.mark.parametrize("op", OPS)
+def test_dtype_argument(triton_backend, device, op):
+    x = torch.randn(33, 130, device=device, dtype=torch.bfloat16)
+    _check(x, -1, False, op, dtype=torch.float32)
+    _check(x, None, False, op, dtype=torch.float32)
+    _check(torch.randn(33, 130, device=device), 0, False, op, dtype=torch.bfloat16)
+    ints = torch.randint(-50, 50, (17, 9), device=device)
+    out = OPS[op][0](ints, 1, dtype=torch.float32)
+    ref = OPS[op][1](ints, 1, dtype=torch.float64)
+    assert out.dtype == torch.float32
+    assert_close(out, ref, dtype=torch.float32)
+
+
+@pytest.mark.parametrize("op", OPS)
+def test_torch_backend_matches(torch_backend, device, op):
+    x = torch.randn(6, 33, 17, device=device, dtype=torch.bfloat16)
+    for dim in (None, 1, (0, 2)):
+        _check(x, dim, True, op)
+    _check(torch.randn(9, 40, device=device).t(), 1, False, op)
+
+
+def test_backends_agree(device, monkeypatch):
+    x = torch.randn(70, 300, device=device)
+    monkeypatch.setenv("FUSELAB_BACKEND", "torch")
+    a = fuselab.mean(x, 0)
+    monkeypatch.setenv("FUSELAB_BACKEND", "triton")
+    b = fuselab.mean(x, 0)
+    assert_close(b, a.double())
+
+
+# ---------------------------------------------------------------- empty tensors
+
+
+@pytest.mark.parametrize("backend", ["triton", "torch"])
+@pytest.mark.parametrize("shape,dim", [((0,), None), ((0,), 0), ((0, 5), 0), ((0, 5), 1), ((5, 0), 1),
+                                       ((5, 0), None), ((3, 0, 4), (0, 1))])
+def test_empty(monkeypatch, device, backend, shape, dim):
+    monkeypatch.setenv("FUSELAB_BACKEND", backend)
+    x = torch.randn(shape, device=device)
+    for op, (ours, theirs) in OPS.items():
+        with warnings.catch_warnings(record=True) as got:
+            warnings.simplefilter("always")
+            out = ours(x, dim)
+        with warnings.catch_warnings(record=True) as want:
+            warnings.simplefilter("always")
+            ref = theirs(x, dim=() if dim is None else dim)
+        assert out.shape == ref.shape and out.dtype == ref.dtype
+        assert torch.equal(out.isnan(), ref.isnan()), op
+        assert torch.equal(torch.nan_to_num(out), torch.nan_to_num(ref)), op
+        assert [str(w.message) for w in got] == [str(w.message) for w in want]
+
+
+# ---------------------------------------------------------------- determinism
+
+
+@pytest.mark.parametrize("shape,dim", [((2**20 + 3,), None), ((1023, 1023), 0), ((9, 50_001), -1),
+                                       ((3000, 7), 0), ((5, 600, 33), 1)], ids=str)
+def test_run_to_run_bitwise(triton_backend, device, shape, dim):
+    x = torch.randn(shape, device=device)
+    first = fuselab.sum(x, dim)
+    for _ in range(2):
+        again = fuselab.sum(x, dim)
+        assert torch.equal(first.view(torch.int32), again.view(torch.int32))
+
+
+def test_split_plans_are_exercised(device):
+    """The determinism/size tests above cover both kernels with a second stage (split > 1)."""
+    cases = [((2**20 + 3,), (0,)), ((1023, 1023), (0,)), ((9, 50_001), (1,)), ((3000, 7), (0,))]
+    kinds = set()
+    for shape, dims in cases:
+        x = torch.empty(shape, device=device)
+        src, kept, red = kernels.prepare(x, dims)
+        plan = kernels.plan_reduction(src, kept, red)
+        if plan.split > 1:
+            kinds.add(plan.kind)
+        assert plan.grid[0] * plan.grid[1] <= 64 or device.type == "cuda"
+    assert kinds == {"rows", "cols"}
+
+
+# ---------------------------------------------------------------- int64 offsets
+
+
+def test_int64_variant(triton_backend, device, monkeypatch):
+    """The 64-bit index variant of both kernels (selected past 2^31 elements) computes the same result."""
+    monkeypatch.setattr(kernels, "needs_int64", lambda *tensors: True)
+    x = torch.randn(300, 257, device=device)
+    for dim in (None, 0, -1):
+        _check(x, dim, False, "mean")
+    _check(x.t(), 0, False, "sum")
+
+
+@pytest.mark.gpu
+def test_int64_offsets_large(device):
+    n = 2**31 + 2**20 + 5
+    x = torch.ones(n, device=device, dtype=torch.bfloat16)
+    x[-7:] = 3.0
+    assert fuselab.sum(x, dtype=torch.float32).item() == pytest.approx(n + 14, rel=1e-6)
+    rows = x[: (n // 4096) * 4096].view(-1, 4096)
+    out = fuselab.mean(rows, -1, dtype=torch.float32)
+    assert torch.all(out == 1.0)
+    cols = fuselab.sum(rows, 0, dtype=torch.float32)
+    assert torch.all(cols == float(rows.shape[0]))
+
+
+# ---------------------------------------------------------------- gradients
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("op", OPS)
+@pytest.mark.parametrize("dim,keepdim", [(None, False), (0, False), (-1, True), ((0, 2), False), ((1, 2), True)],
+                         ids=str)
+def test_gradients(triton_backend, device, dtype, op, dim, keepdim):
+    x = torch.randn(4, 19, 33, device=device, dtype=dtype)[:, :, 1:]  # non-contiguous leaf source
+    x = x.detach().requires_grad_(True)
+    x64 = x.detach().to(torch.float64).requires_grad_(True)
+    out = OPS[op][0](x, dim, keepdim)
+    ref = OPS[op][1](x64, dim=() if dim is None else dim, keepdim=keepdim)
+    grad_out = torch.randn(ref.shape, device=device, dtype=dtype)
+    out.backward(grad_out)
+    ref.backward(grad_out.to(torch.float64))
+    assert x.grad.dtype == dtype and x.grad.shape == x.shape
+    assert_close(x.grad, x64.grad, dtype=dtype, what="grad")
+
+
+def test_gradcheck_float64(triton_backend, device):
+    x = torch.randn(3, 5, 4, device=device, dtype=torch.float64, requires_grad=True)
+    assert torch.autograd.gradcheck(lambda t: fuselab.mean(t, (0, 2)), (x,), fast_mode=True)
+    assert torch.autograd.gradcheck(lambda t: fuselab.sum(t, -1, True), (x,), fast_mode=True)
+
+
+def test_grad_with_dtype_argument(triton_backend, device):
+    x = torch.randn(8, 40, device=device, dtype=torch.bfloat16, requires_grad=True)
+    out = fuselab.mean(x, 1, dtype=torch.float32)
+    assert out.dtype == torch.float32
+    out.backward(torch.ones_like(out))
+    assert x.grad.dtype == torch.bfloat16
+    assert torch.all(x.grad == torch.tensor(1 / 40, dtype=torch.bfloat16))
+
+
+def test_torch_compile_fullgraph(triton_backend, device):
+    torch._dynamo.reset()
+    x = torch.randn(33, 65, device=device, requires_grad=True)
+
+    def f(t):
+        return fuselab.mean(t, dim=-1) * 2 + fuselab.sum(t, 0, keepdim=True).sum() + fuselab.mean(t)
+
+    compiled = torch.compile(f, fullgraph=True)
+    out = compiled(x)
+    out.sum().backward()
+    grad = x.grad.clone()
+    x.grad = None
+    expected = f(x)
+    expected.sum().backward()
+    assert_close(out, expected.double(), what="compiled forward")
+    assert_close(grad, x.grad.double(), what="compiled grad")
+
+
+def test_opcheck(device):
+    x = torch.randn(6, 9, device=device)
+    with forced("triton"):
+        torch.library.opcheck(torch.ops.fuselab.reduce.default, (x, [1], False, True, torch.float32),
+                              test_utils=("test_schema", "test_faketensor", "test_autograd_registration"))
+
+
+# ---------------------------------------------------------------- bad input
+
+
+@pytest.mark.parametrize("backend", ["triton", "torch"])
+def test_bad_inputs(monkeypatch, device, backend):
+    monkeypatch.setenv("FUSELAB_BACKEND", backend)
+    x = torch.randn(3, 4, device=device)
+    for fn in (fuselab.sum, fuselab.mean):
+        with pytest.raises(ValueError, match="dim=2 is out of range"):
+            fn(x, 2)
+        with pytest.raises(ValueError, match="dim=-3 is out of range"):
+            fn(x, (0, -3))
+        with pytest.raises(ValueError, match="more than once"):
+            fn(x, (1, -1))
+        with pytest.raises(TypeError, match="dim"):
+            fn(x, 1.0)
+        with pytest.raises(TypeError, match="dim"):
+            fn(x, "0")
+        with pytest.raises(TypeError, match="dim entries"):
+            fn(x, (0, None))
+        with pytest.raises(TypeError, match="dtype="):
+            fn(torch.ones(3, dtype=torch.int64, device=device))
+        with pytest.raises(TypeError, match="dtype="):
+            fn(torch.ones(3, dtype=torch.bool, device=device))
+        with pytest.raises(TypeError, match="dtype must be one of"):
+            fn(x, dtype=torch.int32)
+        with pytest.raises(TypeError, match=r"dtype must be a torch\.dtype"):
+            fn(x, dtype="float32")
+        with pytest.raises(TypeError, match="real tensor"):
+            fn(torch.randn(3, dtype=torch.complex64, device=device))
+        with pytest.raises(TypeError, match=r"x must be a torch\.Tensor"):
+            fn([1.0, 2.0])
+        with pytest.raises(TypeError, match="keepdim"):
+            fn(x, 0, keepdim=1)
+
+
+# ---------------------------------------------------------------- the benchmark suite
+
+
+def test_suite_fuselab_provider_passes_check(device):
+    from fuselab.bench.suites import get_spec
+
+    spec = get_spec("reduce")
+    cases = spec.cases(CaseQuery(device_type="cpu", quick=True, modes=("fwd", "fwd+bwd")))
+    assert {c.params["dim"] for c in cases} == {None, -1, 0}
+    for case in cases:
+        with forced("triton"):
+            result = check(spec, case, spec.provider("fuselab").build(case), device="cpu")
+        assert result.ok, (case.key, result)
+    all_case = next(c for c in cases if c.params["dim"] is None and c.mode == "fwd")
+    assert spec.provider("naive").skip_reason(all_case) is None
+    with forced("triton"):
+        assert check(spec, all_case, spec.provider("naive").build(all_case), device="cpu").ok
+    dim_case = next(c for c in cases if c.params["dim"] == 0)
+    assert spec.provider("naive").skip_reason(dim_case)
+
+
+def test_suite_gpu_cases_cost_model():
+    from fuselab.bench.suites import get_spec
+
+    cases = {c.label + "/" + str(c.dtype): c for c in get_spec("reduce").cases(CaseQuery(device_type="cuda"))}
+    assert len(cases) == 9
+    c = cases["dim=0/65536x512/torch.bfloat16"]
+    assert c.bytes == (65536 * 512 + 512) * 2 and c.params == {"shape": (65536, 512), "dim": 0}
+    assert cases["all/n=2^28/torch.float32"].bytes == (2**28 + 1) * 4
+
+
+# ---------------------------------------------------------------- GPU: the benchmark shapes
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("shape,dtype", [((10000, 10000), torch.float32), ((2**28,), torch.float32),
+                                         ((8192, 8192), torch.bfloat16), ((65536, 512), torch.bfloat16)], ids=str)
+@pytest.mark.parametrize("dim", [None, 0, -1])
+def test_gpu_benchmark_shapes(device, shape, dtype, dim):
+    x = torch.randn(shape, device=device, dtype=dtype)
+    out = _check(x, dim, False, "mean")
+    assert torch.equal(out, fuselab.mean(x, dim))
