@@ -1,0 +1,137 @@
+"""Every bad input to apply_rope raises ValueError/TypeError naming the argument (both backends)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import fuselab
+
+
+def base_args():
+    q, k = torch.randn(2, 5, 3, 16), torch.randn(2, 5, 1, 16)
+    cos, sin = fuselab.rope_cos_sin(8, 16)
+    return [q, k, cos, sin], {}
+
+
+def thd_args():
+    q, k = torch.randn(9, 3, 16), torch.randn(9, 1, 16)
+    cos, sin = fuselab.rope_cos_sin(8, 16)
+    return [q, k, cos, sin], {"layout": "thd", "cu_seqlens": torch.tensor([0, 4, 9], dtype=torch.int32)}
+
+
+def bad(name):
+    a, kw = thd_args() if name.startswith("thd") else base_args()
+    q, k, cos, sin = a
+    if name == "rank":
+        a[0] = q[0]
+        return a, kw, ValueError, r"q must have 4 dims \(batch, seq, heads, head_dim\)"
+    if name == "layout_name":
+        return a, {"layout": "bsdh"}, ValueError, "layout must be one of"
+    if name == "layout_rank":
+        return a, {"layout": "thd", "cu_seqlens": torch.tensor([0, 5])}, ValueError, r"q must have 3 dims"
+    if name == "k_rank":
+        a[1] = k[0]
+        return a, kw, ValueError, "k must have 4 dims"
+    if name == "odd_rotary_dim":
+        return [q, k, None, None], {"rotary_dim": 7}, ValueError, "rotary_dim must be a positive even int"
+    if name == "rotary_dim_too_big":
+        c, s = fuselab.rope_cos_sin(8, 32)
+        return [q, k, c, s], kw, ValueError, r"rotary_dim \(32\) must be <= head_dim \(16\)"
+    if name == "rotary_dim_disagrees":
+        return a, {"rotary_dim": 8}, ValueError, "rotary_dim=8 disagrees with cos"
+    if name in ("k_batch", "k_seq", "k_dim"):
+        a[1] = {"k_batch": torch.randn(1, 5, 1, 16), "k_seq": torch.randn(2, 4, 1, 16),
+                "k_dim": torch.randn(2, 5, 1, 8)}[name]
+        return a, kw, ValueError, "k must match q in batch, seq and head_dim"
+    if name == "table_short_offset":
+        return a, {"seqlen_offsets": 4}, ValueError, r"cos/sin have 8 rows .* seqlen_offsets \+ seqlen = 9"
+    if name == "table_short_positions":
+        return a, {"positions": torch.tensor([[0, 1, 2, 3, 8]] * 2)}, ValueError, r"positions reach table row 8"
+    if name == "negative_positions":
+        return a, {"positions": torch.tensor([[0, 1, -1, 3, 4]])}, ValueError, r"positions reach"
+    if name == "table_short_offsets_tensor":
+        return a, {"seqlen_offsets": torch.tensor([0, 4])}, ValueError, r"seqlen_offsets reach table row 8"
+    if name == "thd_table_short":
+        return a, {**kw, "seqlen_offsets": 4}, ValueError, r"seqlen_offsets \+ seqlen = 9"
+    if name == "thd_cu_not_increasing":
+        return a, {**kw, "cu_seqlens": torch.tensor([0, 6, 4, 9], dtype=torch.int32)}, ValueError, "non-decreasing"
+    if name == "thd_cu_wrong_end":
+        return a, {**kw, "cu_seqlens": torch.tensor([0, 4, 8], dtype=torch.int32)}, ValueError, "end at total_tokens"
+    if name == "thd_cu_wrong_start":
+        return a, {**kw, "cu_seqlens": torch.tensor([1, 4, 9], dtype=torch.int32)}, ValueError, "start at 0"
+    if name == "thd_cu_dtype":
+        return a, {**kw, "cu_seqlens": torch.tensor([0.0, 4, 9])}, ValueError, "cu_seqlens must be a 1-D int32"
+    if name == "thd_no_cu":
+        return a, {"layout": "thd"}, ValueError, "needs cu_seqlens"
+    if name == "thd_max_seqlen_short":
+        return a, {**kw, "max_seqlen": 3}, ValueError, "max_seqlen=3 is shorter"
+    if name == "cu_not_thd":
+        return a, {"cu_seqlens": torch.tensor([0, 5, 10], dtype=torch.int32)}, ValueError, "only to layout='thd'"
+    if name == "positions_and_offsets":
+        return a, {"positions": torch.zeros(2, 5, dtype=torch.long), "seqlen_offsets": 1}, ValueError, "exclusive"
+    if name == "positions_shape":
+        return a, {"positions": torch.zeros(5, dtype=torch.long)}, ValueError, r"positions must have shape"
+    if name == "positions_dtype":
+        return a, {"positions": torch.zeros(2, 5)}, TypeError, "positions must be an int32/int64 tensor"
+    if name == "offsets_shape":
+        return a, {"seqlen_offsets": torch.tensor([1, 2, 3])}, ValueError, r"shape \(batch,\) = \(2,\)"
+    if name == "offsets_type":
+        return a, {"seqlen_offsets": 1.5}, TypeError, "seqlen_offsets must be an int"
+    if name == "offsets_negative":
+        return a, {"seqlen_offsets": -1}, ValueError, "seqlen_offsets must be >= 0"
+    if name == "devices":
+        a[2], a[3] = cos.to("meta"), sin.to("meta")
+        return a, kw, ValueError, "cos is on meta but q is on cpu"
+    if name == "int_q":
+        a[0] = q.long()
+        return a, kw, TypeError, "q must have a floating dtype"
+    if name == "int_cos":
+        a[2] = cos.long()
+        return a, kw, TypeError, "cos must have a floating dtype"
+    if name == "q_not_tensor":
+        a[0] = q.tolist()
+        return a, kw, TypeError, "q must be a torch.Tensor"
+    if name == "one_table":
+        a[3] = None
+        return a, kw, ValueError, "cos and sin must both be"
+    if name == "table_rank":
+        a[2], a[3] = cos[None], sin[None]
+        return a, kw, ValueError, r"cos must have shape \(seqlen_ro, rotary_dim // 2\)"
+    if name == "sin_shape":
+        a[3] = sin[:4]
+        return a, kw, ValueError, "sin must have the shape of cos"
+    if name == "scaling_type":
+        return [q, k, None, None], {"scaling": {"type": "nope"}}, ValueError, r"scaling\['type'\] must be one of"
+    if name == "scaling_key":
+        return [q, k, None, None], {"scaling": {"type": "llama3", "factor": 8.0}}, ValueError, "needs the key"
+    if name == "scaling_not_dict":
+        return [q, k, None, None], {"scaling": 2.0}, TypeError, "scaling must be None or a dict"
+    raise AssertionError(name)
+
+
+CASES = ["rank", "layout_name", "layout_rank", "k_rank", "odd_rotary_dim", "rotary_dim_too_big", "rotary_dim_disagrees",
+         "k_batch", "k_seq", "k_dim", "table_short_offset", "table_short_positions", "negative_positions",
+         "table_short_offsets_tensor", "thd_table_short", "thd_cu_not_increasing", "thd_cu_wrong_end",
+         "thd_cu_wrong_start", "thd_cu_dtype", "thd_no_cu", "thd_max_seqlen_short", "cu_not_thd",
+         "positions_and_offsets", "positions_shape", "positions_dtype", "offsets_shape", "offsets_type",
+         "offsets_negative", "devices", "int_q", "int_cos", "q_not_tensor", "one_table", "table_rank", "sin_shape",
+         "scaling_type", "scaling_key", "scaling_not_dict"]
+
+
+@pytest.mark.parametrize("backend", ["triton_backend", "torch_backend"])
+@pytest.mark.parametrize("name", CASES)
+def test_bad_input(request, backend, name):
+    request.getfixturevalue(backend)
+    args, kw, err, match = bad(name)
+    with pytest.raises(err, match=match):
+        fuselab.apply_rope(*args, **kw)
+
+
+@pytest.mark.parametrize("kw,match", [({"seqlen": 0, "rotary_dim": 8}, "seqlen must be a positive int"),
+                                      ({"seqlen": 4, "rotary_dim": 7}, "rotary_dim must be a positive even"),
+                                      ({"seqlen": 4, "rotary_dim": 8, "base": 1.0}, "base must be a number > 1"),
+                                      ({"seqlen": 4, "rotary_dim": 8, "scaling": {"type": "linear"}}, "'factor'")])
+def test_rope_cos_sin_bad_input(kw, match):
+    with pytest.raises(ValueError, match=match):
+        fuselab.rope_cos_sin(**kw)
