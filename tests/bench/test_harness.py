@@ -44,7 +44,7 @@ def toy_run():
 
 
 def test_figures_from_fake_timer(toy_run):
-    run, _, by = toy_run
+    _run, _, by = toy_run
     eager = by["eager"]
     assert eager.status == R.OK and eager.median_ms == 2.0
     assert eager.gbps == pytest.approx(8e6 / 2e-3 / 1e9)  # bytes / time = 4 GB/s
