@@ -1,0 +1,146 @@
+"""DLRM architecture: shapes, the dot interaction vs a float64 reference and vs torchrec's order."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from fuselab.dlrm.config import load_config
+from fuselab.dlrm.model import (
+    DLRM,
+    DenseArch,
+    InteractionArch,
+    OverArch,
+    SparseArch,
+    pair_indices,
+    torchrec_permutation,
+)
+from fuselab.testing import assert_close
+
+SIZES = [7, 1, 130, 33, 5]
+
+
+def test_dense_arch_shape():
+    arch = DenseArch(13, [17, 9, 4])
+    out = arch(torch.randn(3, 13))
+    assert out.shape == (3, 4)
+    assert (out >= 0).all()  # ReLU after the last layer too
+
+
+@pytest.mark.parametrize("layout", ["fused", "per_table"])
+def test_sparse_arch_shape_and_rows(layout):
+    arch = SparseArch(SIZES, 6, layout=layout, generator=torch.Generator().manual_seed(0))
+    ids = torch.stack([torch.randint(0, n, (11,)) for n in SIZES], dim=1)
+    out = arch(ids)
+    assert out.shape == (11, len(SIZES), 6)
+    table = arch.weight[int(arch.offsets[2]):][:130] if layout == "fused" else arch.tables[2].weight
+    torch.testing.assert_close(out[:, 2], table[ids[:, 2]])
+
+
+def test_fused_and_per_table_layouts_agree():
+    ids = torch.stack([torch.randint(0, n, (9,)) for n in SIZES], dim=1)
+    a = SparseArch(SIZES, 4, "fused", generator=torch.Generator().manual_seed(3))(ids)
+    b = SparseArch(SIZES, 4, "per_table", generator=torch.Generator().manual_seed(3))(ids)
+    torch.testing.assert_close(a, b, rtol=0, atol=0)
+
+
+def test_sparse_arch_rejects_bad_sizes():
+    with pytest.raises(ValueError, match="table_sizes"):
+        SparseArch([3, 0], 4)
+    with pytest.raises(ValueError, match="layout"):
+        SparseArch([3], 4, layout="bogus")
+
+
+def _dot_reference(dense: torch.Tensor, emb: torch.Tensor, self_interaction: bool) -> torch.Tensor:
+    """Loops in float64: strict lower triangle (or with diagonal), row-major."""
+    v = torch.cat([dense.unsqueeze(1), emb], dim=1).double()
+    cols = [dense.double()]
+    for i in range(v.shape[1]):
+        for j in range(i + 1 if self_interaction else i):
+            cols.append((v[:, i] * v[:, j]).sum(-1, keepdim=True))
+    return torch.cat(cols, dim=1)
+
+
+@pytest.mark.parametrize("batch,features,dim", [(1, 1, 1), (5, 26, 16), (3, 7, 5)])
+@pytest.mark.parametrize("self_interaction", [False, True])
+def test_dot_interaction_matches_float64_reference(batch, features, dim, self_interaction):
+    arch = InteractionArch(features, dim, "dot", self_interaction)
+    dense, emb = torch.randn(batch, dim), torch.randn(batch, features, dim)
+    out = arch(dense, emb)
+    pairs = (features + 1) * features // 2 + (features + 1 if self_interaction else 0)
+    assert out.shape == (batch, dim + pairs) == (batch, arch.out_features)
+    assert_close(out, _dot_reference(dense, emb, self_interaction), torch.float32, "dot interaction")
+
+
+def test_dot_interaction_on_strided_inputs():
+    arch = InteractionArch(4, 3, "dot")
+    dense = torch.randn(3, 6)[:, ::2]
+    emb = torch.randn(4, 3, 5).permute(2, 0, 1)  # [5, 4, 3], non-contiguous
+    assert_close(arch(dense[:1].expand(5, 3), emb), _dot_reference(dense[:1].expand(5, 3), emb, False),
+                 torch.float32)
+
+
+def _torchrec_order(dense: torch.Tensor, emb: torch.Tensor) -> torch.Tensor:
+    """torchrec's InteractionArch semantics: upper triangle (offset 1) of the Gram matrix, row-major."""
+    v = torch.cat([dense.unsqueeze(1), emb], dim=1)
+    gram = torch.bmm(v, v.transpose(1, 2))
+    r, c = torch.triu_indices(v.shape[1], v.shape[1], offset=1)
+    return gram[:, r, c]
+
+
+@pytest.mark.parametrize("features", [1, 3, 26])
+def test_torchrec_permutation(features):
+    dim = 4
+    arch = InteractionArch(features, dim, "dot")
+    dense, emb = torch.randn(6, dim), torch.randn(6, features, dim)
+    ours = arch(dense, emb)[:, dim:]
+    perm = torchrec_permutation(features)
+    assert sorted(perm.tolist()) == list(range(ours.shape[1]))
+    torch.testing.assert_close(ours[:, perm], _torchrec_order(dense, emb))
+    # and back: the inverse permutation maps torchrec's order to ours
+    inverse = torch.argsort(perm)
+    torch.testing.assert_close(_torchrec_order(dense, emb)[:, inverse], ours)
+
+
+def test_torchrec_permutation_with_diagonal():
+    rows, cols = pair_indices(4, self_interaction=True)
+    perm = torchrec_permutation(3, self_interaction=True)
+    r, c = torch.triu_indices(4, 4, offset=0)
+    # our pair at perm[k] is torchrec's pair k transposed
+    assert torch.equal(rows[perm], c) and torch.equal(cols[perm], r)
+
+
+def test_cat_interaction_and_over_arch():
+    arch = InteractionArch(3, 4, "cat", dense_dim=6)
+    out = arch(torch.randn(2, 6), torch.randn(2, 3, 4))
+    assert out.shape == (2, 6 + 12) == (2, arch.out_features)
+    with pytest.raises(ValueError, match="dense output width"):
+        InteractionArch(3, 4, "dot", dense_dim=6)
+    over = OverArch(18, [5, 1])
+    assert over(out).shape == (2, 1)
+
+
+@pytest.mark.parametrize("preset", ["tiny", "kaggle", "mlperf-v1"])
+def test_dlrm_from_presets_forward_backward(preset):
+    cfg = load_config(preset)
+    sizes = [3, 50, 1, 7] + [2] * 22
+    model = DLRM.from_config(cfg, sizes)
+    dense = torch.rand(4, 13)
+    sparse = torch.stack([torch.randint(0, n, (4,)) for n in sizes], dim=1)
+    logits = model(dense, sparse)
+    assert logits.shape == (4,)
+    logits.sum().backward()
+    weight = model.sparse_arch.weight
+    assert weight.grad is not None and weight.grad.is_sparse  # only looked-up rows get gradient
+    for p in model.dense_parameters():
+        assert p.grad is not None and torch.isfinite(p.grad).all()
+    expected = cfg.embedding_dim + 27 * 26 // 2
+    assert model.interaction_arch.out_features == expected
+
+
+def test_dlrm_seeded_init_is_reproducible():
+    a, b = DLRM([5, 9], 4, [8, 4], [6, 1], seed=7), DLRM([5, 9], 4, [8, 4], [6, 1], seed=7)
+    c = DLRM([5, 9], 4, [8, 4], [6, 1], seed=8)
+    for (name, pa), pb in zip(a.state_dict().items(), b.state_dict().values()):
+        assert torch.equal(pa, pb), name
+    assert not torch.equal(a.sparse_arch.weight, c.sparse_arch.weight)
