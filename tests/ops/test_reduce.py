@@ -264,6 +264,14 @@ def test_torch_compile_fullgraph(triton_backend, device):
     assert_close(grad, x.grad.double(), what="compiled grad")
 
 
+def test_custom_op_matches_eager_path(triton_backend, device):
+    """Eager calls without autograd skip the dispatcher; both routes give the same bits."""
+    x = torch.randn(70, 300, device=device)
+    for dims in ([0], [1], [0, 1]):
+        via_op = torch.ops.fuselab.reduce(x, dims, False, True, torch.float32)
+        assert torch.equal(via_op, fuselab.mean(x, tuple(dims)))
+
+
 def test_opcheck(device):
     x = torch.randn(6, 9, device=device)
     with forced("triton"):

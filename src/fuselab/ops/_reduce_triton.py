@@ -25,6 +25,7 @@ partials, kept ≤ a few percent of the input and mostly served from L2).
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 
 import torch
@@ -211,39 +212,47 @@ def _coalesce(dims: list[tuple[int, int]]) -> list[tuple[int, int]]:
     return merged
 
 
-def _strided_layout(x: torch.Tensor, dims: tuple[int, ...]):
-    """(kept groups, reduced axis) of ``x`` read in place, or ``None`` when it needs a copy."""
-    kept = _coalesce([(x.shape[d], x.stride(d)) for d in range(x.dim()) if d not in dims])
+@functools.lru_cache(maxsize=4096)
+def _strided_layout(shape: tuple[int, ...], stride: tuple[int, ...], dims: tuple[int, ...]):
+    """(kept groups, reduced axis) of a tensor read in place, or ``None`` when it needs a copy."""
+    kept = _coalesce([(shape[d], stride[d]) for d in range(len(shape)) if d not in dims])
     # the order of the reduced axes is free: largest stride outermost, then merge
-    red = sorted(((x.shape[d], x.stride(d)) for d in dims), key=lambda t: -t[1])
-    red = _coalesce(red)
+    red = _coalesce(sorted(((shape[d], stride[d]) for d in dims), key=lambda t: -t[1]))
     if len(kept) > 2 or len(red) > 1:
         return None
-    return kept, (red[0] if red else (1, 0))
+    return tuple(kept), (red[0] if red else (1, 0))
 
 
-def prepare(x: torch.Tensor, dims: tuple[int, ...]) -> tuple[torch.Tensor, list[tuple[int, int]], tuple[int, int]]:
+Groups = tuple[tuple[int, int], ...]  # (size, stride) axes
+
+
+def prepare(x: torch.Tensor, dims: tuple[int, ...]) -> tuple[torch.Tensor, Groups, tuple[int, int]]:
     """The tensor the kernels read (``x`` itself when its strides allow, else one copy) and its layout.
 
     The copy happens only when the reduced axes cannot be merged into one strided axis (e.g.
     ``dim=(0, 2)`` of a contiguous 3-d tensor) or the kept axes need more than two strided groups.
     """
-    layout = _strided_layout(x, dims)
+    layout = _strided_layout(tuple(x.shape), x.stride(), dims)
     if layout is None:
         kept_axes = [d for d in range(x.dim()) if d not in dims]
         x = x.permute(*kept_axes, *dims).contiguous()
-        layout = _strided_layout(x, tuple(range(len(kept_axes), x.dim())))
+        layout = _strided_layout(tuple(x.shape), x.stride(), tuple(range(len(kept_axes), x.dim())))
         assert layout is not None
     return x, *layout
 
 
-def plan_reduction(x: torch.Tensor, kept: list[tuple[int, int]], red: tuple[int, int], *,
-                   allow_split: bool = True) -> ReducePlan:
+def plan_reduction(x: torch.Tensor, kept, red: tuple[int, int], *, allow_split: bool = True) -> ReducePlan:
     """Pick kernel, tile sizes and split for reading ``x`` with the layout from :func:`prepare`."""
+    on_gpu = x.device.type == "cuda"
+    return _plan(tuple(kept), tuple(red), x.element_size(), on_gpu, sm_count(x.device) * PROGRAMS_PER_SM,
+                 allow_split)
+
+
+@functools.lru_cache(maxsize=4096)
+def _plan(kept: tuple[tuple[int, int], ...], red: tuple[int, int], elsize: int, on_gpu: bool, target: int,
+          allow_split: bool) -> ReducePlan:
     R, s_r = red
-    elsize = x.element_size()
-    tile = (TILE_BYTES if x.device.type == "cuda" else INTERPRETER_TILE_BYTES) // elsize
-    target = sm_count(x.device) * PROGRAMS_PER_SM
+    tile = (TILE_BYTES if on_gpu else INTERPRETER_TILE_BYTES) // elsize
     inner_stride = kept[-1][1] if kept else None
     use_rows = inner_stride is None or abs(s_r) <= abs(inner_stride)
     if use_rows:
@@ -273,6 +282,13 @@ def plan_reduction(x: torch.Tensor, kept: list[tuple[int, int]], red: tuple[int,
     split, r_per_split = _split(R, block_r, tiles, target, allow_split)
     warps = 8 if block_r * block_i >= 4096 else 4
     return ReducePlan("cols", O, I, R, s_o, s_i, s_r, block_r, block_i, split, r_per_split, warps)
+
+
+def stage2_plan(partials: torch.Tensor) -> ReducePlan:
+    """The plan that sums contiguous partials ``[split, K]`` over ``split`` (no further split)."""
+    split, K = partials.shape
+    kept = ((K, 1),) if K > 1 else ()
+    return plan_reduction(partials, kept, (split, K), allow_split=False)
 
 
 def _split(R: int, block_r: int, tiles: int, target: int, allow: bool) -> tuple[int, int]:
@@ -330,9 +346,7 @@ def reduce_into(x: torch.Tensor, dims: tuple[int, ...], out: torch.Tensor, works
         raise ValueError(f"workspace must hold {workspace_numel(plan)} elements")
     partials = workspace[: workspace_numel(plan)].view(plan.split, plan.K)
     launch(x, plan, partials, is_mean=is_mean, n_reduced=n_reduced, acc_dtype=workspace.dtype, final=False)
-    _, kept2, red2 = prepare(partials, (0,))
-    plan2 = plan_reduction(partials, kept2, red2, allow_split=False)
-    launch(partials, plan2, out, is_mean=is_mean, n_reduced=n_reduced, acc_dtype=workspace.dtype)
+    launch(partials, stage2_plan(partials), out, is_mean=is_mean, n_reduced=n_reduced, acc_dtype=workspace.dtype)
 
 
 def _acc(x: torch.Tensor, out: torch.Tensor) -> torch.dtype:
