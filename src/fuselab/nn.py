@@ -1,6 +1,7 @@
 """Layers built on the fused epilogue: cuBLAS matmul (no bias) + one fused bias/residual/activation pass.
 
-* :class:`FusedLinear` — ``act(x @ W.T + b)``, a drop-in for ``nn.Linear`` followed by an activation.
+* :class:`FusedLinear` — ``act(x @ W.T + b)``, a drop-in for ``nn.Linear`` followed by an activation
+  (functional form: :func:`fused_linear`).
 * :class:`LoRALinear` — ``act(x @ W.T + b + (alpha/rank) · (x @ A.T) @ B.T)`` around a (frozen) ``nn.Linear``;
   the LoRA branch enters the epilogue as the scaled residual, so the sum never takes its own pass.
 
@@ -26,6 +27,18 @@ def _check_activation(activation: str) -> str:
 
 def _any_requires_grad(*tensors: torch.Tensor | None) -> bool:
     return torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in tensors)
+
+
+def fused_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None,
+                 activation: str = "relu") -> torch.Tensor:
+    """Functional :class:`FusedLinear`: ``act(x @ weight.T + bias)``, matmul without bias + fused epilogue.
+
+    ``x`` ``(..., in)``, ``weight`` ``(out, in)``, ``bias`` ``(out,)`` or None. In inference (nothing requires
+    grad) the epilogue runs in place on the fresh matmul output.
+    """
+    h = torch.matmul(x, weight.t())
+    inplace = not _any_requires_grad(x, weight, bias)
+    return bias_act(h, bias, activation=activation, inplace=inplace)
 
 
 class FusedLinear(nn.Module):
@@ -68,9 +81,7 @@ class FusedLinear(nn.Module):
         return layer
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        h = torch.matmul(x, self.weight.t())
-        inplace = not _any_requires_grad(x, self.weight, self.bias)
-        return bias_act(h, self.bias, activation=self.activation, inplace=inplace)
+        return fused_linear(x, self.weight, self.bias, self.activation)
 
     def extra_repr(self) -> str:
         return (f"in_features={self.in_features}, out_features={self.out_features}, "

@@ -14,6 +14,7 @@ SUITES: dict[str, str] = {
     "gelu_tanh": "fuselab.bench.suites.gelu_tanh",
     "rope": "fuselab.bench.suites.rope",
     "bias_act": "fuselab.bench.suites.bias_act",
+    "mlp": "fuselab.bench.suites.mlp",
     "reduce": "fuselab.bench.suites.reduce",
 }
 

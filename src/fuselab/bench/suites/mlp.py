@@ -1,0 +1,108 @@
+"""Benchmark suite: one training step of a 4-layer MLP (DLRM's bottom MLP 13-512-256-64-16, relu after each layer).
+
+Providers: eager (``F.linear`` = ``nn.Linear``, then ``torch.relu``), torch.compile of that code, and fuselab
+(``fuselab.nn.fused_linear``, the functional ``FusedLinear``: cuBLAS matmul without bias + one fused
+bias/relu kernel forward, and one fused kernel backward that also reduces the bias gradient).
+
+Inputs: ``(x, W1, b1, W2, b2, W3, b3, W4, b4)``, gradients for the weights and biases (``x`` is data).
+Reference: the eager code in float64. Mode ``fwd+bwd`` (a training step) by default; ``fwd`` on request.
+
+Cost model (batch B, layers (i, o), itemsize s): flops ``2·B·Σ i·o`` forward, 3× that for fwd+bwd.
+Bytes: forward reads x and the parameters and writes each layer's output once: ``s·(B·13 + B·Σo + P)``;
+the backward reads each output's gradient and each layer's input (weight grad) and writes the input gradients
+of layers 2-4 and the parameter gradients: ``s·(B·Σo + B·Σi + B·Σ_{l≥2} i + P)`` (P parameters).
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+
+import torch
+import torch.nn.functional as F
+
+from fuselab.bench import providers
+from fuselab.bench.spec import DTYPES, BenchCase, CaseQuery, OpSpec
+
+LAYERS: tuple[int, ...] = (13, 512, 256, 64, 16)
+GPU_BATCH = 65536
+CPU_BATCH = 256
+DEFAULT_DTYPES = (torch.bfloat16, torch.float32)  # fp32: where a float64 check of a 4-layer step can pass
+DEFAULT_MODES = ("fwd+bwd",)
+
+
+def _pairs(layers: tuple[int, ...] = LAYERS) -> list[tuple[int, int]]:
+    return list(itertools.pairwise(layers))
+
+
+def case_cost(batch: int, itemsize: int, mode: str) -> tuple[int, int]:
+    """(bytes, flops) of one step."""
+    pairs = _pairs()
+    params = sum(i * o + o for i, o in pairs)
+    outs = sum(o for _, o in pairs)
+    ins = sum(i for i, _ in pairs)
+    fwd_bytes = itemsize * (batch * LAYERS[0] + batch * outs + params)
+    bwd_bytes = itemsize * (batch * outs + batch * ins + batch * sum(i for i, _ in pairs[1:]) + params)
+    fwd_flops = 2 * batch * sum(i * o for i, o in pairs)
+    if mode == "fwd":
+        return fwd_bytes, fwd_flops
+    if mode == "bwd":
+        return bwd_bytes, 2 * fwd_flops
+    return fwd_bytes + bwd_bytes, 3 * fwd_flops
+
+
+def cases(query: CaseQuery) -> list[BenchCase]:
+    batch = GPU_BATCH if query.device_type == "cuda" else CPU_BATCH
+    out = []
+    for dtype in query.dtypes or DEFAULT_DTYPES:
+        if dtype not in DTYPES.values():
+            continue
+        for mode in query.modes or DEFAULT_MODES:
+            if not query.wants(dtype, mode):
+                continue
+            nbytes, flops = case_cost(batch, dtype.itemsize, mode)
+            label = f"B={batch}-" + "-".join(map(str, LAYERS))
+            out.append(BenchCase(op="mlp", label=label, dtype=dtype, mode=mode, bytes=nbytes, flops=flops,
+                                 numel=batch * LAYERS[0], params={"batch": batch, "layers": LAYERS}))
+    return out
+
+
+def make_inputs(case: BenchCase, device: torch.device) -> tuple[torch.Tensor, ...]:
+    """x ~ N(0, 1) of shape (B, 13) and nn.Linear-style uniform(±1/√in) weights and biases (non-zero)."""
+    batch = case.params["batch"]
+    args = [torch.randn(batch, LAYERS[0], dtype=case.dtype, device=device)]
+    for i, o in _pairs(case.params["layers"]):
+        bound = 1.0 / math.sqrt(i)
+        args.append((torch.rand(o, i, device=device) * 2 - 1).mul_(bound).to(case.dtype))
+        args.append((torch.rand(o, device=device) * 2 - 1).mul_(bound).to(case.dtype))
+    return tuple(args)
+
+
+def mlp_eager(x: torch.Tensor, *params: torch.Tensor) -> torch.Tensor:
+    """nn.Linear + relu per layer, in eager PyTorch (also the reference, in float64)."""
+    for k in range(0, len(params), 2):
+        x = torch.relu(F.linear(x, params[k], params[k + 1]))
+    return x
+
+
+def mlp_fuselab(x: torch.Tensor, *params: torch.Tensor) -> torch.Tensor:
+    from fuselab.nn import fused_linear
+
+    for k in range(0, len(params), 2):
+        x = fused_linear(x, params[k], params[k + 1], "relu")
+    return x
+
+
+SPEC = OpSpec(
+    name="mlp",
+    summary="training step of the 13-512-256-64-16 relu MLP: eager vs torch.compile vs fuselab FusedLinear",
+    cases=cases,
+    make_inputs=make_inputs,
+    reference=mlp_eager,
+    providers=(
+        providers.eager(mlp_eager, description="nn.Linear (F.linear) + torch.relu per layer"),
+        providers.compiled(mlp_eager),
+        providers.fuselab(mlp_fuselab, description="fuselab.nn.FusedLinear: matmul + fused bias/relu (fwd, bwd)"),
+    ),
+    grad_args=lambda case: tuple(range(1, 1 + 2 * (len(case.params["layers"]) - 1))),
+)

@@ -1,0 +1,336 @@
+"""fuselab.bias_act vs the float64 reference: forward and every gradient, Triton kernels (interpreter on CPU)
+and the PyTorch path, odd shapes, strided views, in place, bias-grad determinism, bad inputs, the bench suite."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import fuselab
+from fuselab.ops import _bias_act_triton as kernels
+from fuselab.reference import bias_act as ref
+from fuselab.testing import assert_close, poison_
+
+DTYPES = (torch.float32, torch.bfloat16, torch.float16)
+ACTS = fuselab.ACTIVATIONS
+
+
+@pytest.fixture(params=["triton", "torch"])
+def backend(request):
+    request.getfixturevalue(f"{request.param}_backend")
+    return request.param
+
+
+def _leaf(t: torch.Tensor | None) -> torch.Tensor | None:
+    return None if t is None else t.detach().requires_grad_(True)
+
+
+def _check(x, bias, residual, alpha, activation, grad_fn=None):
+    """Run fuselab.bias_act and the float64 reference on the same inputs; compare y and every gradient."""
+    x, bias, residual = _leaf(x), _leaf(bias), _leaf(residual)
+    y = fuselab.bias_act(x, bias, residual=residual, alpha=alpha, activation=activation)
+    assert y.shape == x.shape and y.dtype == x.dtype
+    x64 = _leaf(x.detach().double())
+    b64 = None if bias is None else _leaf(bias.detach().double())
+    r64 = None if residual is None else _leaf(residual.detach().double())
+    y64 = ref.bias_act(x64, b64, r64, alpha, activation)
+    assert_close(y, y64, x.dtype, "y")
+    g = torch.randn(y.shape, dtype=y.dtype, device=y.device) if grad_fn is None else None
+    if grad_fn is None:
+        y.backward(g)
+        y64.backward(g.double())
+    else:  # e.g. .sum(): a stride-0 (expanded) upstream gradient
+        grad_fn(y).backward()
+        grad_fn(y64).backward()
+    for name, t, t64 in (("grad_x", x, x64), ("grad_bias", bias, b64), ("grad_residual", residual, r64)):
+        if t is not None:
+            assert t.grad is not None, name
+            assert t.grad.dtype == t.dtype and t.grad.shape == t.shape, name
+            assert_close(t.grad, t64.grad, x.dtype, name)
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=lambda d: str(d).removeprefix("torch."))
+@pytest.mark.parametrize("activation", ACTS)
+def test_forward_backward(backend, device, activation, dtype):
+    x = torch.randn(5, 37, dtype=dtype, device=device)
+    residual = torch.randn(5, 37, dtype=dtype, device=device)
+    bias = torch.randn(37, dtype=dtype, device=device)
+    _check(x, bias, residual, 0.7, activation)
+
+
+@pytest.mark.parametrize("has_bias", [True, False])
+@pytest.mark.parametrize("has_residual", [True, False])
+@pytest.mark.parametrize("activation", ["none", "relu2", "sigmoid", "silu", "gelu"])
+def test_optional_operands(triton_backend, device, activation, has_bias, has_residual):
+    # covers every save path: nothing, output y, z written by the forward, x (+ bias) rebuilt in the backward
+    x = torch.randn(3, 2, 50, dtype=torch.bfloat16, device=device)
+    bias = torch.randn(50, dtype=torch.bfloat16, device=device) if has_bias else None
+    residual = torch.randn(3, 2, 50, dtype=torch.bfloat16, device=device) if has_residual else None
+    _check(x, bias, residual, -1.5, activation)
+
+
+@pytest.mark.parametrize("n", [1, 7, 1000, 4097])
+@pytest.mark.parametrize("m", [1, 3])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
+def test_odd_shapes(triton_backend, device, m, n, dtype):
+    x = torch.randn(m, n, dtype=dtype, device=device)
+    _check(x, torch.randn(n, dtype=dtype, device=device), torch.randn(m, n, dtype=dtype, device=device),
+           0.5, "gelu_tanh")
+
+
+def test_one_dim_input(triton_backend, device):
+    _check(torch.randn(33, device=device), torch.randn(33, device=device), torch.randn(33, device=device),
+           1.0, "silu")
+
+
+@pytest.mark.parametrize("layout", ["inner_stride", "transposed", "rows_stride", "3d_unmergeable"])
+def test_strided_views(backend, device, layout):
+    if layout == "inner_stride":
+        x = torch.randn(6, 80, device=device)[:, ::2]
+        residual = torch.randn(6, 120, device=device)[:, 10:50]
+    elif layout == "transposed":
+        x = torch.randn(40, 6, device=device).t()
+        residual = torch.randn(40, 6, device=device).t()
+    elif layout == "rows_stride":
+        x = torch.randn(12, 40, device=device)[::2]
+        residual = torch.randn(6, 64, device=device)[:, :40]
+    else:  # (2, 3, 40) whose leading dims cannot merge into rows without a copy
+        x = torch.randn(3, 2, 40, device=device).transpose(0, 1)
+        residual = torch.randn(2, 40, 3, device=device).permute(0, 2, 1)
+    bias = torch.randn(80, device=device)[::2]
+    assert not x.is_contiguous()
+    _check(x, bias, residual, 0.3, "gelu", grad_fn=lambda y: (y * y).sum())
+
+
+@pytest.mark.parametrize("activation", ["relu", "gelu_tanh"])
+def test_expanded_grad(triton_backend, device, activation):
+    # y.sum() hands the backward a stride-0 gradient
+    x = torch.randn(4, 3, 24, device=device)
+    _check(x, torch.randn(24, device=device), torch.randn(4, 3, 24, device=device), 2.0, activation,
+           grad_fn=lambda y: y.sum())
+
+
+def test_only_residual_requires_grad(triton_backend, device):
+    # LoRA with a frozen base: x (the base matmul output) needs no gradient, the residual branch does
+    x = torch.randn(4, 16, device=device)
+    residual = torch.randn(4, 16, device=device, requires_grad=True)
+    bias = torch.randn(16, device=device)
+    y = fuselab.bias_act(x, bias, residual=residual, alpha=0.25, activation="silu")
+    g = torch.randn_like(y)
+    y.backward(g)
+    r64 = residual.detach().double().requires_grad_(True)
+    ref.bias_act(x.double(), bias.double(), r64, 0.25, "silu").backward(g.double())
+    assert_close(residual.grad, r64.grad, torch.float32, "grad_residual")
+    assert x.grad is None
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=lambda d: str(d).removeprefix("torch."))
+@pytest.mark.parametrize("activation", ["relu", "gelu"])
+def test_inplace(backend, device, activation, dtype):
+    x = torch.randn(7, 33, dtype=dtype, device=device)
+    residual = torch.randn(7, 33, dtype=dtype, device=device)
+    bias = torch.randn(33, dtype=dtype, device=device)
+    expected = ref.bias_act(x.double(), bias.double(), residual.double(), 0.5, activation)
+    buf = x.clone()
+    out = fuselab.bias_act(buf, bias, residual=residual, alpha=0.5, activation=activation, inplace=True)
+    assert out is buf
+    assert_close(buf, expected, dtype, "in-place y")
+
+
+@pytest.mark.parametrize("layout", ["strided_2d", "3d_unmergeable"])
+def test_inplace_strided_leaves_gaps(backend, device, layout):
+    storage = torch.randn(6, 64, device=device)
+    if layout == "strided_2d":
+        view = storage[:, 1::2]
+    else:
+        view = storage.view(2, 3, 64).transpose(0, 1)[:, :, 1::2]
+    before = storage.clone()
+    expected = ref.bias_act(view.double(), None, None, 1.0, "sigmoid")
+    fuselab.bias_act(view, activation="sigmoid", inplace=True)
+    assert_close(view, expected, torch.float32, "in-place view")
+    untouched = torch.ones_like(storage, dtype=torch.bool)
+    untouched[:, 1::2] = False
+    assert torch.equal(storage[untouched], before[untouched])
+
+
+def test_launchers_write_every_element(triton_backend, device):
+    # poisoned outputs: an element a kernel forgets to write stays NaN and fails the comparison
+    m, n = 45, 130
+    x = torch.randn(m, n, dtype=torch.bfloat16, device=device)
+    r = torch.randn(m, n, dtype=torch.bfloat16, device=device)
+    b = torch.randn(n, dtype=torch.float32, device=device)
+    y = poison_(torch.empty(m, n, dtype=torch.bfloat16, device=device))
+    pre = poison_(torch.empty(m, n, dtype=torch.bfloat16, device=device))
+    kernels.bias_act_fwd_(x, b, r, y, pre, 0.75, "gelu_tanh")
+    z64 = x.double() + 0.75 * r.double() + b.double()
+    assert_close(pre, z64, torch.bfloat16, "pre")
+    assert_close(y, ref.activation(z64, "gelu_tanh"), torch.bfloat16, "y")
+    g = torch.randn(m, n, dtype=torch.bfloat16, device=device)
+    gx = poison_(torch.empty(m, n, dtype=torch.bfloat16, device=device))
+    gr = poison_(torch.empty(m, n, dtype=torch.bfloat16, device=device))
+    gb = poison_(torch.empty(n, dtype=torch.float32, device=device))
+    rows = kernels.bwd_partial_rows(m, n, torch.bfloat16, device)
+    partial = poison_(torch.empty(rows, n, dtype=torch.float32, device=device))
+    kernels.bias_act_bwd_(g, pre, None, 0.75, "gelu_tanh", gx, gr, partial, gb)
+    dz = g.double() * ref.activation_grad(pre.double(), "gelu_tanh")
+    assert_close(gx, dz, torch.bfloat16, "grad_x")
+    assert_close(gr, 0.75 * dz, torch.bfloat16, "grad_residual")
+    assert_close(gb, dz.sum(0), torch.bfloat16, "grad_bias")
+
+
+def test_bias_grad_deterministic(triton_backend, device):
+    # several programs each reduce their rows into the partial buffer: the sum must not depend on timing
+    m, n = 700, 48
+    x = torch.randn(m, n, device=device)
+    bias = torch.randn(n, device=device)
+    g = torch.randn(m, n, device=device)
+    grads = []
+    for _ in range(2):
+        b = bias.clone().requires_grad_(True)
+        xx = x.clone().requires_grad_(True)
+        fuselab.bias_act(xx, b, activation="gelu_tanh").backward(g)
+        grads.append(b.grad)
+    assert kernels.bwd_partial_rows(m, n, torch.float32, device) > 1
+    assert torch.equal(grads[0], grads[1])
+    expected = (g.double() * ref.activation_grad(x.double() + bias.double(), "gelu_tanh")).sum(0)
+    assert_close(grads[0], expected, torch.float32, "grad_bias")
+
+
+def test_fp64_gradcheck(triton_backend, device):
+    x = torch.randn(3, 9, dtype=torch.float64, device=device, requires_grad=True)
+    r = torch.randn(3, 9, dtype=torch.float64, device=device, requires_grad=True)
+    b = torch.randn(9, dtype=torch.float64, device=device, requires_grad=True)
+    f = lambda x, r, b: fuselab.bias_act(x, b, residual=r, alpha=0.3, activation="gelu_tanh")
+    assert torch.autograd.gradcheck(f, (x, r, b), fast_mode=True)
+
+
+def test_empty_rows(triton_backend, device):
+    x = torch.randn(0, 8, device=device, requires_grad=True)
+    b = torch.randn(8, device=device, requires_grad=True)
+    y = fuselab.bias_act(x, b, activation="relu")
+    assert y.shape == (0, 8)
+    y.sum().backward()
+    assert torch.equal(b.grad, torch.zeros(8, device=device))
+
+
+def test_no_grad_fast_path_matches_autograd_path(triton_backend, device):
+    x = torch.randn(9, 40, device=device)
+    r = torch.randn(9, 40, device=device)
+    b = torch.randn(40, device=device)
+    with torch.no_grad():
+        fast = fuselab.bias_act(x, b, residual=r, alpha=0.5, activation="silu")
+    slow = fuselab.bias_act(x.requires_grad_(True), b, residual=r, alpha=0.5, activation="silu")
+    assert torch.equal(fast, slow.detach())
+
+
+# ---------------------------------------------------------------- bad inputs
+
+
+def _bad_cases(device):
+    x = torch.randn(4, 8, device=device)
+    return [
+        (TypeError, "x", lambda: fuselab.bias_act([1.0, 2.0])),
+        (TypeError, "x", lambda: fuselab.bias_act(torch.ones(4, 8, dtype=torch.int32, device=device))),
+        (TypeError, "bias", lambda: fuselab.bias_act(x, torch.ones(8, dtype=torch.int64, device=device))),
+        (ValueError, "bias", lambda: fuselab.bias_act(x, torch.randn(7, device=device))),
+        (ValueError, "bias", lambda: fuselab.bias_act(x, torch.randn(1, 8, device=device))),
+        (ValueError, "residual", lambda: fuselab.bias_act(x, residual=torch.randn(4, 7, device=device))),
+        (ValueError, "residual", lambda: fuselab.bias_act(x, residual=torch.randn(8, device=device))),
+        (ValueError, "gelu_tanh", lambda: fuselab.bias_act(x, activation="tanh")),
+        (TypeError, "alpha", lambda: fuselab.bias_act(x, alpha=torch.tensor(1.0))),
+        (ValueError, "inplace", lambda: fuselab.bias_act(x.clone().requires_grad_(True), inplace=True)),
+        (ValueError, "inplace", lambda: fuselab.bias_act(x.clone(), torch.randn(8, device=device,
+                                                                                 requires_grad=True),
+                                                         inplace=True)),
+        (ValueError, "x", lambda: fuselab.bias_act(torch.tensor(1.0, device=device))),
+    ]
+
+
+@pytest.mark.parametrize("index", range(12))
+def test_bad_inputs(triton_backend, device, index):
+    exc, word, call = _bad_cases(device)[index]
+    with pytest.raises(exc, match=word):
+        call()
+
+
+def test_mixed_devices(device):
+    x = torch.randn(4, 8, device="meta")
+    with pytest.raises(ValueError, match="bias"):
+        fuselab.bias_act(x, torch.randn(8, device=device))
+
+
+# ---------------------------------------------------------------- bench suite
+
+
+@pytest.mark.parametrize("mode", ["fwd", "fwd+bwd"])
+def test_suite_fuselab_provider_passes_check(triton_backend, device, mode):
+    from fuselab.bench.check import check
+    from fuselab.bench.spec import CaseQuery
+    from fuselab.bench.suites import get_spec
+
+    spec = get_spec("bias_act")
+    cases = [c for c in spec.cases(CaseQuery(device_type="cpu", dtypes=(torch.bfloat16,), modes=(mode,)))
+             if c.params["shape"] == (64, 256)]
+    assert {c.params["activation"] for c in cases} == {"relu", "gelu_tanh"}
+    provider = spec.provider("fuselab")
+    for case in cases:
+        result = check(spec, case, provider.build(case), device=device)
+        assert result.ok, (case.key, result)
+        assert (result.grad_error is None) == (mode == "fwd")
+
+
+def test_suite_byte_model():
+    from fuselab.bench.suites.bias_act import case_bytes
+
+    m, n = 16384, 4096
+    assert case_bytes(m, n, 2, "relu", "fwd") == (3 * m * n + n) * 2
+    assert case_bytes(m, n, 2, "relu", "bwd") == (4 * m * n + n) * 2
+    assert case_bytes(m, n, 2, "relu", "fwd+bwd") == (7 * m * n + 2 * n) * 2
+    assert case_bytes(m, n, 2, "gelu_tanh", "fwd+bwd") == (8 * m * n + 2 * n) * 2
+
+
+# ---------------------------------------------------------------- GPU only
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("shape", [(65536, 512), (16384, 4096), (262144, 1024)])
+@pytest.mark.parametrize("activation", ["relu", "gelu_tanh"])
+def test_large_shapes_gpu(shape, activation):
+    m, n = shape
+    x = torch.randn(m, n, dtype=torch.bfloat16, device="cuda")
+    _check(x, torch.randn(n, dtype=torch.bfloat16, device="cuda"), torch.randn(m, n, dtype=torch.bfloat16,
+                                                                                    device="cuda"),
+           0.5, activation)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", DTYPES, ids=lambda d: str(d).removeprefix("torch."))
+@pytest.mark.parametrize("activation", ACTS)
+@pytest.mark.parametrize("shape", [(3, 37), (1000, 4096), (257, 1000)])
+def test_cuda_backend_gpu(activation, dtype, shape):
+    from fuselab.cuda.bias_act import bias_act as cuda_bias_act
+
+    m, n = shape
+    x = torch.randn(m, n, dtype=dtype, device="cuda", requires_grad=True)
+    r = torch.randn(m, n, dtype=dtype, device="cuda", requires_grad=True)
+    b = torch.randn(n, dtype=dtype, device="cuda", requires_grad=True)
+    y = cuda_bias_act(x, b, residual=r, alpha=0.7, activation=activation)
+    g = torch.randn_like(y)
+    y.backward(g)
+    x64, r64, b64 = (t.detach().double().requires_grad_(True) for t in (x, r, b))
+    y64 = ref.bias_act(x64, b64, r64, 0.7, activation)
+    y64.backward(g.double())
+    assert_close(y, y64, dtype, "y")
+    for name, t, t64 in (("grad_x", x, x64), ("grad_residual", r, r64), ("grad_bias", b, b64)):
+        assert_close(t.grad, t64.grad, dtype, name)
+
+
+@pytest.mark.gpu
+def test_cuda_backend_strided_gpu():
+    from fuselab.cuda.bias_act import bias_act as cuda_bias_act
+
+    x = torch.randn(64, 300, device="cuda")[:, 5:261]
+    r = torch.randn(256, 64, device="cuda").t()
+    b = torch.randn(256, device="cuda")
+    y = cuda_bias_act(x, b, residual=r, alpha=2.0, activation="gelu")
+    assert_close(y, ref.bias_act(x.double(), b.double(), r.double(), 2.0, "gelu"), torch.float32, "y")
