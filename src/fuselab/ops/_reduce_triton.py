@@ -38,8 +38,8 @@ from ._launch import INT32_MAX, cdiv, needs_int64, next_power_of_2, sm_count
 TILE_BYTES = 16384
 #: the same under the interpreter (CPU): larger tiles, fewer (serially run) programs
 INTERPRETER_TILE_BYTES = 262144
-#: programs per SM the launch aims for (≈ one resident wave of 8-warp programs)
-PROGRAMS_PER_SM = 4
+#: programs per SM a split reduction aims for (≈ two resident waves of 8-warp programs: small tail effect)
+PROGRAMS_PER_SM = 8
 #: narrowest column tile of the cols kernel: one 128-byte line per row
 MIN_COL_BYTES = 128
 #: widest column tile of the cols kernel (1 KiB rows on GPUs), and most rows per program of the rows
@@ -69,8 +69,8 @@ def _rows_kernel(
     r_per_split,  # reduced elements per split (a multiple of BLOCK_R); R when SPLIT == 1
     n_reduced,  # divisor of the mean (IS_MEAN only)
     ROWS: tl.constexpr, BLOCK_R: tl.constexpr, HAS_I: tl.constexpr, R_CONTIG: tl.constexpr,
-    SPLIT_R: tl.constexpr, ACC: tl.constexpr, FINAL: tl.constexpr, IS_MEAN: tl.constexpr,
-    OUT_BF16: tl.constexpr, INT64: tl.constexpr,
+    SPLIT_R: tl.constexpr, HAS_TAIL: tl.constexpr, ACC: tl.constexpr, FINAL: tl.constexpr,
+    IS_MEAN: tl.constexpr, OUT_BF16: tl.constexpr, INT64: tl.constexpr,
 ):
     pid = tl.program_id(0)
     split = tl.program_id(1)
@@ -102,14 +102,14 @@ def _rows_kernel(
         else:
             offs = row_off[:, None] + r[None, :] * s_r
         acc += tl.load(x_ptr + offs, mask=row_mask[:, None], other=0.0).to(ACC)
-    # the ragged tail (possibly empty)
-    r = r_start + n_full * BLOCK_R + cols
-    if R_CONTIG:
-        offs = row_off[:, None] + r[None, :]
-    else:
-        offs = row_off[:, None] + r[None, :] * s_r
-    mask = row_mask[:, None] & (r < r_end)[None, :]
-    acc += tl.load(x_ptr + offs, mask=mask, other=0.0).to(ACC)
+    if HAS_TAIL:  # the ragged end of the chunk (R is not a multiple of BLOCK_R)
+        r = r_start + n_full * BLOCK_R + cols
+        if R_CONTIG:
+            offs = row_off[:, None] + r[None, :]
+        else:
+            offs = row_off[:, None] + r[None, :] * s_r
+        mask = row_mask[:, None] & (r < r_end)[None, :]
+        acc += tl.load(x_ptr + offs, mask=mask, other=0.0).to(ACC)
     total = tl.sum(acc, axis=1)  # [ROWS]
     if FINAL:
         if IS_MEAN:
@@ -127,7 +127,8 @@ def _cols_kernel(
     r_per_split,  # reduced elements per split (a multiple of BLOCK_R); R when SPLIT == 1
     n_reduced,  # divisor of the mean (IS_MEAN only)
     BLOCK_R: tl.constexpr, BLOCK_I: tl.constexpr, I_CONTIG: tl.constexpr, SPLIT_R: tl.constexpr,
-    ACC: tl.constexpr, FINAL: tl.constexpr, IS_MEAN: tl.constexpr, OUT_BF16: tl.constexpr, INT64: tl.constexpr,
+    HAS_TAIL: tl.constexpr, ACC: tl.constexpr, FINAL: tl.constexpr, IS_MEAN: tl.constexpr,
+    OUT_BF16: tl.constexpr, INT64: tl.constexpr,
 ):
     pid = tl.program_id(0)  # o * blocks_of_i + block of i
     split = tl.program_id(1)
@@ -157,10 +158,11 @@ def _cols_kernel(
         r = r_start + b * BLOCK_R + rr
         offs = r[:, None] * s_r + col_off[None, :]
         acc += tl.load(x_ptr + offs, mask=col_mask[None, :], other=0.0).to(ACC)
-    r = r_start + n_full * BLOCK_R + rr
-    offs = r[:, None] * s_r + col_off[None, :]
-    mask = (r < r_end)[:, None] & col_mask[None, :]
-    acc += tl.load(x_ptr + offs, mask=mask, other=0.0).to(ACC)
+    if HAS_TAIL:
+        r = r_start + n_full * BLOCK_R + rr
+        offs = r[:, None] * s_r + col_off[None, :]
+        mask = (r < r_end)[:, None] & col_mask[None, :]
+        acc += tl.load(x_ptr + offs, mask=mask, other=0.0).to(ACC)
     total = tl.sum(acc, axis=0)  # [BLOCK_I]
     out_idx = o * I + cols
     if FINAL:
@@ -312,7 +314,8 @@ def launch(x: torch.Tensor, plan: ReducePlan, out: torch.Tensor, *, is_mean: boo
            acc_dtype: torch.dtype, final: bool = True) -> None:
     """One kernel launch of ``plan`` on ``x``, writing ``out`` (result when ``final``, else partials)."""
     common = dict(
-        SPLIT_R=plan.split > 1, OUT_BF16=final and out.dtype == torch.bfloat16, ACC=_TL_ACC[acc_dtype],
+        SPLIT_R=plan.split > 1, HAS_TAIL=plan.R % plan.block_r != 0, ACC=_TL_ACC[acc_dtype],
+        OUT_BF16=final and out.dtype == torch.bfloat16,
         FINAL=final, IS_MEAN=is_mean, INT64=needs_int64(x, out) or plan.K * plan.split > INT32_MAX,
         num_warps=plan.num_warps,
     )
