@@ -8,13 +8,14 @@ sees the custom ops (no graph break). The semantics are documented in ``docs/rop
 """
 
 import itertools
+import os
 import weakref
 from collections.abc import Mapping
 from typing import Any
 
 import torch
 
-from fuselab.backend import use_triton
+from fuselab.backend import ENV_VAR, use_triton
 from fuselab.reference import rope as _ref
 
 from ._validate import require_float, require_same_device, require_tensor
@@ -259,10 +260,15 @@ def apply_rope(q: torch.Tensor, k: torch.Tensor | None, cos: torch.Tensor | None
     against the table on the host when they are on the CPU (or ``check_positions``); on CUDA, out-of-range
     rows are clamped to ``[0, seqlen_ro - 1]`` inside the kernel (never an out-of-bounds read).
     """
-    require_tensor("q", q)
-    half, offsets, offset = _validate(q, k, cos, sin, layout, positions, seqlen_offsets, cu_seqlens, max_seqlen,
-                                      rotary_dim, check_positions)
-    if not use_triton(q.device):
+    half = _fast_validate(q, k, cos, sin, layout, positions, seqlen_offsets, cu_seqlens, max_seqlen, rotary_dim,
+                          check_positions)
+    if half is None:
+        require_tensor("q", q)
+        half, offsets, offset = _validate(q, k, cos, sin, layout, positions, seqlen_offsets, cu_seqlens, max_seqlen,
+                                          rotary_dim, check_positions)
+    else:
+        offsets, offset = (seqlen_offsets, 0) if isinstance(seqlen_offsets, torch.Tensor) else (None, seqlen_offsets)
+    if not _triton_for(q):
         return _ref.apply_rope(q, k, cos, sin, layout=layout, interleaved=interleaved, inplace=inplace,
                                positions=positions, seqlen_offsets=seqlen_offsets, cu_seqlens=cu_seqlens,
                                base=base, scaling=scaling, rotary_dim=2 * half)
@@ -297,3 +303,55 @@ def run_rope(q: torch.Tensor, k: torch.Tensor | None, cos: torch.Tensor | None, 
     rope_launch(q, k, q_out, k_out, *args, layout=layout, half=half, interleaved=interleaved, conj=False,
                 offset=offset, mscale=mscale)
     return q_out, k_out
+
+
+# ---------------------------------------------------------------------------------------------- fast path
+#: shapes/dtypes/devices -> (half, largest valid scalar offset or None); filled by full validations
+_VALIDATED: dict[tuple, tuple[int, int | None]] = {}
+
+
+def _fast_validate(q, k, cos, sin, layout, positions, seqlen_offsets, cu_seqlens, max_seqlen, rotary_dim,
+                   check_positions) -> int | None:
+    """``half`` when these argument shapes were validated before and no value check is needed, else None.
+
+    Covers the hot paths (training and decoding with an int offset or CUDA offsets): a dict lookup on
+    shapes, dtypes and devices plus the scalar offset range check, instead of the full :func:`_validate`.
+    """
+    if positions is not None or cu_seqlens is not None or check_positions or torch.compiler.is_compiling():
+        return None
+    try:
+        if type(seqlen_offsets) is int:
+            off_key = None
+        elif isinstance(seqlen_offsets, torch.Tensor) and seqlen_offsets.is_cuda:
+            off_key = (seqlen_offsets.shape, seqlen_offsets.dtype, seqlen_offsets.device)
+        else:
+            return None
+        key = (layout, q.shape, q.dtype, q.device, None if k is None else (k.shape, k.dtype, k.device),
+               None if cos is None else (cos.shape, cos.dtype, cos.device, sin.shape, sin.dtype, sin.device),
+               off_key, max_seqlen, rotary_dim)
+    except AttributeError:
+        return None
+    hit = _VALIDATED.get(key)
+    if hit is None:
+        half, offsets, _ = _validate(q, k, cos, sin, layout, positions, seqlen_offsets, cu_seqlens, max_seqlen,
+                                     rotary_dim, check_positions)
+        limit = None
+        if cos is not None and offsets is None:
+            limit = cos.shape[0] - _dims(q, layout)[1]
+        if len(_VALIDATED) > 1024:
+            _VALIDATED.clear()
+        _VALIDATED[key] = (half, limit)
+        return half
+    half, limit = hit
+    if off_key is None and (seqlen_offsets < 0 or (limit is not None and seqlen_offsets > limit)):
+        _validate(q, k, cos, sin, layout, positions, seqlen_offsets, cu_seqlens, max_seqlen, rotary_dim,
+                  check_positions)  # raises the full error message
+    return half
+
+
+def _triton_for(q: torch.Tensor) -> bool:
+    """:func:`fuselab.backend.use_triton` with a shortcut for the common CUDA case."""
+    backend = os.environ.get(ENV_VAR)
+    if q.is_cuda and (backend is None or backend == "auto" or backend == "triton"):
+        return True
+    return use_triton(q.device)

@@ -20,7 +20,7 @@ import triton.language as tl
 
 from fuselab.backend import interpreter_enabled
 
-from ._launch import cdiv, needs_int64, next_power_of_2, sm_count
+from ._launch import INT32_MAX, cdiv, max_element_offset, next_power_of_2, sm_count
 
 LAYOUTS = ("bshd", "sbhd", "bhsd", "thd")
 
@@ -75,7 +75,8 @@ def _rope_kernel(
     pos_ptr,  # (B, S) int positions (thd: (1, T)); unused unless POS_TENSOR
     off_ptr,  # (B,) int offsets per batch row / per sequence; unused unless OFF_TENSOR
     cu_ptr,  # (NSEQ + 1,) int cu_seqlens; unused unless VARLEN
-    n_tokens, seqlen, n_rows, HQ, HK, q_chunk, k_chunk, nseq, offset, mscale,
+    offset, mscale,  # the per-call scalars first: everything after them is cached per launch plan
+    n_tokens, seqlen, n_rows, HQ, HK, q_chunk, k_chunk, nseq,
     sqb, sqs, sqh, sqd, skb, sks, skh, skd,
     soqb, soqs, soqh, soqd, sokb, soks, sokh, sokd,
     scb, scr, scd, ssb, ssr, ssd, spb, sps, so,
@@ -177,8 +178,11 @@ def _config(n_tokens: int, hq: int, hk: int, half: int, n_pass: int, sms: int, i
         block_t //= 2
     splits = 1
     programs = cdiv(n_tokens, block_t)
-    if programs < 2 * sms:
-        splits = max(1, min(cdiv(2 * sms, programs), cdiv(hq, block_hq)))
+    if programs < 2 * sms:  # few tokens (decode): smaller head blocks, spread over more programs
+        want = cdiv(2 * sms, programs)
+        block_hq = max(1, min(block_hq, next_power_of_2(cdiv(hq, want))))
+        splits = max(1, min(want, cdiv(hq, block_hq)))
+        block_hk = max(1, min(block_hk, next_power_of_2(cdiv(max(hk, 1), splits))))
     q_chunk = cdiv(cdiv(hq, splits), block_hq) * block_hq
     k_chunk = cdiv(cdiv(max(hk, 1), splits), block_hk) * block_hk
     warps = 4 if block_t * block_hq * row >= 2048 else 2
@@ -196,6 +200,42 @@ def rope_launch(q: torch.Tensor, k: torch.Tensor | None, q_out: torch.Tensor, k_
     (``(half,)`` fp32) and ``mscale`` give the angles. ``positions`` is (B, S) (thd: (1, T) or (T,)),
     ``offsets`` (B,) per batch row (thd: per sequence). Positions outside the table are clamped.
     """
+    has_k = k is not None
+    kk, ko = (k, k_out) if has_k else (q, q_out)
+    inplace = q_out.data_ptr() == q.data_ptr()
+    # flat key of everything the plan depends on (a nested or longer key costs microseconds per call)
+    key = (layout, half, interleaved, conj, inplace, q.get_device(), q.dtype is torch.float64, q.shape, q.stride(),
+           q_out.stride(), k.shape if has_k else None, kk.stride(), ko.stride(),
+           cos.shape if cos is not None else inv_freq is None, cos.stride() if cos is not None else None,
+           sin.stride() if sin is not None else None, positions.stride() if positions is not None else None,
+           positions.shape if positions is not None else None, offsets.stride() if offsets is not None else None,
+           cu_seqlens.shape if cu_seqlens is not None else None)
+    plan = _PLANS.get(key)
+    if plan is None:
+        plan = _make_plan(q, k, kk, q_out, ko, cos, sin, positions, offsets, cu_seqlens, layout=layout, half=half,
+                          interleaved=interleaved, conj=conj, inplace=inplace)
+        if len(_PLANS) > 4096:
+            _PLANS.clear()
+        _PLANS[key] = plan
+    grid, ints, constexprs, constexprs64, extent = plan
+    if grid is None:
+        return
+    base = max(q.storage_offset(), kk.storage_offset(), q_out.storage_offset(), ko.storage_offset())
+    wide = extent + base > INT32_MAX
+    _rope_kernel[grid](
+        q, kk, q_out, ko, cos if cos is not None else q, sin if sin is not None else q,
+        inv_freq if inv_freq is not None else q, positions if positions is not None else q,
+        offsets if offsets is not None else q, cu_seqlens if cu_seqlens is not None else q,
+        int(offset), float(mscale), *ints, **(constexprs64 if wide else constexprs),
+    )
+
+
+#: launch plans: (layout, shapes, strides, flags) -> (grid, int args, constexprs, 64-bit constexprs, extent)
+_PLANS: dict[tuple, tuple] = {}
+
+
+def _make_plan(q, k, kk, q_out, ko, cos, sin, positions, offsets, cu_seqlens, *, layout, half, interleaved, conj,
+               inplace) -> tuple:
     if layout == "thd":
         n_tokens, hq, d = q.shape
         batch, seqlen = 1, n_tokens
@@ -205,15 +245,13 @@ def rope_launch(q: torch.Tensor, k: torch.Tensor | None, q_out: torch.Tensor, k_
             (sq[0], sq[2], sq[1], sq[3]) if layout == "bhsd" else tuple(sq))
         n_tokens = batch * seqlen
     if n_tokens == 0 or q.numel() == 0:
-        return
+        return None, (), {}, {}, 0
     has_k = k is not None
     hk = (k.shape[1] if layout == "bhsd" else k.shape[-2]) if has_k else 0
     n_pass = d - 2 * half
-    inplace = q_out.data_ptr() == q.data_ptr()
     copy_pass = n_pass > 0 and not inplace
     cfg = _config(n_tokens, hq, hk, half, n_pass, sm_count(q.device), interpreter_enabled())
     block_t, block_hq, block_hk, block_half, block_pass, splits, q_chunk, k_chunk, warps = cfg
-    kk, ko = (k, k_out) if has_k else (q, q_out)
     sq_, sk_ = logical_strides(q, layout), logical_strides(kk, layout)
     soq, sok = logical_strides(q_out, layout), logical_strides(ko, layout)
     use_table = cos is not None
@@ -233,17 +271,17 @@ def rope_launch(q: torch.Tensor, k: torch.Tensor | None, q_out: torch.Tensor, k_
         sp = (0, 0)
     varlen = cu_seqlens is not None and positions is None
     nseq = cu_seqlens.shape[0] - 1 if varlen else 1
-    int64 = needs_int64(q, kk, q_out, ko) or n_tokens * max(hq, hk, 1) * d > 2**31 - 1
-    grid = (cdiv(n_tokens, block_t), splits)
-    _rope_kernel[grid](
-        q, kk, q_out, ko, cos if use_table else q, sin if use_table else q,
-        inv_freq if inv_freq is not None else q, positions if positions is not None else q,
-        offsets if offsets is not None else q, cu_seqlens if varlen else q,
-        n_tokens, seqlen, n_rows, hq, hk, q_chunk, k_chunk, nseq, int(offset), float(mscale),
-        *sq_, *sk_, *soq, *sok, *sc, *ss, *sp, offsets.stride(0) if offsets is not None else 0,
+    extent = max(max_element_offset(t) - t.storage_offset() for t in (q, kk, q_out, ko))
+    if n_tokens * max(hq, hk, 1) * d > INT32_MAX:
+        extent = max(extent, INT32_MAX + 1)
+    ints = (n_tokens, seqlen, n_rows, hq, hk, q_chunk, k_chunk, nseq, *sq_, *sk_, *soq, *sok, *sc, *ss, *sp,
+            offsets.stride(0) if offsets is not None else 0)
+    constexprs = dict(
         BLOCK_T=block_t, BLOCK_HQ=block_hq, BLOCK_HK=block_hk, HALF=half, BLOCK_HALF=block_half,
         PASS=n_pass, BLOCK_PASS=block_pass, INTERLEAVED=interleaved, CONJ=conj, HAS_K=has_k,
         USE_TABLE=use_table, POS_TENSOR=positions is not None, OFF_TENSOR=offsets is not None,
         VARLEN=varlen, SEARCH_STEPS=max(1, nseq.bit_length()), COPY_PASS=copy_pass,
-        INT64=int64, F64=q.dtype == torch.float64, num_warps=warps,
+        INT64=False, F64=q.dtype == torch.float64, num_warps=warps,
     )
+    grid = (cdiv(n_tokens, block_t), splits)
+    return grid, ints, constexprs, {**constexprs, "INT64": True}, extent
