@@ -8,6 +8,7 @@ vocabulary rows (the vocabulary lookup, a sorted search, stays outside the graph
 
 from __future__ import annotations
 
+import warnings
 from pathlib import Path
 
 import numpy as np
@@ -70,9 +71,11 @@ def export_onnx(checkpoint: str | Path, out: str | Path, batch_size: int = 4, op
     out.parent.mkdir(parents=True, exist_ok=True)
     example = _example(exported.sizes.tolist(), batch_size)
     batch = torch.export.Dim("batch")
-    torch.onnx.export(exported, example, str(out), input_names=["dense", "sparse"],
-                      output_names=["logits", "probabilities"], opset_version=opset, dynamo=True,
-                      dynamic_shapes=({0: batch}, {0: batch}), verbose=False)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # exporter-internal deprecation chatter
+        torch.onnx.export(exported, example, str(out), input_names=["dense", "sparse"],
+                          output_names=["logits", "probabilities"], opset_version=opset, dynamo=True,
+                          dynamic_shapes=({0: batch}, {0: batch}), verbose=False)
     if check:
         err = check_onnx(out, exported)
         if err > 1e-4:

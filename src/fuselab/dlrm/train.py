@@ -126,7 +126,7 @@ def _default_dataset(log) -> Path:
     root = Path(DEFAULT_SYNTH_DIR)
     if not (root / "metadata.json").is_file():
         log(f"no --data given: writing a small synthetic dataset to {root} ...")
-        write_synthetic(root, SynthSpec(rows=600_000, scale=1e-3, seed=0), shard_rows=1 << 18)
+        write_synthetic(root, SynthSpec(rows=1_000_000, scale=1e-4, seed=0), shard_rows=1 << 18)
     return root
 
 
@@ -137,8 +137,11 @@ def _profiler(directory: Path, device: torch.device, log):
     tb_handler = tensorboard_trace_handler(str(directory / "tensorboard"))
 
     def on_ready(prof) -> None:
-        tb_handler(prof)
-        prof.export_chrome_trace(str(directory / "trace.json"))
+        tb_handler(prof)  # writes a Chrome trace (*.pt.trace.json) that TensorBoard's profiler plugin reads
+        import shutil
+
+        newest = max((directory / "tensorboard").glob("*.pt.trace.json*"), key=lambda p: p.stat().st_mtime)
+        shutil.copyfile(newest, directory / "trace.json")  # one save per trace: copy it for chrome://tracing
         try:
             from fuselab.profile import kernel_table, render_kernel_table
 
