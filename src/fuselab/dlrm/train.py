@@ -130,7 +130,8 @@ def _default_dataset(log) -> Path:
     return root
 
 
-def _profiler(directory: Path, device: torch.device, log):
+def _profiler(directory: Path, device: torch.device, log, active_steps: int = 5):
+    """A profiler over steps 5..(4 + active_steps) of the run: Chrome trace, TensorBoard trace, kernel table."""
     from torch.profiler import ProfilerActivity, profile, schedule, tensorboard_trace_handler
 
     directory.mkdir(parents=True, exist_ok=True)
@@ -143,9 +144,18 @@ def _profiler(directory: Path, device: torch.device, log):
         newest = max((directory / "tensorboard").glob("*.pt.trace.json*"), key=lambda p: p.stat().st_mtime)
         shutil.copyfile(newest, directory / "trace.json")  # one save per trace: copy it for chrome://tracing
         try:
+            import io
+
+            from rich.console import Console
+
             from fuselab.profile import kernel_table, render_kernel_table
 
-            text = str(render_kernel_table(kernel_table(prof)))
+            on_gpu = device.type == "cuda"
+            table = render_kernel_table(kernel_table(prof, device=on_gpu), title="DLRM training steps",
+                                        device=on_gpu, steps=active_steps)
+            console = Console(file=io.StringIO(), width=150, record=True)
+            console.print(table)
+            text = console.export_text()
         except (ImportError, AttributeError, TypeError):
             sort = "self_cuda_time_total" if device.type == "cuda" else "self_cpu_time_total"
             text = prof.key_averages().table(sort_by=sort, row_limit=30)
@@ -155,7 +165,7 @@ def _profiler(directory: Path, device: torch.device, log):
             f"{directory / 'kernels.txt'}")
 
     activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.type == "cuda" else [])
-    return profile(activities=activities, schedule=schedule(wait=2, warmup=2, active=5, repeat=1),
+    return profile(activities=activities, schedule=schedule(wait=2, warmup=2, active=active_steps, repeat=1),
                    on_trace_ready=on_ready, record_shapes=True)
 
 
