@@ -13,6 +13,8 @@ from types import ModuleType
 import torch
 
 SOURCE_DIR = Path(__file__).resolve().parent
+#: extension name -> the error of its failed build in this process
+_FAILED: dict[str, str] = {}
 
 
 @functools.cache
@@ -24,13 +26,19 @@ def load(name: str, source: str, cpp_declarations: str, functions: tuple[str, ..
     """
     if not torch.cuda.is_available():
         raise RuntimeError(f"the CUDA backend {name!r} needs a CUDA device; use the Triton or CPU path")
+    if name in _FAILED:  # a failed build leaves no library behind: repeat its error, not an ImportError
+        raise RuntimeError(_FAILED[name])
     from torch.utils.cpp_extension import load_inline
 
-    return load_inline(
-        name=name,
-        cpp_sources=cpp_declarations,
-        cuda_sources=(SOURCE_DIR / source).read_text(),
-        functions=list(functions),
-        extra_cuda_cflags=["-O3", "-lineinfo"],
-        verbose=False,
-    )
+    try:
+        return load_inline(
+            name=name,
+            cpp_sources=cpp_declarations,
+            cuda_sources=(SOURCE_DIR / source).read_text(),
+            functions=list(functions),
+            extra_cuda_cflags=["-O3", "-lineinfo"],
+            verbose=False,
+        )
+    except (RuntimeError, ImportError, OSError) as exc:
+        _FAILED[name] = f"building the CUDA extension {name!r} from {source} failed: {exc}"
+        raise RuntimeError(_FAILED[name]) from exc

@@ -13,10 +13,20 @@
 
 namespace {
 
+// Explicit conversions: PyTorch builds extensions with -D__CUDA_NO_HALF_CONVERSIONS__ and
+// -D__CUDA_NO_BFLOAT16_CONVERSIONS__, which remove the implicit __half/__nv_bfloat16 <-> float casts.
+__device__ __forceinline__ float to_float(float v) { return v; }
+__device__ __forceinline__ float to_float(__half v) { return __half2float(v); }
+__device__ __forceinline__ float to_float(__nv_bfloat16 v) { return __bfloat162float(v); }
+template <typename T> __device__ __forceinline__ T from_float(float f);
+template <> __device__ __forceinline__ float from_float<float>(float f) { return f; }
+template <> __device__ __forceinline__ __half from_float<__half>(float f) { return __float2half_rn(f); }
+template <> __device__ __forceinline__ __nv_bfloat16 from_float<__nv_bfloat16>(float f) { return __float2bfloat16_rn(f); }
+
 template <typename T>
 __device__ __forceinline__ T square_one(T v) {
-  float f = static_cast<float>(v);  // compute in fp32, round once on store (matches torch.square)
-  return static_cast<T>(f * f);
+  const float f = to_float(v);  // compute in fp32, round once on store (matches torch.square)
+  return from_float<T>(f * f);
 }
 
 template <typename T>
