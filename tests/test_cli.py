@@ -6,6 +6,7 @@ import json
 from pathlib import Path
 
 import pytest
+import torch
 
 from fuselab.bench.options import BenchOptions, default_out_dir
 from fuselab.cli import build_parser, main, options_from_args
@@ -20,6 +21,11 @@ def run_cli(argv: list[str], capsys) -> tuple[int, str, str]:
     return code, out, err
 
 
+#: these tests check the no-GPU path (CPU timings, interpreter, CPU op tables); the GPU path is the lab's own run
+cpu_only = pytest.mark.skipif(torch.cuda.is_available(), reason="checks the CLI's no-GPU path")
+
+
+@cpu_only
 @pytest.mark.timeout(60)
 def test_bench_quick_on_cpu(tmp_path: Path, capsys):
     code, out, _ = run_cli(["bench", "square", "gelu_tanh", "--quick", "--out", str(tmp_path), "--plot"], capsys)
@@ -42,6 +48,7 @@ def test_bench_quick_on_cpu(tmp_path: Path, capsys):
     assert cuda and all(r["status"] == "skipped" and r["detail"] == "needs CUDA" for r in cuda)
 
 
+@cpu_only
 @pytest.mark.timeout(60)
 def test_profile_eager_on_cpu(tmp_path: Path, capsys):
     trace = tmp_path / "eager.json"
@@ -53,6 +60,7 @@ def test_profile_eager_on_cpu(tmp_path: Path, capsys):
     assert launches >= 5  # the eager formula runs one op per operator
 
 
+@cpu_only
 @pytest.mark.timeout(60)
 def test_profile_compile_saves_inductor_source(tmp_path: Path, capsys):
     code, out, _ = run_cli(["profile", "gelu_tanh", "--provider", "torch.compile", "--out", str(tmp_path)], capsys)
@@ -70,7 +78,7 @@ def test_profile_compile_saves_inductor_source(tmp_path: Path, capsys):
     (["bench", "square", "--mode", "sideways"], "invalid choice: 'sideways'"),
     (["profile", "nope"], "unknown op 'nope'"),
     (["profile", "gelu_tanh", "--provider", "nope"], "valid providers: eager, torch.compile"),
-    (["profile", "gelu_tanh", "--shape", "n=3"], "valid shapes: n=2^16"),
+    (["profile", "gelu_tanh", "--shape", "n=3"], "unknown shape 'n=3' for gelu_tanh fp32 fwd; valid shapes: n=2^"),
     (["bench", "compare", "missing-a.json", "missing-b.json"], "not a fuselab bench result"),
 ])
 def test_bad_arguments_exit_2_with_choices(argv, message, capsys):

@@ -147,7 +147,7 @@ def test_inplace_autograd(triton_backend, device):
     for inplace in (True, False):
         ql, kl = q0.clone().requires_grad_(True), k0.clone().requires_grad_(True)
         qo, ko = fuselab.apply_rope(ql * 1.0, kl * 1.0, cos, sin, layout="bhsd", inplace=inplace)
-        (qo * torch.arange(qo.numel()).reshape(qo.shape)).sum().backward(retain_graph=True)
+        (qo * torch.arange(qo.numel(), device=device).reshape(qo.shape)).sum().backward(retain_graph=True)
         (ko * 3).sum().backward()
         grads.append((ql.grad, kl.grad))
     assert_close(grads[0][0], grads[1][0], torch.float32, "grad q (in place)")

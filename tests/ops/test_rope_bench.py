@@ -32,11 +32,12 @@ def test_thd_inputs_are_uneven():
 
 @pytest.mark.parametrize("mode", ["fwd", "fwd+bwd"])
 @pytest.mark.parametrize("provider", ["fuselab", "fuselab-inplace", "fuselab-angles", "eager"])
-def test_providers_check_on_cpu(triton_backend, provider, mode):
+def test_providers_check_small_cases(triton_backend, device, provider, mode):
+    """The CPU suite's small cases, on the test device (the interpreter on CPU, compiled kernels on a GPU)."""
     p = SPEC.provider(provider)
     for case in SPEC.cases(CaseQuery("cpu", modes=(mode,))):
         if p.skip_reason(case):
             continue
-        result = check(SPEC, case, p.build(case), device="cpu")
+        result = check(SPEC, case, p.build(case), device=device)
         assert result.ok, f"{provider} {case.key}: {result}"
         assert (result.grad_error is None) == (mode == "fwd")
