@@ -40,6 +40,10 @@ class KernelRow:
 
 
 def _is_device_event(e: Any) -> bool:
+    """A kernel, memcpy or memset on the device; not a user annotation (``record_function`` ranges such as
+    ``fuselab::step`` are mirrored onto the GPU timeline and would count their kernels twice)."""
+    if getattr(e, "is_user_annotation", False) or e.name == STEP_RANGE:
+        return False
     return str(getattr(e, "device_type", "")).endswith(("CUDA", "PrivateUse1")) or getattr(e, "is_kernel", False)
 
 
@@ -103,7 +107,7 @@ def render_kernel_table(rows: Sequence[KernelRow], title: str = "kernels", devic
     return table
 
 
-FUSED_KERNEL = re.compile(r"^(\w+)\s*=\s*async_compile\.\w+\(", re.MULTILINE)
+FUSED_KERNEL = re.compile(r"^(\w+)\s*=\s*async_compile\.(?!wait\b)\w+\(", re.MULTILINE)
 
 
 def fused_kernels(source: str) -> list[str]:
