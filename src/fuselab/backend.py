@@ -43,7 +43,10 @@ def use_triton(device: torch.device | str) -> bool:
     Raises ``RuntimeError`` when ``FUSELAB_BACKEND=triton`` asks for Triton on a
     non-CUDA device without ``TRITON_INTERPRET=1``.
     """
-    device = torch.device(device)
+    if not isinstance(device, torch.device):
+        device = torch.device(device)
+    if device.type == "cuda" and os.environ.get(ENV_VAR) is None:
+        return True  # the default on GPUs, checked first: this runs on every op call
     backend = selected_backend()
     if backend == "torch":
         return False

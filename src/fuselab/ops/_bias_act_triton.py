@@ -14,11 +14,13 @@ its bias slice once and the backward accumulates its column sums in registers ov
 
 from __future__ import annotations
 
+import functools
+
 import torch
 import triton
 import triton.language as tl
 
-from fuselab.ops._launch import INT32_MAX, cdiv, needs_int64, next_power_of_2, sm_count
+from fuselab.ops._launch import INT32_MAX, cdiv, launch, needs_int64, next_power_of_2, sm_count
 
 #: activation name -> constexpr id used by the kernels (order of fuselab.ACTIVATIONS)
 ACT_IDS: dict[str, int] = {"none": 0, "relu": 1, "relu2": 2, "sigmoid": 3, "silu": 4, "gelu": 5, "gelu_tanh": 6}
@@ -225,10 +227,36 @@ def _tile(M: int, N: int, elem_size: int) -> tuple[int, int, int]:
     return block_m, block_n, num_warps
 
 
-def _grid(M: int, N: int, block_m: int, block_n: int, device: torch.device, per_sm: int) -> tuple[int, int]:
+def _grid(M: int, N: int, block_m: int, block_n: int, sms: int, per_sm: int) -> tuple[int, int]:
     grid_n = cdiv(N, block_n)
-    grid_m = min(cdiv(M, block_m), max(1, (sm_count(device) * per_sm) // grid_n))
+    grid_m = min(cdiv(M, block_m), max(1, (sms * per_sm) // grid_n))
     return grid_m, grid_n
+
+
+def _sms(device: torch.device) -> int:
+    return sm_count(device)
+
+
+@functools.lru_cache(maxsize=1024)
+def _fwd_plan(M: int, N: int, elem_size: int, sms: int) -> tuple[tuple[int, int], int, int, int]:
+    """(grid, BLOCK_M, BLOCK_N, num_warps) of the forward kernel (cached: launch plans cost host time)."""
+    block_m, block_n, num_warps = _tile(M, N, elem_size)
+    return _grid(M, N, block_m, block_n, sms, FWD_PROGRAMS_PER_SM), block_m, block_n, num_warps
+
+
+@functools.lru_cache(maxsize=1024)
+def _bwd_plan(M: int, N: int, elem_size: int, sms: int) -> tuple:
+    """(grid, BLOCK_M, BLOCK_N, num_warps, column-sum grid, BLOCK_R, BLOCK_N2) of the backward kernels."""
+    block_m, block_n, num_warps = _tile(M, N, elem_size)
+    grid = _grid(M, N, block_m, block_n, sms, BWD_PROGRAMS_PER_SM)
+    # column sum of the [grid_m, N] partials: narrow column blocks (down to 128-byte rows) until there are
+    # ~2 programs per SM; with few wide programs this small L2-resident pass was latency-bound (47 µs for
+    # 528x4096 partials on an H100)
+    block_n2 = min(next_power_of_2(N), 256)
+    while block_n2 > 32 and cdiv(N, block_n2) < 2 * sms:
+        block_n2 //= 2
+    block_r = min(next_power_of_2(grid[0]), max(1, 4096 // block_n2))
+    return grid, block_m, block_n, num_warps, (cdiv(N, block_n2),), block_r, block_n2
 
 
 def partial_dtype(dtype: torch.dtype) -> torch.dtype:
@@ -238,8 +266,7 @@ def partial_dtype(dtype: torch.dtype) -> torch.dtype:
 
 def bwd_partial_rows(M: int, N: int, dtype: torch.dtype, device: torch.device) -> int:
     """Rows of the fp32 partial-sum buffer ``[rows, N]`` that :func:`bias_act_bwd_` needs for the bias grad."""
-    block_m, block_n, _ = _tile(M, N, torch.empty((), dtype=dtype).element_size())
-    return _grid(M, N, block_m, block_n, device, BWD_PROGRAMS_PER_SM)[0]
+    return _bwd_plan(M, N, dtype.itemsize, _sms(device))[0][0]
 
 
 def bias_act_fwd_(
@@ -259,26 +286,16 @@ def bias_act_fwd_(
     if M == 0 or N == 0:
         return
     assert pre is None or pre.is_contiguous()
-    block_m, block_n, num_warps = _tile(M, N, x.element_size())
-    grid = _grid(M, N, block_m, block_n, x.device, FWD_PROGRAMS_PER_SM)
+    grid, block_m, block_n, num_warps = _fwd_plan(M, N, x.element_size(), _sms(x.device))
     r = residual if residual is not None else x
-    _bias_act_fwd_kernel[grid](
-        x, r, bias if bias is not None else x, out, pre if pre is not None else out,
-        M, N,
-        x.stride(0), x.stride(1), r.stride(0), r.stride(1),
-        bias.stride(0) if bias is not None else 0,
-        out.stride(0), out.stride(1),
-        float(alpha),
-        ACTIVATION=ACT_IDS[activation],
-        HAS_RESIDUAL=residual is not None,
-        HAS_BIAS=bias is not None,
-        SAVE_PRE=pre is not None,
-        ACC=_acc_dtype(x.dtype),
-        INT64=needs_int64(x, residual, out, pre) or M * N > INT32_MAX,
-        BLOCK_M=block_m,
-        BLOCK_N=block_n,
-        num_warps=num_warps,
-    )
+    int64 = needs_int64(x, residual, out, pre) or M * N > INT32_MAX
+    args = (x, r, bias if bias is not None else x, out, pre if pre is not None else out, M, N,
+            x.stride(0), x.stride(1), r.stride(0), r.stride(1), bias.stride(0) if bias is not None else 0,
+            out.stride(0), out.stride(1), float(alpha))
+    flags = (ACT_IDS[activation], residual is not None, bias is not None, pre is not None, x.dtype, int64)
+    launch(_bias_act_fwd_kernel, (flags, block_m, block_n, num_warps), grid, args, dict(
+        ACTIVATION=flags[0], HAS_RESIDUAL=flags[1], HAS_BIAS=flags[2], SAVE_PRE=flags[3],
+        ACC=_acc_dtype(x.dtype), INT64=int64, BLOCK_M=block_m, BLOCK_N=block_n, num_warps=num_warps))
 
 
 def bias_act_bwd_(
@@ -308,39 +325,25 @@ def bias_act_bwd_(
         return
     for t in (grad_x, grad_residual):
         assert t is None or t.is_contiguous()
-    block_m, block_n, num_warps = _tile(M, N, grad.element_size())
-    grid = _grid(M, N, block_m, block_n, grad.device, BWD_PROGRAMS_PER_SM)
+    grid, block_m, block_n, num_warps, sum_grid, block_r, block_n2 = _bwd_plan(M, N, grad.element_size(),
+                                                                               _sms(grad.device))
     want = partial_dtype(grad.dtype)
     if partial is not None and (tuple(partial.shape) != (grid[0], N) or partial.dtype != want
                                 or not partial.is_contiguous()):
         raise ValueError(f"partial must be a contiguous {want} tensor of shape {(grid[0], N)}")
     s = saved if saved is not None else grad
     acc = _acc_dtype(grad.dtype)
-    _bias_act_bwd_kernel[grid](
-        grad, s, shift if shift is not None else grad,
-        grad_x if grad_x is not None else grad,
-        grad_residual if grad_residual is not None else grad,
-        partial if partial is not None else grad,
-        M, N,
-        grad.stride(0), grad.stride(1), s.stride(0), s.stride(1),
-        shift.stride(0) if shift is not None else 0,
-        float(alpha),
-        ACTIVATION=ACT_IDS[activation],
-        HAS_SHIFT=shift is not None,
-        WRITE_DX=grad_x is not None,
-        WRITE_DR=grad_residual is not None,
-        HAS_BIAS=grad_bias is not None,
-        ACC=acc,
-        INT64=needs_int64(grad, s) or M * N > INT32_MAX,
-        BLOCK_M=block_m,
-        BLOCK_N=block_n,
-        num_warps=num_warps,
-    )
+    int64 = needs_int64(grad, s) or M * N > INT32_MAX
+    args = (grad, s, shift if shift is not None else grad, grad_x if grad_x is not None else grad,
+            grad_residual if grad_residual is not None else grad, partial if partial is not None else grad,
+            M, N, grad.stride(0), grad.stride(1), s.stride(0), s.stride(1),
+            shift.stride(0) if shift is not None else 0, float(alpha))
+    flags = (ACT_IDS[activation], shift is not None, grad_x is not None, grad_residual is not None,
+             grad_bias is not None, grad.dtype, int64)
+    launch(_bias_act_bwd_kernel, (flags, block_m, block_n, num_warps), grid, args, dict(
+        ACTIVATION=flags[0], HAS_SHIFT=flags[1], WRITE_DX=flags[2], WRITE_DR=flags[3], HAS_BIAS=flags[4],
+        ACC=acc, INT64=int64, BLOCK_M=block_m, BLOCK_N=block_n, num_warps=num_warps))
     if grad_bias is not None:
-        rows = partial.shape[0]
-        block_n2 = min(next_power_of_2(N), 256)
-        block_r = min(next_power_of_2(rows), max(1, 4096 // block_n2))
-        _column_sum_kernel[(cdiv(N, block_n2),)](
-            partial, grad_bias, rows, N, grad_bias.stride(0),
-            ACC=acc, BLOCK_R=block_r, BLOCK_N=block_n2, num_warps=4,
-        )
+        launch(_column_sum_kernel, (grad.dtype, block_r, block_n2), sum_grid,
+               (partial, grad_bias, partial.shape[0], N, grad_bias.stride(0)),
+               dict(ACC=acc, BLOCK_R=block_r, BLOCK_N=block_n2, num_warps=4))

@@ -1,8 +1,10 @@
-"""Launch heuristics shared by the Triton launchers: block sizes, SM count, 64-bit offsets."""
+"""Launch helpers shared by the Triton launchers: block sizes, SM count, 64-bit offsets, a low-overhead launch."""
 
 from __future__ import annotations
 
 import functools
+from collections.abc import Hashable
+from typing import Any
 
 import torch
 
@@ -39,3 +41,57 @@ def max_element_offset(t: torch.Tensor) -> int:
 def needs_int64(*tensors: torch.Tensor | None) -> bool:
     """True when any tensor's reachable offsets pass 2^31-1: launch with 64-bit index math."""
     return any(t is not None and max_element_offset(t) > INT32_MAX for t in tensors)
+
+
+# ---------------------------------------------------------------------------------------------- launching
+#: compiled kernels by (kernel, caller key, device, argument signature)
+_COMPILED: dict[tuple, tuple] = {}
+
+
+def _hooks_set() -> bool:
+    """Whether Triton launch hooks are installed (a profiler such as proton): then launch the usual way."""
+    import triton
+
+    runtime = getattr(getattr(triton, "knobs", None), "runtime", None)
+    return runtime is not None and (runtime.launch_enter_hook is not None or runtime.launch_exit_hook is not None)
+
+
+def _int_class(a: int) -> int:
+    """What Triton specializes an int argument on: equal to 1, divisible by 16, fits in int32."""
+    return (a == 1) + 2 * (a % 16 == 0) + 4 * (-(2**31) <= a < 2**31)
+
+
+def launch(kernel, key: Hashable, grid: tuple[int, ...], args: tuple, constexprs: dict[str, Any]) -> None:
+    """``kernel[grid](*args, **constexprs)`` with less host time per call on GPUs.
+
+    ``JITFunction.run`` binds and specializes every argument on every call (about 18 µs per launch on
+    the H100 machine's host, where a torch kernel launch costs 6 µs). The first call of each
+    signature goes through it and compiles; later calls with the same signature call the cached
+    ``CompiledKernel``'s launcher directly (about 5 µs). The signature covers what Triton specializes
+    on: ``key`` (the caller's identity for ``constexprs``: block sizes, flags, warps), every tensor's
+    dtype and 16-byte alignment, every int argument's class (1, a multiple of 16, int32 or wider),
+    other arguments' types, and the current device. ``args`` are the
+    leading runtime parameters in order; ``constexprs`` name all the remaining ones (plus options such
+    as ``num_warps``). Under the interpreter, or with launch hooks set, it is the plain launch.
+    """
+    if not (args[0].is_cuda and torch.cuda.is_available()) or _hooks_set():
+        kernel[grid](*args, **constexprs)
+        return
+    device = torch.cuda.current_device()
+    signature = (id(kernel), key, device,
+                 tuple((a.dtype, a.data_ptr() % 16 == 0) if isinstance(a, torch.Tensor) else
+                       _int_class(a) if type(a) is int else type(a) for a in args))
+    hit = _COMPILED.get(signature)
+    if hit is None:
+        compiled = kernel[grid](*args, **constexprs)
+        tail = tuple(constexprs[name] for name in kernel.arg_names[len(args):])
+        if len(_COMPILED) > 8192:
+            _COMPILED.clear()
+        _COMPILED[signature] = (compiled, tail)
+        return
+    compiled, tail = hit
+    stream = torch._C._cuda_getCurrentRawStream(device)
+    grid_y = grid[1] if len(grid) > 1 else 1
+    grid_z = grid[2] if len(grid) > 2 else 1
+    compiled.run(grid[0], grid_y, grid_z, stream, compiled.function, compiled.packed_metadata, None, None, None,
+                 *args, *tail)

@@ -33,6 +33,7 @@ import triton
 import triton.language as tl
 
 from ._launch import INT32_MAX, cdiv, needs_int64, next_power_of_2, sm_count
+from ._launch import launch as launch_kernel
 
 #: bytes each program loads per loop iteration (enough in flight to cover DRAM latency)
 TILE_BYTES = 16384
@@ -313,22 +314,23 @@ def workspace_numel(plan: ReducePlan) -> int:
 def launch(x: torch.Tensor, plan: ReducePlan, out: torch.Tensor, *, is_mean: bool, n_reduced: int,
            acc_dtype: torch.dtype, final: bool = True) -> None:
     """One kernel launch of ``plan`` on ``x``, writing ``out`` (result when ``final``, else partials)."""
+    int64 = needs_int64(x, out) or plan.K * plan.split > INT32_MAX
+    key = (plan, final, is_mean, acc_dtype, out.dtype, int64)
     common = dict(
         SPLIT_R=plan.split > 1, HAS_TAIL=plan.R % plan.block_r != 0, ACC=_TL_ACC[acc_dtype],
         OUT_BF16=final and out.dtype == torch.bfloat16,
-        FINAL=final, IS_MEAN=is_mean, INT64=needs_int64(x, out) or plan.K * plan.split > INT32_MAX,
+        FINAL=final, IS_MEAN=is_mean, INT64=int64,
         num_warps=plan.num_warps,
     )
     if plan.kind == "rows":
-        _rows_kernel[plan.grid](
-            x, out, plan.K, plan.I, plan.R, plan.s_o, plan.s_i, plan.s_r, plan.r_per_split, n_reduced,
-            ROWS=plan.block_i, BLOCK_R=plan.block_r, HAS_I=plan.I > 1, R_CONTIG=plan.s_r == 1, **common,
-        )
+        args = (x, out, plan.K, plan.I, plan.R, plan.s_o, plan.s_i, plan.s_r, plan.r_per_split, n_reduced)
+        constexprs = dict(ROWS=plan.block_i, BLOCK_R=plan.block_r, HAS_I=plan.I > 1, R_CONTIG=plan.s_r == 1,
+                          **common)
+        launch_kernel(_rows_kernel, key, plan.grid, args, constexprs)
     else:
-        _cols_kernel[plan.grid](
-            x, out, plan.O, plan.I, plan.R, plan.s_o, plan.s_r, plan.s_i, plan.r_per_split, n_reduced,
-            BLOCK_R=plan.block_r, BLOCK_I=plan.block_i, I_CONTIG=plan.s_i == 1, **common,
-        )
+        args = (x, out, plan.O, plan.I, plan.R, plan.s_o, plan.s_r, plan.s_i, plan.r_per_split, n_reduced)
+        constexprs = dict(BLOCK_R=plan.block_r, BLOCK_I=plan.block_i, I_CONTIG=plan.s_i == 1, **common)
+        launch_kernel(_cols_kernel, key, plan.grid, args, constexprs)
 
 
 def reduce_into(x: torch.Tensor, dims: tuple[int, ...], out: torch.Tensor, workspace: torch.Tensor | None, *,

@@ -3,7 +3,8 @@
 Layers: Triton kernels and out-param launchers (:mod:`fuselab.ops._bias_act_triton`) -> allocating ops
 (:func:`_forward`, :func:`_backward`) -> ``torch.library.custom_op`` ``fuselab::bias_act_fwd`` /
 ``fuselab::bias_act_bwd`` / ``fuselab::bias_act_`` (in place) with fake kernels and ``register_autograd`` ->
-the public :func:`bias_act`.
+the public :func:`bias_act`. Eager calls skip the dispatcher (host overhead): no grad goes straight to the
+launcher, grad through :class:`_BiasActFunction`; under ``torch.compile`` the custom ops are always used.
 
 What the backward keeps per element of ``x`` (see :data:`fuselab.reference.bias_act.SAVED`):
 ``none`` nothing; ``relu``/``relu2``/``sigmoid`` the output ``y`` (no extra memory when the next layer keeps
@@ -186,7 +187,9 @@ def _setup_context(ctx, inputs, output):
     ctx.present = (bias is not None, residual is not None)
 
 
-def _autograd_backward(ctx, grad_y, grad_pre):
+def _input_grads(ctx, grad_y, backward) -> tuple:
+    """Gradients of ``(x, bias, residual, alpha, activation, save_pre)`` through ``backward`` (the custom op
+    under torch.compile, :func:`_backward` itself in eager autograd)."""
     saved_tensors = ctx.saved_tensors
     saved = saved_tensors[0] if saved_tensors else None
     shift = saved_tensors[1] if len(saved_tensors) > 1 else None
@@ -194,12 +197,33 @@ def _autograd_backward(ctx, grad_y, grad_pre):
     want_x = ctx.needs_input_grad[0]
     want_b = has_bias and ctx.needs_input_grad[1]
     want_r = has_residual and ctx.needs_input_grad[2]
-    gx, gr, gb = torch.ops.fuselab.bias_act_bwd(grad_y, saved, shift, ctx.alpha, ctx.activation, *ctx.dtypes,
-                                                want_x, want_r, want_b)
+    gx, gr, gb = backward(grad_y, saved, shift, ctx.alpha, ctx.activation, *ctx.dtypes, want_x, want_r, want_b)
     return (gx if want_x else None, gb if want_b else None, gr if want_r else None, None, None, None)
 
 
+def _autograd_backward(ctx, grad_y, grad_pre):
+    return _input_grads(ctx, grad_y, torch.ops.fuselab.bias_act_bwd)
+
+
 torch.library.register_autograd("fuselab::bias_act_fwd", _autograd_backward, setup_context=_setup_context)
+
+
+class _BiasActFunction(torch.autograd.Function):
+    """Eager autograd straight to the allocating forward/backward. The custom-op dispatcher and its
+    autograd wrapper cost tens of microseconds of host time per call, enough to starve the GPU on
+    mid-sized tensors; ``torch.compile`` still traces ``fuselab::bias_act_fwd`` (no graph break)."""
+
+    @staticmethod
+    def forward(ctx, x, bias, residual, alpha, activation, save_pre):
+        # ctx in forward (not a separate setup_context): Function.apply then skips binding default
+        # arguments through inspect.signature, tens of microseconds per call
+        y, pre = _forward(x, bias, residual, alpha, activation, save_pre)
+        _setup_context(ctx, (x, bias, residual, alpha, activation, save_pre), (y, pre))
+        return y, pre
+
+    @staticmethod
+    def backward(ctx, grad_y, grad_pre):
+        return _input_grads(ctx, grad_y, _backward)
 
 
 @torch.library.custom_op("fuselab::bias_act_", mutates_args=("x",))
@@ -271,4 +295,5 @@ def bias_act(
             return ref.bias_act(x, bias, residual, alpha, activation)
         if not needs_grad:  # no autograd, no dispatcher: straight to the launcher
             return _forward(x, bias, residual, alpha, activation, False)[0]
+        return _BiasActFunction.apply(x, bias, residual, alpha, activation, save_pre)[0]
     return torch.ops.fuselab.bias_act_fwd(x, bias, residual, alpha, activation, save_pre)[0]

@@ -2,9 +2,10 @@
 
 Layers: :func:`fuselab.ops.rope_kernel.rope_launch` (out-param launcher) -> ``fuselab::rope`` /
 ``fuselab::rope_`` custom ops (+ fake impls, + autograd for the out-of-place op) -> :func:`apply_rope`.
-When eager code needs no gradient, :func:`apply_rope` calls the launcher directly (the custom-op
-dispatcher costs several microseconds per call, which matters in decoding); ``torch.compile`` always
-sees the custom ops (no graph break). The semantics are documented in ``docs/rope.md``.
+Eager calls go straight to the launcher (the custom-op dispatcher costs tens of microseconds of host
+time per call, which matters in decoding and starves the GPU in training): without grad directly, with
+grad through :class:`_RopeFunction` / :class:`_RopeInplace`; ``torch.compile`` always sees the custom
+ops (no graph break). The semantics are documented in ``docs/rope.md``.
 """
 
 import itertools
@@ -95,10 +96,43 @@ class _RopeInplace(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, grad_q, grad_k):
-        p = ctx.params
-        dq, dk = _rope_op(grad_q, grad_k if ctx.has_k else None, *ctx.saved_tensors, p["layout"], p["half"],
-                          p["interleaved"], not p["conj"], p["offset"], p["mscale"])
-        return dq, (dk if ctx.has_k else None), None, None, None, None, None, None, None
+        dq, dk = _rotate_back(ctx, grad_q, grad_k)
+        return dq, dk, None, None, None, None, None, None, None
+
+
+class _RopeFunction(torch.autograd.Function):
+    """Out-of-place rotation under eager autograd, straight to the launcher. The custom-op dispatcher and
+    its autograd wrapper cost tens of microseconds of host time per call, which starved the GPU in
+    forward+backward; ``torch.compile`` still traces ``fuselab::rope`` (no graph break)."""
+
+    @staticmethod
+    def forward(ctx, q, k, cos, sin, inv_freq, positions, offsets, cu_seqlens, params):
+        q_out = _empty_like(q)
+        k_out = _empty_like(k) if k is not None else None
+        rope_launch(q, k, q_out, k_out, cos, sin, inv_freq, positions, offsets, cu_seqlens, **params)
+        ctx.has_k = k is not None
+        ctx.params = params
+        ctx.save_for_backward(cos, sin, inv_freq, positions, offsets, cu_seqlens)
+        return q_out, k_out
+
+    @staticmethod
+    def backward(ctx, grad_q, grad_k):
+        dq, dk = _rotate_back(ctx, grad_q, grad_k)
+        return dq, dk, None, None, None, None, None, None, None
+
+
+def _rotate_back(ctx, grad_q, grad_k) -> tuple[torch.Tensor | None, torch.Tensor | None]:
+    """The backward of both Functions: the same rotation with the conjugate sign, into fresh tensors."""
+    p = ctx.params
+    grad_k = grad_k if ctx.has_k else None
+    dq = None if grad_q is None else _empty_like(grad_q)
+    dk = None if grad_k is None else _empty_like(grad_k)
+    if dq is None:  # only k_out was used: rotate k alone (the launcher's q slot takes it)
+        if dk is not None:
+            rope_launch(grad_k, None, dk, None, *ctx.saved_tensors, **{**p, "conj": not p["conj"]})
+        return None, dk
+    rope_launch(grad_q, grad_k, dq, dk, *ctx.saved_tensors, **{**p, "conj": not p["conj"]})
+    return dq, dk
 
 
 # ---------------------------------------------------------------------------------------------- validation
@@ -268,11 +302,15 @@ def apply_rope(q: torch.Tensor, k: torch.Tensor | None, cos: torch.Tensor | None
                                           rotary_dim, check_positions)
     else:
         offsets, offset = (seqlen_offsets, 0) if isinstance(seqlen_offsets, torch.Tensor) else (None, seqlen_offsets)
+    # in-kernel angles: base and scaling are checked here (cached), before the backend is chosen, so a bad
+    # scaling raises the same ValueError/TypeError on every path
+    inv_freq, mscale = (None, 1.0) if cos is not None else rope_frequencies(2 * half, base, scaling)
     if not _triton_for(q):
         return _ref.apply_rope(q, k, cos, sin, layout=layout, interleaved=interleaved, inplace=inplace,
                                positions=positions, seqlen_offsets=seqlen_offsets, cu_seqlens=cu_seqlens,
                                base=base, scaling=scaling, rotary_dim=2 * half)
-    inv_freq, mscale = (None, 1.0) if cos is not None else inv_freq_on(q.device, 2 * half, base, scaling)
+    if cos is None:
+        inv_freq, mscale = inv_freq_on(q.device, 2 * half, base, scaling)
     return run_rope(q, k, cos, sin, inv_freq, positions, offsets, cu_seqlens, layout=layout, half=half,
                     interleaved=interleaved, inplace=inplace, offset=offset, mscale=mscale)
 
@@ -295,9 +333,12 @@ def run_rope(q: torch.Tensor, k: torch.Tensor | None, cos: torch.Tensor | None, 
             rope_launch(q, k, q, k, *args, layout=layout, half=half, interleaved=interleaved, conj=False,
                         offset=offset, mscale=mscale)
         return q, k
-    if needs_grad or compiling:
+    if compiling:
         q_out, k_out = _rope_op(q, k, *args, layout, half, interleaved, False, offset, mscale)
         return q_out, (k_out if k is not None else None)
+    if needs_grad:
+        params = dict(layout=layout, half=half, interleaved=interleaved, conj=False, offset=offset, mscale=mscale)
+        return _RopeFunction.apply(q, k, *args, params)
     q_out = _empty_like(q)
     k_out = _empty_like(k) if k is not None else None
     rope_launch(q, k, q_out, k_out, *args, layout=layout, half=half, interleaved=interleaved, conj=False,

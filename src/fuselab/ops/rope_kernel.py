@@ -20,7 +20,7 @@ import triton.language as tl
 
 from fuselab.backend import interpreter_enabled
 
-from ._launch import INT32_MAX, cdiv, max_element_offset, next_power_of_2, sm_count
+from ._launch import INT32_MAX, cdiv, launch, max_element_offset, next_power_of_2, sm_count
 
 LAYOUTS = ("bshd", "sbhd", "bhsd", "thd")
 
@@ -222,12 +222,11 @@ def rope_launch(q: torch.Tensor, k: torch.Tensor | None, q_out: torch.Tensor, k_
         return
     base = max(q.storage_offset(), kk.storage_offset(), q_out.storage_offset(), ko.storage_offset())
     wide = extent + base > INT32_MAX
-    _rope_kernel[grid](
-        q, kk, q_out, ko, cos if cos is not None else q, sin if sin is not None else q,
-        inv_freq if inv_freq is not None else q, positions if positions is not None else q,
-        offsets if offsets is not None else q, cu_seqlens if cu_seqlens is not None else q,
-        int(offset), float(mscale), *ints, **(constexprs64 if wide else constexprs),
-    )
+    args = (q, kk, q_out, ko, cos if cos is not None else q, sin if sin is not None else q,
+            inv_freq if inv_freq is not None else q, positions if positions is not None else q,
+            offsets if offsets is not None else q, cu_seqlens if cu_seqlens is not None else q,
+            int(offset), float(mscale), *ints)
+    launch(_rope_kernel, (key, wide), grid, args, constexprs64 if wide else constexprs)
 
 
 #: launch plans: (layout, shapes, strides, flags) -> (grid, int args, constexprs, 64-bit constexprs, extent)
