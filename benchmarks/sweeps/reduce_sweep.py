@@ -1,0 +1,102 @@
+"""Sweep the reduction planner's knobs on the GPU; print the best settings per benchmark case.
+
+    python3 benchmarks/sweeps/reduce_sweep.py [--out FILE.json]
+
+For each case of the ``reduce`` suite (mean over all / dim=-1 / dim=0) and each setting of
+(TILE_BYTES, PROGRAMS_PER_SM, MIN_COL_BYTES, num_warps), the planner's constants are patched, the plan is
+rebuilt, and ``fuselab.mean`` is timed with ``triton.testing.do_bench`` (median). Fractions are of the
+D2D copy bandwidth measured in the same run (read + write counted). This is an exploration tool: the
+numbers it prints decide the planner's defaults (see benchmarks/notes/reduce.md), the lab measures them.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import itertools
+import json
+
+import torch
+from triton.testing import do_bench
+
+from fuselab.ops import _reduce_triton as K
+from fuselab.reference import reduce as ref
+
+CASES = [  # (label, shape, dtype, dim)
+    ("all/10000x10000", (10000, 10000), torch.float32, None),
+    ("all/n=2^28", (2**28,), torch.float32, None),
+    ("all/8192x8192", (8192, 8192), torch.bfloat16, None),
+    ("dim=-1/10000x10000", (10000, 10000), torch.float32, -1),
+    ("dim=-1/8192x8192", (8192, 8192), torch.bfloat16, -1),
+    ("dim=-1/65536x512", (65536, 512), torch.bfloat16, -1),
+    ("dim=0/10000x10000", (10000, 10000), torch.float32, 0),
+    ("dim=0/8192x8192", (8192, 8192), torch.bfloat16, 0),
+    ("dim=0/65536x512", (65536, 512), torch.bfloat16, 0),
+]
+
+
+def copy_gbps() -> float:
+    src = torch.randn(2**28, device="cuda")
+    dst = torch.empty_like(src)
+    ms = do_bench(lambda: dst.copy_(src), rep=200)
+    return 2 * src.numel() * 4 / ms / 1e6
+
+
+def run_once(x: torch.Tensor, dims: tuple[int, ...], warps: int | None):
+    src, kept, red = K.prepare(x, dims)
+    plan = K.plan_reduction(src, kept, red)
+    if warps is not None:
+        plan = dataclasses.replace(plan, num_warps=warps)
+    out = torch.empty(plan.K, dtype=x.dtype, device=x.device)
+    n = K.workspace_numel(plan)
+    ws = torch.empty(n, dtype=torch.float32, device=x.device) if n else None
+    return plan, lambda: K.reduce_into(src, dims, out, ws, plan=plan, is_mean=True)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--out", default=None)
+    args = parser.parse_args()
+    copy = copy_gbps()
+    print(f"device {torch.cuda.get_device_name()}  copy {copy:.0f} GB/s", flush=True)
+    defaults = (K.TILE_BYTES, K.PROGRAMS_PER_SM, K.MIN_COL_BYTES)
+    rows = []
+    for label, shape, dtype, dim in CASES:
+        x = torch.randn(shape, device="cuda", dtype=dtype)
+        dims = ref.normalize_dims(x, dim)
+        nbytes = x.numel() * x.element_size()
+        cols_case = dim == 0
+        grid = itertools.product((16384, 32768, 65536), (4, 8, 16), (128, 256, 512) if cols_case else (128,),
+                                 (None, 4, 8, 16))
+        results = []
+        for tile, per_sm, min_col, warps in grid:
+            K.TILE_BYTES, K.PROGRAMS_PER_SM, K.MIN_COL_BYTES = tile, per_sm, min_col
+            K._plan.cache_clear()
+            plan, fn = run_once(x, dims, warps)
+            if warps is not None and warps == plan.num_warps:
+                continue
+            ms = do_bench(fn, rep=40)
+            frac = nbytes / ms / 1e6 / copy
+            is_default = (tile, per_sm, min_col, warps) == (*defaults, None)
+            results.append(dict(case=label, tile=tile, per_sm=per_sm, min_col=min_col, warps=plan.num_warps,
+                                grid=list(plan.grid), block_r=plan.block_r, block_i=plan.block_i, us=ms * 1e3,
+                                fraction=frac, default=is_default))
+        K.TILE_BYTES, K.PROGRAMS_PER_SM, K.MIN_COL_BYTES = defaults
+        K._plan.cache_clear()
+        results.sort(key=lambda r: -r["fraction"])
+        default = next(r for r in results if r["default"])
+        print(f"{label:20s} {dtype}  default {default['fraction']:.3f} ({default['us']:.1f} us, grid {default['grid']},"
+              f" block_r {default['block_r']}, block_i {default['block_i']}, warps {default['warps']})", flush=True)
+        for r in results[:4]:
+            print(f"    best {r['fraction']:.3f} {r['us']:7.1f} us  tile {r['tile']:5d} per_sm {r['per_sm']:2d} "
+                  f"min_col {r['min_col']:4d} warps {r['warps']:2d} grid {r['grid']} block_r {r['block_r']} "
+                  f"block_i {r['block_i']}", flush=True)
+        rows += results
+        del x
+    if args.out:
+        with open(args.out, "w") as f:
+            json.dump(dict(device=torch.cuda.get_device_name(), copy_gbps=copy, results=rows), f, indent=1)
+
+
+if __name__ == "__main__":
+    main()
