@@ -9,7 +9,10 @@ a mid-sized fwd+bwd is bound by launch overhead rather than by memory bandwidth.
 
 from __future__ import annotations
 
+import cProfile
 import platform
+import pstats
+import sys
 import time
 from pathlib import Path
 
@@ -97,8 +100,26 @@ def main() -> None:
     rows.append(("mean dim=0 (two launches)", host_us(lambda: fuselab.mean(m, 0))))
     rows.append(("mean dim=-1 (one launch)", host_us(lambda: fuselab.mean(m, -1))))
     rows.append(("torch.mean dim=0", host_us(lambda: torch.mean(m, 0))))
+    from fuselab.ops import _launch
+
+    rows.append(("fuselab _launch.launch, 24 args", host_us(lambda: _launch.launch(
+        _empty24, "probe", (1,), args24, dict(C0=1, C1=2, C2=3, C3=4, C4=5)))))
     for name, us in rows:
         print(f"{name:40s} {us:8.1f} us/call", flush=True)
+    knobs = _launch._runtime_knobs()
+    print(f"launch enter hook: {getattr(knobs, 'launch_enter_hook', None)}; cached launches: {len(_launch._COMPILED)}")
+    if "--profile" in sys.argv:  # where the host time goes, function by function (cProfile adds its own cost)
+        for name, fn in (("bias_act fwd+bwd", fwd_bwd),
+                         ("rope decode", lambda: fuselab.apply_rope(q, kk, cos, sin, seqlen_offsets=offs)),
+                         ("mean dim=0", lambda: fuselab.mean(m, 0))):
+            prof = cProfile.Profile()
+            prof.enable()
+            for _ in range(300):
+                fn()
+            prof.disable()
+            torch.cuda.synchronize()
+            print(f"--- {name}: 300 calls")
+            pstats.Stats(prof).sort_stats("tottime").print_stats(14)
 
 
 if __name__ == "__main__":

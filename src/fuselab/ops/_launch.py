@@ -48,12 +48,11 @@ def needs_int64(*tensors: torch.Tensor | None) -> bool:
 _COMPILED: dict[tuple, tuple] = {}
 
 
-def _hooks_set() -> bool:
-    """Whether Triton launch hooks are installed (a profiler such as proton): then launch the usual way."""
+def _runtime_knobs():
+    """Triton's runtime knobs (launch hooks), or None on versions without ``triton.knobs``."""
     import triton
 
-    runtime = getattr(getattr(triton, "knobs", None), "runtime", None)
-    return runtime is not None and (runtime.launch_enter_hook is not None or runtime.launch_exit_hook is not None)
+    return getattr(getattr(triton, "knobs", None), "runtime", None)
 
 
 def _int_class(a: int) -> int:
@@ -72,9 +71,11 @@ def launch(kernel, key: Hashable, grid: tuple[int, ...], args: tuple, constexprs
     dtype and 16-byte alignment, every int argument's class (1, a multiple of 16, int32 or wider),
     other arguments' types, and the current device. ``args`` are the
     leading runtime parameters in order; ``constexprs`` name all the remaining ones (plus options such
-    as ``num_warps``). Under the interpreter, or with launch hooks set, it is the plain launch.
+    as ``num_warps``). Launch hooks (profilers) are honoured as ``JITFunction.run`` does. Under the
+    interpreter, or on a Triton without ``triton.knobs``, it is the plain launch.
     """
-    if not (args[0].is_cuda and torch.cuda.is_available()) or _hooks_set():
+    knobs = _runtime_knobs()
+    if not args[0].is_cuda or knobs is None:
         kernel[grid](*args, **constexprs)
         return
     device = torch.cuda.current_device()
@@ -93,5 +94,7 @@ def launch(kernel, key: Hashable, grid: tuple[int, ...], args: tuple, constexprs
     stream = torch._C._cuda_getCurrentRawStream(device)
     grid_y = grid[1] if len(grid) > 1 else 1
     grid_z = grid[2] if len(grid) > 2 else 1
-    compiled.run(grid[0], grid_y, grid_z, stream, compiled.function, compiled.packed_metadata, None, None, None,
+    enter, leave = knobs.launch_enter_hook, knobs.launch_exit_hook
+    metadata = compiled.launch_metadata(grid, stream, *args, *tail) if enter is not None else None
+    compiled.run(grid[0], grid_y, grid_z, stream, compiled.function, compiled.packed_metadata, metadata, enter, leave,
                  *args, *tail)
