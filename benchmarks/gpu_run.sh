@@ -8,7 +8,7 @@
 #   rope | bias_act | mlp | reduce   fuselab bench OP --plot
 #   fwdbwd      exploration: rope and bias_act forward+backward only (into explore/)
 #   sweep       benchmarks/sweeps/reduce_sweep.py (the reduction planner's knobs)
-#   profiles    fuselab profile for bias_act gelu_tanh (eager, torch.compile, fuselab) and rope
+#   profiles    fuselab profile: bias_act gelu_tanh (eager, torch.compile, fuselab, cuda), rope decode, reduce dim=0
 set -uo pipefail
 cd "$(dirname "$0")/.."
 # shellcheck disable=SC1091
@@ -40,7 +40,9 @@ for stage in "$@"; do
     profiles)
       for p in eager torch.compile fuselab cuda; do profile bias_act "$p" bf16 fwd "bias_act_gelu_tanh_$p" \
         --shape 16384x4096-gelu_tanh; done
-      for p in eager fuselab; do profile rope "$p" bf16 fwd "rope_$p"; done ;;
+      for p in eager torch.compile liger fuselab; do profile rope "$p" bf16 fwd "rope_decode_$p" \
+        --shape decode64x1x32/8x128; done
+      profile reduce fuselab bf16 fwd reduce_dim0_fuselab --shape dim=0/65536x512 ;;
     *) echo "unknown stage $stage"; exit 2 ;;
   esac
   pack

@@ -76,13 +76,30 @@ def cases(query: CaseQuery) -> list[BenchCase]:
     return out
 
 
+#: relu's kink: pre-activations closer to 0 than this are moved away from it, per dtype
+KINK_MARGIN = {torch.float32: 1e-4, torch.float16: 2e-2, torch.bfloat16: 5e-2, torch.float64: 0.0}
+
+
 def make_inputs(case: BenchCase, device: torch.device) -> tuple:
-    """(x, residual, bias, alpha, activation): fresh normal tensors (non-zero, spanning GELU's curve)."""
+    """(x, residual, bias, alpha, activation): fresh normal tensors (non-zero, spanning GELU's curve).
+
+    For relu, elements whose pre-activation z = x + alpha·residual + bias lies within the dtype's rounding
+    of 0 get x moved by twice that margin, away from 0: there, rounding z in the input dtype (as every
+    provider does, eager included) legitimately flips relu's mask against the float64 reference, and a few
+    flipped gradients out of 10^8 would exceed the tolerance while every provider is right.
+    """
     m, n = case.params["shape"]
+    alpha = float(case.params["alpha"])
     x = torch.randn(m, n, dtype=case.dtype, device=device)
     residual = torch.randn(m, n, dtype=case.dtype, device=device)
     bias = torch.randn(n, dtype=case.dtype, device=device)
-    return x, residual, bias, float(case.params["alpha"]), str(case.params["activation"])
+    margin = KINK_MARGIN.get(case.dtype, 0.0)
+    if case.params["activation"] == "relu" and margin:
+        z = x.double() + alpha * residual.double() + bias.double()
+        near = z.abs() < margin
+        x = torch.where(near, x + torch.where(z >= 0, 2 * margin, -2 * margin).to(x.dtype), x)
+        del z, near
+    return x, residual, bias, alpha, str(case.params["activation"])
 
 
 def eager_bias_act(x: torch.Tensor, residual: torch.Tensor, bias: torch.Tensor, alpha: float,
