@@ -4,7 +4,7 @@ Layers: :func:`fuselab.ops.rope_kernel.rope_launch` (out-param launcher) -> ``fu
 ``fuselab::rope_`` custom ops (+ fake impls, + autograd for the out-of-place op) -> :func:`apply_rope`.
 Eager calls go straight to the launcher (the custom-op dispatcher costs tens of microseconds of host
 time per call, which matters in decoding and starves the GPU in training): without grad directly, with
-grad through :class:`_RopeFunction` / :class:`_RopeInplace`; ``torch.compile`` always sees the custom
+grad through :class:`_RopeFunction`; ``torch.compile`` always sees the custom
 ops (no graph break). The semantics are documented in ``docs/rope.md``.
 """
 
@@ -82,33 +82,20 @@ def _(q, k, cos, sin, inv_freq, positions, offsets, cu_seqlens, layout, half, in
     return None
 
 
-class _RopeInplace(torch.autograd.Function):
-    """In-place rotation under autograd (eager): q and k are marked dirty; backward rotates the grads back."""
-
-    @staticmethod
-    def forward(ctx, q, k, cos, sin, inv_freq, positions, offsets, cu_seqlens, params):
-        rope_launch(q, k, q, k, cos, sin, inv_freq, positions, offsets, cu_seqlens, **params)
-        ctx.mark_dirty(*((q,) if k is None else (q, k)))
-        ctx.has_k = k is not None
-        ctx.params = params
-        ctx.save_for_backward(cos, sin, inv_freq, positions, offsets, cu_seqlens)
-        return q, k
-
-    @staticmethod
-    def backward(ctx, grad_q, grad_k):
-        dq, dk = _rotate_back(ctx, grad_q, grad_k)
-        return dq, dk, None, None, None, None, None, None, None
-
-
 class _RopeFunction(torch.autograd.Function):
-    """Out-of-place rotation under eager autograd, straight to the launcher. The custom-op dispatcher and
-    its autograd wrapper cost tens of microseconds of host time per call, which starved the GPU in
-    forward+backward; ``torch.compile`` still traces ``fuselab::rope`` (no graph break)."""
+    """Rotation under eager autograd, straight to the launcher (in place: q and k are marked dirty). The
+    custom-op dispatcher and its autograd wrapper cost tens of microseconds of host time per call, which
+    starved the GPU in forward+backward; ``torch.compile`` still traces ``fuselab::rope`` / ``fuselab::rope_``
+    (no graph break)."""
 
     @staticmethod
-    def forward(ctx, q, k, cos, sin, inv_freq, positions, offsets, cu_seqlens, params):
-        q_out = _empty_like(q)
-        k_out = _empty_like(k) if k is not None else None
+    def forward(ctx, q, k, cos, sin, inv_freq, positions, offsets, cu_seqlens, params, inplace):
+        if inplace:
+            q_out, k_out = q, k
+            ctx.mark_dirty(*((q,) if k is None else (q, k)))
+        else:
+            q_out = _empty_like(q)
+            k_out = _empty_like(k) if k is not None else None
         rope_launch(q, k, q_out, k_out, cos, sin, inv_freq, positions, offsets, cu_seqlens, **params)
         ctx.has_k = k is not None
         ctx.params = params
@@ -118,11 +105,11 @@ class _RopeFunction(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad_q, grad_k):
         dq, dk = _rotate_back(ctx, grad_q, grad_k)
-        return dq, dk, None, None, None, None, None, None, None
+        return dq, dk, None, None, None, None, None, None, None, None
 
 
 def _rotate_back(ctx, grad_q, grad_k) -> tuple[torch.Tensor | None, torch.Tensor | None]:
-    """The backward of both Functions: the same rotation with the conjugate sign, into fresh tensors."""
+    """The backward: the same rotation with the conjugate sign, into fresh tensors."""
     p = ctx.params
     grad_k = grad_k if ctx.has_k else None
     dq = None if grad_q is None else _empty_like(grad_q)
@@ -326,7 +313,7 @@ def run_rope(q: torch.Tensor, k: torch.Tensor | None, cos: torch.Tensor | None, 
     if inplace:
         if needs_grad:
             params = dict(layout=layout, half=half, interleaved=interleaved, conj=False, offset=offset, mscale=mscale)
-            return _RopeInplace.apply(q, k, *args, params)
+            return _RopeFunction.apply(q, k, *args, params, True)
         if compiling:
             _rope_inplace_op(q, k, *args, layout, half, interleaved, False, offset, mscale)
         else:
@@ -338,7 +325,7 @@ def run_rope(q: torch.Tensor, k: torch.Tensor | None, cos: torch.Tensor | None, 
         return q_out, (k_out if k is not None else None)
     if needs_grad:
         params = dict(layout=layout, half=half, interleaved=interleaved, conj=False, offset=offset, mscale=mscale)
-        return _RopeFunction.apply(q, k, *args, params)
+        return _RopeFunction.apply(q, k, *args, params, False)
     q_out = _empty_like(q)
     k_out = _empty_like(k) if k is not None else None
     rope_launch(q, k, q_out, k_out, *args, layout=layout, half=half, interleaved=interleaved, conj=False,
