@@ -1,5 +1,6 @@
 """fuselab.nn.FusedLinear / LoRALinear vs nn.Linear + the eager formula (float64), forward and gradients;
-torch.compile(fullgraph=True) of an MLP built from them."""
+fused_linear's eager training fast path (one autograd node); torch.compile(fullgraph=True) of an MLP built
+from them."""
 
 from __future__ import annotations
 
@@ -9,7 +10,8 @@ import pytest
 import torch
 from torch import nn
 
-from fuselab.nn import FusedLinear, LoRALinear, fused_linear
+import fuselab
+from fuselab.nn import FusedLinear, LoRALinear, _FusedLinearFunction, fused_linear
 from fuselab.reference.bias_act import activation as act_ref
 from fuselab.testing import assert_close
 
@@ -68,6 +70,131 @@ def test_fused_linear_without_bias(backend, device):
     y64.sum().backward()
     assert_close(y, y64, torch.float32, "y")
     assert_close(layer.weight.grad, w64.grad, torch.float32, "grad_weight")
+
+
+#: grad_fn class name of fused_linear's eager training fast path
+FAST_NODE = _FusedLinearFunction.__name__ + "Backward"
+FAST_CASES = [(a, torch.float32) for a in fuselab.ACTIVATIONS] + [("relu", torch.bfloat16),
+                                                                   ("gelu_tanh", torch.bfloat16)]
+
+
+def _check_against_linear(x, w, b, activation, dtype, make_grad=torch.randn_like):
+    """fused_linear(x, w, b) vs float64 nn.Linear + reference activation: output, then the grads of the
+    leaves that require grad (others must stay None)."""
+    y = fused_linear(x, w, b, activation)
+    assert type(y.grad_fn).__name__ == FAST_NODE  # the fast path, not the custom-op fallback
+    assert y.shape == (*x.shape[:-1], w.shape[0]) and y.dtype == dtype
+    linear = nn.Linear(w.shape[1], w.shape[0], bias=b is not None, device=w.device, dtype=torch.float64)
+    with torch.no_grad():
+        linear.weight.copy_(w)
+        if b is not None:
+            linear.bias.copy_(b)
+    linear.requires_grad_(False)
+    linear.weight.requires_grad_(w.requires_grad)
+    if b is not None:
+        linear.bias.requires_grad_(b.requires_grad)
+    x64 = x.detach().double().requires_grad_(x.requires_grad)
+    y64 = act_ref(linear(x64), activation)
+    assert_close(y, y64, dtype, "y")
+    g = make_grad(y)
+    y.backward(g)
+    y64.backward(g.double())
+    for name, t, t64 in (("x", x, x64), ("weight", w, linear.weight), ("bias", b, linear.bias)):
+        if t is None:
+            continue
+        if t.requires_grad:
+            assert_close(t.grad, t64.grad, dtype, f"grad_{name}")
+        else:
+            assert t.grad is None, name
+
+
+@pytest.mark.parametrize("x_grad", [True, False], ids=["x_grad", "x_const"])
+@pytest.mark.parametrize("has_bias", [True, False], ids=["bias", "no_bias"])
+@pytest.mark.parametrize("shape", [(7, 13), (2, 5, 13)], ids=["2d", "3d"])
+@pytest.mark.parametrize(("activation", "dtype"), FAST_CASES,
+                         ids=[f"{a}-{str(d).removeprefix('torch.')}" for a, d in FAST_CASES])
+def test_fused_linear_fast_path_matches_linear(triton_backend, device, activation, dtype, shape, has_bias, x_grad):
+    w = (torch.randn(33, 13, device=device) / 13**0.5).to(dtype).requires_grad_(True)
+    b = torch.randn(33, device=device).to(dtype).requires_grad_(True) if has_bias else None
+    x = torch.randn(*shape, device=device).to(dtype).requires_grad_(x_grad)
+    _check_against_linear(x, w, b, activation, dtype)
+
+
+@pytest.mark.parametrize("activation", ["none", "relu", "silu"])
+def test_fused_linear_fast_path_strided_and_empty(triton_backend, device, activation):
+    w = torch.randn(33, 13, device=device, requires_grad=True)
+    b = torch.randn(33, device=device, requires_grad=True)
+
+    def transposed(y: torch.Tensor) -> torch.Tensor:
+        return torch.randn(tuple(reversed(y.shape)), device=device).transpose(0, -1)
+
+    # x and grad_y non-contiguous: 2-D transposed, 3-D whose rows cannot be viewed (reshape copies)
+    x = torch.randn(13, 7, device=device).t().requires_grad_(True)
+    _check_against_linear(x, w, b, activation, torch.float32, make_grad=transposed)
+    w.grad = b.grad = None
+    x = torch.randn(5, 2, 13, device=device).transpose(0, 1).requires_grad_(True)
+    _check_against_linear(x, w, b, activation, torch.float32, make_grad=transposed)
+    for shape in ((0, 13), (2, 0, 13)):  # M == 0: zero weight and bias grads
+        w.grad = b.grad = None
+        x = torch.randn(shape, device=device, requires_grad=True)
+        fused_linear(x, w, b, activation).sum().backward()
+        assert x.grad.shape == shape
+        assert torch.count_nonzero(w.grad) == 0 and torch.count_nonzero(b.grad) == 0
+
+
+@pytest.mark.parametrize("frozen", ["weight", "bias", "weight+bias"])
+def test_fused_linear_fast_path_frozen_parameters(triton_backend, device, frozen):
+    w = torch.randn(33, 13, device=device, requires_grad="weight" not in frozen)
+    b = torch.randn(33, device=device, requires_grad="bias" not in frozen)
+    x = torch.randn(7, 13, device=device, requires_grad=True)
+    _check_against_linear(x, w, b, "gelu", torch.float32)
+
+
+def test_fused_linear_fast_path_inplace_ops(triton_backend, device):
+    # the output is no view (a Function's view output forbids in-place ops); saved x/y get the usual check
+    w = torch.randn(33, 13, device=device, requires_grad=True)
+    x = torch.randn(2, 5, 13, device=device, requires_grad=True)
+    y = fused_linear(x, w, None, "silu")
+    assert type(y.grad_fn).__name__ == FAST_NODE
+    y.mul_(2.0).sum().backward()
+    w64 = w.detach().double().requires_grad_(True)
+    (2.0 * act_ref(x.detach().double() @ w64.t(), "silu")).sum().backward()
+    assert_close(w.grad, w64.grad, torch.float32, "grad_weight")
+    with pytest.raises(RuntimeError, match="modified by an inplace operation"):  # relu saved its output
+        fused_linear(x, w, None, "relu").mul_(2.0).sum().backward()
+    x1 = x * 1.0
+    y = fused_linear(x1, w, None, "silu")
+    x1.mul_(2.0)  # x is saved for the weight gradient
+    with pytest.raises(RuntimeError, match="modified by an inplace operation"):
+        y.sum().backward()
+
+
+def test_fused_linear_fast_path_create_graph(triton_backend, device):
+    w = (torch.randn(33, 13, device=device) / 13**0.5).requires_grad_(True)
+    x = torch.randn(7, 13, device=device, requires_grad=True)
+    (gx,) = torch.autograd.grad(fused_linear(x, w, None, "gelu_tanh").sum(), x, create_graph=True)
+    (gx_ref,) = torch.autograd.grad(act_ref(x.double() @ w.double().t(), "gelu_tanh").sum(), x)
+    assert_close(gx, gx_ref, torch.float32, "grad_x with create_graph")
+
+
+def test_fused_linear_fallbacks_keep_the_custom_op_path(triton_backend, device):
+    w = torch.randn(33, 13, device=device, requires_grad=True)
+    x = torch.randn(7, 13, device=device)
+    with torch.no_grad():  # inference: in place, no autograd
+        assert fused_linear(x, w, None, "relu").grad_fn is None
+    b64 = torch.randn(33, device=device, dtype=torch.float64, requires_grad=True)  # bias of another dtype
+    y = fused_linear(x, w, b64, "relu")
+    assert type(y.grad_fn).__name__ != FAST_NODE
+    y.sum().backward()
+    assert b64.grad is not None and w.grad is not None
+    y1 = fused_linear(torch.randn(13, device=device), w, None, "relu")  # 1-D x
+    assert y1.shape == (33,) and type(y1.grad_fn).__name__ != FAST_NODE
+
+
+def test_fused_linear_torch_backend_skips_fast_path(torch_backend, device):
+    w = torch.randn(33, 13, device=device, requires_grad=True)
+    y = fused_linear(torch.randn(7, 13, device=device), w, None, "relu")
+    assert type(y.grad_fn).__name__ != FAST_NODE
 
 
 def _lora_reference(lora: LoRALinear, x: torch.Tensor, p: dict[str, torch.Tensor]) -> torch.Tensor:

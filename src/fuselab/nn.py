@@ -7,16 +7,25 @@
 
 Both accept any leading dims ``(..., in_features)`` and the dtypes of :func:`fuselab.bias_act`.
 In inference (no tensor requires grad) the epilogue runs in place on the fresh matmul output.
+In eager training on the Triton path, :func:`fused_linear` is one autograd node per layer
+(:class:`_FusedLinearFunction`): host time, not GPU time, bounds small layers.
 """
 
 from __future__ import annotations
 
+import functools
 import math
+from types import ModuleType
 
 import torch
 from torch import nn
+from torch.autograd.function import once_differentiable
 
+from fuselab.backend import use_triton
 from fuselab.ops.bias_act import ACTIVATIONS, bias_act
+from fuselab.reference.bias_act import SAVED
+
+_FAST_DTYPES = (torch.float32, torch.bfloat16, torch.float16, torch.float64)
 
 
 def _check_activation(activation: str) -> str:
@@ -29,16 +38,107 @@ def _any_requires_grad(*tensors: torch.Tensor | None) -> bool:
     return torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in tensors)
 
 
+@functools.cache
+def _kernels() -> ModuleType:
+    """The Triton launchers, imported on first use (triton must not load before TRITON_INTERPRET is set)."""
+    from fuselab.ops import _bias_act_triton
+
+    return _bias_act_triton
+
+
+def _fast_path(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, activation: str) -> bool:
+    """Whether eager autograd can take :class:`_FusedLinearFunction`: Triton path, one floating dtype,
+    well-formed arguments. Anything else (errors included) takes the custom-op path."""
+    dtype, device = x.dtype, x.device
+    return (activation in ACTIVATIONS and dtype in _FAST_DTYPES and weight.dtype == dtype
+            and x.dim() >= 2 and weight.dim() == 2 and x.shape[-1] == weight.shape[1]
+            and (bias is None or (bias.dtype == dtype and bias.dim() == 1 and bias.shape[0] == weight.shape[0]
+                                  and bias.device == device))
+            and not torch.compiler.is_compiling() and use_triton(device)
+            and not torch.is_autocast_enabled(device.type))
+
+
+class _FusedLinearFunction(torch.autograd.Function):
+    """``act(x @ weight.T + bias)`` as one autograd node: ``torch.mm`` + the fused epilogue launcher forward,
+    the fused backward launcher (dz and the bias-grad column sum in one pass) + two ``torch.mm`` backward.
+
+    Saved for the backward: ``x`` (if ``weight`` needs grad), ``weight`` (if ``x`` needs grad), and per
+    :data:`fuselab.reference.bias_act.SAVED`: the output ``y`` (relu, relu2, sigmoid: the epilogue runs in place
+    on the matmul output), the matmul output ``h`` and ``bias`` as the shift that rebuilds ``z = h + bias``
+    (silu, gelu, gelu_tanh: ``y`` is a new tensor), nothing (none). No double backward.
+    """
+
+    @staticmethod
+    def forward(ctx, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
+                activation: str) -> torch.Tensor:
+        # ctx in forward (no setup_context): Function.apply then skips binding defaults via inspect.signature
+        x2 = x if x.dim() == 2 else x.flatten(0, -2)
+        kind = SAVED[activation]
+        if x.dim() == 2 and kind != "pre":
+            h = y = torch.mm(x2, weight.t())
+        else:  # y allocated in x's leading shape: a Function's output that is a view forbids later in-place ops
+            y = x.new_empty((*x.shape[:-1], weight.shape[0]))
+            h = torch.mm(x2, weight.t(), out=None if kind == "pre" else y.view(x2.shape[0], y.shape[-1]))
+        y2 = y if y.dim() == 2 else y.view(h.shape)
+        if bias is not None or kind != "nothing":
+            _kernels().bias_act_fwd_(h, bias, None, y2, None, 1.0, activation)
+        # x and y, not row views made here: in-place ops on them later fail the usual version check
+        want_x, want_w = ctx.needs_input_grad[:2]
+        ctx.save_for_backward(x if want_w else None, weight if want_x else None,
+                              h if kind == "pre" else y if kind == "output" else None,
+                              bias if kind == "pre" else None)
+        ctx.activation, ctx.x_shape = activation, x.shape
+        return y
+
+    @staticmethod
+    def backward(ctx, grad_y: torch.Tensor) -> tuple[torch.Tensor | None, ...]:
+        if torch.is_grad_enabled():  # create_graph=True: first-order grads, an error if differentiated again
+            return _backward_once(ctx, grad_y)
+        return _backward(ctx, grad_y)
+
+
+def _backward(ctx, grad_y: torch.Tensor) -> tuple[torch.Tensor | None, ...]:
+    x, weight, saved, shift = ctx.saved_tensors
+    want_x, want_w, want_b = ctx.needs_input_grad[:3]
+    g = grad_y if grad_y.dim() == 2 else grad_y.reshape(-1, grad_y.shape[-1])  # any strides
+    (m, n), dev, k = g.shape, g.device, _kernels()
+    if saved is not None and saved.dim() != 2:
+        saved = saved.view(m, n)
+    grad_b = partial = None
+    if want_b:
+        grad_b = torch.empty(n, dtype=g.dtype, device=dev)
+        partial = torch.empty(k.bwd_partial_rows(m, n, g.dtype, dev), n, dtype=k.partial_dtype(g.dtype), device=dev)
+    if ctx.activation == "none":  # dz = grad_y: only the bias gradient (column sum) is left
+        dz = g
+        if want_b:
+            k.bias_act_bwd_(g, None, None, 1.0, "none", None, None, partial, grad_b)
+    else:
+        dz = torch.empty((m, n), dtype=g.dtype, device=dev)
+        k.bias_act_bwd_(g, saved, shift, 1.0, ctx.activation, dz, None, partial, grad_b)
+    grad_x = None
+    if want_x:
+        grad_x = dz.mm(weight)
+        grad_x = grad_x if len(ctx.x_shape) == 2 else grad_x.view(ctx.x_shape)
+    grad_w = dz.t().mm(x if x.dim() == 2 else x.flatten(0, -2)) if want_w else None
+    return grad_x, grad_w, grad_b, None
+
+
+_backward_once = once_differentiable(_backward)
+
+
 def fused_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None,
                  activation: str = "relu") -> torch.Tensor:
     """Functional :class:`FusedLinear`: ``act(x @ weight.T + bias)``, matmul without bias + fused epilogue.
 
     ``x`` ``(..., in)``, ``weight`` ``(out, in)``, ``bias`` ``(out,)`` or None. In inference (nothing requires
-    grad) the epilogue runs in place on the fresh matmul output.
+    grad) the epilogue runs in place on the fresh matmul output. Eager training on the Triton path with one
+    dtype (x of 2+ dims, no autocast) runs :class:`_FusedLinearFunction`; torch.compile traces the custom ops.
     """
+    needs_grad = _any_requires_grad(x, weight, bias)
+    if needs_grad and _fast_path(x, weight, bias, activation):
+        return _FusedLinearFunction.apply(x, weight, bias, activation)
     h = torch.matmul(x, weight.t())
-    inplace = not _any_requires_grad(x, weight, bias)
-    return bias_act(h, bias, activation=activation, inplace=inplace)
+    return bias_act(h, bias, activation=activation, inplace=not needs_grad)
 
 
 class FusedLinear(nn.Module):

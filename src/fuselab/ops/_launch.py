@@ -55,6 +55,12 @@ def _runtime_knobs():
     return getattr(getattr(triton, "knobs", None), "runtime", None)
 
 
+def _active(hook):
+    """``hook``, or None when it is an empty ``HookChain`` (Triton always installs one): the launcher then
+    skips building launch metadata and calling hooks, as it would with no hook at all."""
+    return hook if hook is not None and getattr(hook, "calls", True) else None
+
+
 def _int_class(a: int) -> int:
     """What Triton specializes an int argument on: equal to 1, divisible by 16, fits in int32."""
     return (a == 1) + 2 * (a % 16 == 0) + 4 * (-(2**31) <= a < 2**31)
@@ -94,7 +100,7 @@ def launch(kernel, key: Hashable, grid: tuple[int, ...], args: tuple, constexprs
     stream = torch._C._cuda_getCurrentRawStream(device)
     grid_y = grid[1] if len(grid) > 1 else 1
     grid_z = grid[2] if len(grid) > 2 else 1
-    enter, leave = knobs.launch_enter_hook, knobs.launch_exit_hook
+    enter, leave = _active(knobs.launch_enter_hook), _active(knobs.launch_exit_hook)
     metadata = compiled.launch_metadata(grid, stream, *args, *tail) if enter is not None else None
     compiled.run(grid[0], grid_y, grid_z, stream, compiled.function, compiled.packed_metadata, metadata, enter, leave,
                  *args, *tail)
