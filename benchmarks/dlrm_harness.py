@@ -27,7 +27,7 @@ from fuselab.dlrm.config import DLRMConfig
 from fuselab.dlrm.data.loader import BatchLoader, Hasher
 from fuselab.dlrm.data.shards import write_json_atomic
 from fuselab.dlrm.model import DLRM, Batch
-from fuselab.dlrm.train import Optimizers, PhaseTimer
+from fuselab.dlrm.train import Optimizers, PhaseTimer, train_step
 
 StepFn = Callable[[Batch, PhaseTimer], Tensor]
 
@@ -173,19 +173,11 @@ def _quantile(values: list[float], q: float) -> float:
 
 
 def fuselab_step(model: DLRM, hasher: Hasher, opts: Optimizers, cfg: DLRMConfig, device: torch.device) -> StepFn:
-    """The body of ``fuselab.dlrm.train.train``'s loop (same calls, same phases)."""
+    """The body of ``fuselab.dlrm.train.train``'s loop: :func:`fuselab.dlrm.train.train_step`."""
     loss_fn = nn.BCEWithLogitsLoss()
 
     def step(batch: Batch, timer: PhaseTimer) -> Tensor:
-        with timer.phase("forward"), torch.autocast(device.type, dtype=torch.bfloat16, enabled=cfg.bf16):
-            logits = model(batch.dense, hasher(batch.sparse))
-            loss = loss_fn(logits.float(), batch.labels)
-        with timer.phase("backward"):
-            loss.backward()
-        with timer.phase("optimizer"):
-            opts.step()
-            opts.zero_grad()
-        return loss.detach()
+        return train_step(model, hasher, opts, loss_fn, batch, cfg, device, timer)
 
     return step
 

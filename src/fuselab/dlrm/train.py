@@ -81,6 +81,20 @@ class PhaseTimer:
         return {k: 1e3 * v / max(1, self.steps) for k, v in self.totals.items()}
 
 
+def train_step(model: nn.Module, hasher: Hasher, opts: Optimizers, loss_fn: nn.Module, batch, cfg: DLRMConfig,
+               device: torch.device, timer: PhaseTimer) -> torch.Tensor:
+    """One optimizer step on ``batch`` (forward, backward, optimizer phases); returns the detached loss."""
+    with timer.phase("forward"), torch.autocast(device.type, dtype=torch.bfloat16, enabled=cfg.bf16):
+        logits = model(batch.dense, hasher(batch.sparse))
+        loss = loss_fn(logits.float(), batch.labels)
+    with timer.phase("backward"):
+        loss.backward()
+    with timer.phase("optimizer"):
+        opts.step()
+        opts.zero_grad()
+    return loss.detach()
+
+
 def resolve_device(name: str | None) -> torch.device:
     if name is None:
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
@@ -262,15 +276,7 @@ def train(cfg: DLRMConfig, data: str | Path | CriteoDataset | None = None, *, br
                     batch = next(batches, None)
                 if batch is None:
                     break
-                with timer.phase("forward"), torch.autocast(device.type, dtype=torch.bfloat16, enabled=cfg.bf16):
-                    logits = model(batch.dense, hasher(batch.sparse))
-                    loss = loss_fn(logits.float(), batch.labels)
-                with timer.phase("backward"):
-                    loss.backward()
-                with timer.phase("optimizer"):
-                    opts.step()
-                    opts.zero_grad()
-                losses.append(loss.detach())
+                losses.append(train_step(model, hasher, opts, loss_fn, batch, cfg, device, timer))
                 step += 1
                 timer.steps += 1
                 if step - first_step == warmup_steps:
