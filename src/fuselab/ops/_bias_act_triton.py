@@ -233,10 +233,6 @@ def _grid(M: int, N: int, block_m: int, block_n: int, sms: int, per_sm: int) -> 
     return grid_m, grid_n
 
 
-def _sms(device: torch.device) -> int:
-    return sm_count(device)
-
-
 @functools.lru_cache(maxsize=1024)
 def _fwd_plan(M: int, N: int, elem_size: int, sms: int) -> tuple[tuple[int, int], int, int, int]:
     """(grid, BLOCK_M, BLOCK_N, num_warps) of the forward kernel (cached: launch plans cost host time)."""
@@ -266,7 +262,7 @@ def partial_dtype(dtype: torch.dtype) -> torch.dtype:
 
 def bwd_partial_rows(M: int, N: int, dtype: torch.dtype, device: torch.device) -> int:
     """Rows of the fp32 partial-sum buffer ``[rows, N]`` that :func:`bias_act_bwd_` needs for the bias grad."""
-    return _bwd_plan(M, N, dtype.itemsize, _sms(device))[0][0]
+    return _bwd_plan(M, N, dtype.itemsize, sm_count(device))[0][0]
 
 
 def bias_act_fwd_(
@@ -286,7 +282,7 @@ def bias_act_fwd_(
     if M == 0 or N == 0:
         return
     assert pre is None or pre.is_contiguous()
-    grid, block_m, block_n, num_warps = _fwd_plan(M, N, x.element_size(), _sms(x.device))
+    grid, block_m, block_n, num_warps = _fwd_plan(M, N, x.element_size(), sm_count(x.device))
     r = residual if residual is not None else x
     int64 = needs_int64(x, residual, out, pre) or M * N > INT32_MAX
     args = (x, r, bias if bias is not None else x, out, pre if pre is not None else out, M, N,
@@ -326,7 +322,7 @@ def bias_act_bwd_(
     for t in (grad_x, grad_residual):
         assert t is None or t.is_contiguous()
     grid, block_m, block_n, num_warps, sum_grid, block_r, block_n2 = _bwd_plan(M, N, grad.element_size(),
-                                                                               _sms(grad.device))
+                                                                               sm_count(grad.device))
     want = partial_dtype(grad.dtype)
     if partial is not None and (tuple(partial.shape) != (grid[0], N) or partial.dtype != want
                                 or not partial.is_contiguous()):

@@ -69,15 +69,15 @@ def _int_class(a: int) -> int:
 def launch(kernel, key: Hashable, grid: tuple[int, ...], args: tuple, constexprs: dict[str, Any]) -> None:
     """``kernel[grid](*args, **constexprs)`` with less host time per call on GPUs.
 
-    ``JITFunction.run`` binds and specializes every argument on every call (about 18 µs per launch on
-    the H100 machine's host, where a torch kernel launch costs 6 µs). The first call of each
-    signature goes through it and compiles; later calls with the same signature call the cached
-    ``CompiledKernel``'s launcher directly (about 5 µs). The signature covers what Triton specializes
-    on: ``key`` (the caller's identity for ``constexprs``: block sizes, flags, warps), every tensor's
-    dtype and 16-byte alignment, every int argument's class (1, a multiple of 16, int32 or wider),
-    other arguments' types, and the current device. ``args`` are the
-    leading runtime parameters in order; ``constexprs`` name all the remaining ones (plus options such
-    as ``num_warps``). Launch hooks (profilers) are honoured as ``JITFunction.run`` does. Under the
+    ``JITFunction.run`` binds and specializes every argument on every call (17-29 µs per launch on the
+    H100 machine's host, where a torch kernel launch costs 6-10 µs). The first call of each signature
+    goes through it and compiles; later calls with the same signature call the cached
+    ``CompiledKernel``'s launcher directly (9-15 µs, ``benchmarks/sweeps/host_overhead.py``). The
+    signature covers what Triton specializes on: ``key`` (the caller's identity for ``constexprs``:
+    block sizes, flags, warps), every tensor's dtype and 16-byte alignment, every int argument's class
+    (1, a multiple of 16, int32 or wider), other arguments' types, and the current device. ``args`` are
+    the leading runtime parameters in order; ``constexprs`` name all the remaining ones (plus options
+    such as ``num_warps``). Launch hooks (profilers) are honoured as ``JITFunction.run`` does. Under the
     interpreter, or on a Triton without ``triton.knobs``, it is the plain launch.
     """
     knobs = _runtime_knobs()

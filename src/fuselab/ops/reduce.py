@@ -79,13 +79,14 @@ def broadcast_grad(grad: torch.Tensor, x_shape, x_dtype: torch.dtype, dims: tupl
 
 
 #: eager CUDA calls already validated and planned: (shape, strides, dtype, device, dim, keepdim, dtype, op)
-#: -> (output shape, output dtype, layout groups, plan, accumulation dtype). Only inputs read in place.
+#: -> (output shape, output dtype, plan, accumulation dtype). Only inputs the kernels read in place.
 _PLANNED: dict[tuple, tuple] = {}
 
 
 def _planned_call(x: torch.Tensor, dim: Dim, keepdim: bool, dtype: torch.dtype | None, op: str):
     """The host-side fast path of an eager, no-grad CUDA call seen before: no validation or planning again
-    (a dict lookup instead of tens of microseconds). Returns None when the call is not eligible or new."""
+    (a dict lookup instead of tens of microseconds). Returns the result for a call seen before, the cache key
+    for an eligible new call (the caller stores its plan with :func:`_remember`), or None when not eligible."""
     if not (type(x) is torch.Tensor and x.is_cuda) or os.environ.get(ENV_VAR) is not None:
         return None
     if (x.requires_grad and torch.is_grad_enabled()) or torch.compiler.is_compiling():

@@ -289,15 +289,15 @@ def apply_rope(q: torch.Tensor, k: torch.Tensor | None, cos: torch.Tensor | None
                                           rotary_dim, check_positions)
     else:
         offsets, offset = (seqlen_offsets, 0) if isinstance(seqlen_offsets, torch.Tensor) else (None, seqlen_offsets)
-    # in-kernel angles: base and scaling are checked here (cached), before the backend is chosen, so a bad
-    # scaling raises the same ValueError/TypeError on every path
+    # in-kernel angles: base and scaling are checked here (cached), once and before the backend is chosen, so
+    # a bad scaling raises the same ValueError/TypeError on every path
     inv_freq, mscale = (None, 1.0) if cos is not None else rope_frequencies(2 * half, base, scaling)
     if not _triton_for(q):
         return _ref.apply_rope(q, k, cos, sin, layout=layout, interleaved=interleaved, inplace=inplace,
                                positions=positions, seqlen_offsets=seqlen_offsets, cu_seqlens=cu_seqlens,
                                base=base, scaling=scaling, rotary_dim=2 * half)
     if cos is None:
-        inv_freq, mscale = inv_freq_on(q.device, 2 * half, base, scaling)
+        inv_freq = inv_freq_on(q.device, 2 * half, base, scaling)
     return run_rope(q, k, cos, sin, inv_freq, positions, offsets, cu_seqlens, layout=layout, half=half,
                     interleaved=interleaved, inplace=inplace, offset=offset, mscale=mscale)
 

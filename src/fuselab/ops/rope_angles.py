@@ -137,10 +137,10 @@ def _inv_freq_device(rotary_dim: int, base: float, frozen: tuple | None, device:
 
 
 def inv_freq_on(device: torch.device, rotary_dim: int, base: float,
-                scaling: Mapping[str, Any] | None) -> tuple[torch.Tensor, float]:
-    """The float32 ``inv_freq`` vector on ``device`` (cached per configuration) and ``mscale``."""
-    _, mscale = rope_frequencies(rotary_dim, base, scaling)
-    return _inv_freq_device(rotary_dim, float(base), _freeze(scaling), torch.device(device)), mscale
+                scaling: Mapping[str, Any] | None) -> torch.Tensor:
+    """The float32 ``inv_freq`` vector on ``device``, cached per configuration. The arguments must have been
+    validated by :func:`rope_frequencies` (which also gives ``mscale``)."""
+    return _inv_freq_device(rotary_dim, float(base), _freeze(scaling), torch.device(device))
 
 
 def rope_cos_sin(seqlen: int, rotary_dim: int, *, base: float = 10000.0, scaling: Mapping[str, Any] | None = None,
