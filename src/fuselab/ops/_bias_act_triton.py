@@ -30,6 +30,9 @@ TILE_BYTES = 16384
 FWD_PROGRAMS_PER_SM = 16
 BWD_PROGRAMS_PER_SM = 4
 MAX_WARPS = 8
+#: eviction hint of the streamed (read-once) loads; "" is Triton's default. The bias row is reused by every
+#: tile of a program and is loaded with "evict_last".
+STREAM_EVICTION = "evict_first"
 
 
 @triton.jit
@@ -100,6 +103,7 @@ def _bias_act_fwd_kernel(
     INT64: tl.constexpr,
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
+    EVICT: tl.constexpr,  # eviction policy of the x / residual loads
 ):
     # bytes: read x, residual (M·N each) + bias (N), write y (M·N) [+ z (M·N)]
     pid_m = tl.program_id(0)
@@ -110,16 +114,18 @@ def _bias_act_fwd_kernel(
     if INT64:
         cols = cols.to(tl.int64)
     if HAS_BIAS:  # once per program, reused by every row tile
-        b = tl.load(B + cols * stride_b, mask=col_mask, other=0.0).to(ACC)
+        b = tl.load(B + cols * stride_b, mask=col_mask, other=0.0, eviction_policy="evict_last").to(ACC)
     n_tiles = tl.cdiv(M, BLOCK_M)
     for tile in range(pid_m, n_tiles, grid_m):
         rows = tile * BLOCK_M + tl.arange(0, BLOCK_M)
         if INT64:
             rows = rows.to(tl.int64)
         mask = (rows < M)[:, None] & col_mask[None, :]
-        z = tl.load(X + rows[:, None] * stride_xm + cols[None, :] * stride_xn, mask=mask, other=0.0).to(ACC)
+        z = tl.load(X + rows[:, None] * stride_xm + cols[None, :] * stride_xn, mask=mask, other=0.0,
+                    eviction_policy=EVICT).to(ACC)
         if HAS_RESIDUAL:
-            r = tl.load(R + rows[:, None] * stride_rm + cols[None, :] * stride_rn, mask=mask, other=0.0)
+            r = tl.load(R + rows[:, None] * stride_rm + cols[None, :] * stride_rn, mask=mask, other=0.0,
+                        eviction_policy=EVICT)
             z = z + alpha * r.to(ACC)
         if HAS_BIAS:
             z = z + b[None, :]
@@ -154,6 +160,7 @@ def _bias_act_bwd_kernel(
     INT64: tl.constexpr,
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
+    EVICT: tl.constexpr,  # eviction policy of the grad / saved loads
 ):
     # bytes: read grad_y, saved (M·N each), write grad_x, grad_residual (M·N each) + partials (grid_m·N fp32)
     pid_m = tl.program_id(0)
@@ -164,7 +171,7 @@ def _bias_act_bwd_kernel(
     if INT64:
         cols = cols.to(tl.int64)
     if HAS_SHIFT:
-        shift = tl.load(SHIFT + cols * stride_shift, mask=col_mask, other=0.0).to(ACC)
+        shift = tl.load(SHIFT + cols * stride_shift, mask=col_mask, other=0.0, eviction_policy="evict_last").to(ACC)
     acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=ACC)
     n_tiles = tl.cdiv(M, BLOCK_M)
     for tile in range(pid_m, n_tiles, grid_m):
@@ -172,9 +179,11 @@ def _bias_act_bwd_kernel(
         if INT64:
             rows = rows.to(tl.int64)
         mask = (rows < M)[:, None] & col_mask[None, :]
-        dz = tl.load(G + rows[:, None] * stride_gm + cols[None, :] * stride_gn, mask=mask, other=0.0).to(ACC)
+        dz = tl.load(G + rows[:, None] * stride_gm + cols[None, :] * stride_gn, mask=mask, other=0.0,
+                     eviction_policy=EVICT).to(ACC)
         if ACTIVATION != 0:
-            s = tl.load(S + rows[:, None] * stride_sm + cols[None, :] * stride_sn, mask=mask, other=0.0).to(ACC)
+            s = tl.load(S + rows[:, None] * stride_sm + cols[None, :] * stride_sn, mask=mask, other=0.0,
+                        eviction_policy=EVICT).to(ACC)
             if HAS_SHIFT:
                 s = s + shift[None, :]
             dz = dz * _act_grad(s, ACTIVATION)
@@ -289,9 +298,10 @@ def bias_act_fwd_(
             x.stride(0), x.stride(1), r.stride(0), r.stride(1), bias.stride(0) if bias is not None else 0,
             out.stride(0), out.stride(1), float(alpha))
     flags = (ACT_IDS[activation], residual is not None, bias is not None, pre is not None, x.dtype, int64)
-    launch(_bias_act_fwd_kernel, (flags, block_m, block_n, num_warps), grid, args, dict(
+    launch(_bias_act_fwd_kernel, (flags, block_m, block_n, num_warps, STREAM_EVICTION), grid, args, dict(
         ACTIVATION=flags[0], HAS_RESIDUAL=flags[1], HAS_BIAS=flags[2], SAVE_PRE=flags[3],
-        ACC=_acc_dtype(x.dtype), INT64=int64, BLOCK_M=block_m, BLOCK_N=block_n, num_warps=num_warps))
+        ACC=_acc_dtype(x.dtype), INT64=int64, BLOCK_M=block_m, BLOCK_N=block_n, EVICT=STREAM_EVICTION,
+        num_warps=num_warps))
 
 
 def bias_act_bwd_(
@@ -336,9 +346,9 @@ def bias_act_bwd_(
             shift.stride(0) if shift is not None else 0, float(alpha))
     flags = (ACT_IDS[activation], shift is not None, grad_x is not None, grad_residual is not None,
              grad_bias is not None, grad.dtype, int64)
-    launch(_bias_act_bwd_kernel, (flags, block_m, block_n, num_warps), grid, args, dict(
+    launch(_bias_act_bwd_kernel, (flags, block_m, block_n, num_warps, STREAM_EVICTION), grid, args, dict(
         ACTIVATION=flags[0], HAS_SHIFT=flags[1], WRITE_DX=flags[2], WRITE_DR=flags[3], HAS_BIAS=flags[4],
-        ACC=acc, INT64=int64, BLOCK_M=block_m, BLOCK_N=block_n, num_warps=num_warps))
+        ACC=acc, INT64=int64, BLOCK_M=block_m, BLOCK_N=block_n, EVICT=STREAM_EVICTION, num_warps=num_warps))
     if grad_bias is not None:
         launch(_column_sum_kernel, (grad.dtype, block_r, block_n2), sum_grid,
                (partial, grad_bias, partial.shape[0], N, grad_bias.stride(0)),

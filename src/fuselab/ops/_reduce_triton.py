@@ -43,6 +43,10 @@ INTERPRETER_TILE_BYTES = 262144
 PROGRAMS_PER_SM = 8
 #: narrowest column tile of the cols kernel: one 128-byte line per row
 MIN_COL_BYTES = 128
+#: cache eviction hint of the input loads (read once): "evict_first" keeps the stream from displacing
+#: other L2 contents (in a benchmark after an L2 flush: the flush's dirty lines, whose write-back would
+#: otherwise share DRAM bandwidth with the read). "" is Triton's default policy.
+STREAM_EVICTION = "evict_first"
 #: widest column tile of the cols kernel (1 KiB rows on GPUs), and most rows per program of the rows
 #: kernel, as a fraction of the tile
 MAX_COL_FRACTION = 16
@@ -71,7 +75,7 @@ def _rows_kernel(
     n_reduced,  # divisor of the mean (IS_MEAN only)
     ROWS: tl.constexpr, BLOCK_R: tl.constexpr, HAS_I: tl.constexpr, R_CONTIG: tl.constexpr,
     SPLIT_R: tl.constexpr, HAS_TAIL: tl.constexpr, ACC: tl.constexpr, FINAL: tl.constexpr,
-    IS_MEAN: tl.constexpr, OUT_BF16: tl.constexpr, INT64: tl.constexpr,
+    IS_MEAN: tl.constexpr, OUT_BF16: tl.constexpr, INT64: tl.constexpr, EVICT: tl.constexpr,
 ):
     pid = tl.program_id(0)
     split = tl.program_id(1)
@@ -102,7 +106,7 @@ def _rows_kernel(
             offs = row_off[:, None] + r[None, :]
         else:
             offs = row_off[:, None] + r[None, :] * s_r
-        acc += tl.load(x_ptr + offs, mask=row_mask[:, None], other=0.0).to(ACC)
+        acc += tl.load(x_ptr + offs, mask=row_mask[:, None], other=0.0, eviction_policy=EVICT).to(ACC)
     if HAS_TAIL:  # the ragged end of the chunk (R is not a multiple of BLOCK_R)
         r = r_start + n_full * BLOCK_R + cols
         if R_CONTIG:
@@ -110,7 +114,7 @@ def _rows_kernel(
         else:
             offs = row_off[:, None] + r[None, :] * s_r
         mask = row_mask[:, None] & (r < r_end)[None, :]
-        acc += tl.load(x_ptr + offs, mask=mask, other=0.0).to(ACC)
+        acc += tl.load(x_ptr + offs, mask=mask, other=0.0, eviction_policy=EVICT).to(ACC)
     total = tl.sum(acc, axis=1)  # [ROWS]
     if FINAL:
         if IS_MEAN:
@@ -129,7 +133,7 @@ def _cols_kernel(
     n_reduced,  # divisor of the mean (IS_MEAN only)
     BLOCK_R: tl.constexpr, BLOCK_I: tl.constexpr, I_CONTIG: tl.constexpr, SPLIT_R: tl.constexpr,
     HAS_TAIL: tl.constexpr, ACC: tl.constexpr, FINAL: tl.constexpr, IS_MEAN: tl.constexpr,
-    OUT_BF16: tl.constexpr, INT64: tl.constexpr,
+    OUT_BF16: tl.constexpr, INT64: tl.constexpr, EVICT: tl.constexpr,
 ):
     pid = tl.program_id(0)  # o * blocks_of_i + block of i
     split = tl.program_id(1)
@@ -158,12 +162,12 @@ def _cols_kernel(
     for b in range(0, n_full):
         r = r_start + b * BLOCK_R + rr
         offs = r[:, None] * s_r + col_off[None, :]
-        acc += tl.load(x_ptr + offs, mask=col_mask[None, :], other=0.0).to(ACC)
+        acc += tl.load(x_ptr + offs, mask=col_mask[None, :], other=0.0, eviction_policy=EVICT).to(ACC)
     if HAS_TAIL:
         r = r_start + n_full * BLOCK_R + rr
         offs = r[:, None] * s_r + col_off[None, :]
         mask = (r < r_end)[:, None] & col_mask[None, :]
-        acc += tl.load(x_ptr + offs, mask=mask, other=0.0).to(ACC)
+        acc += tl.load(x_ptr + offs, mask=mask, other=0.0, eviction_policy=EVICT).to(ACC)
     total = tl.sum(acc, axis=0)  # [BLOCK_I]
     out_idx = o * I + cols
     if FINAL:
@@ -312,11 +316,15 @@ def workspace_numel(plan: ReducePlan) -> int:
 
 
 def launch(x: torch.Tensor, plan: ReducePlan, out: torch.Tensor, *, is_mean: bool, n_reduced: int,
-           acc_dtype: torch.dtype, final: bool = True) -> None:
-    """One kernel launch of ``plan`` on ``x``, writing ``out`` (result when ``final``, else partials)."""
+           acc_dtype: torch.dtype, final: bool = True, streamed: bool = True) -> None:
+    """One kernel launch of ``plan`` on ``x``, writing ``out`` (result when ``final``, else partials).
+
+    ``streamed``: ``x`` is read once from DRAM (loads get :data:`STREAM_EVICTION`); False for the stage-2
+    partials, which the stage-1 kernel has just written into L2."""
     int64 = needs_int64(x, out) or plan.K * plan.split > INT32_MAX
-    key = (plan, final, is_mean, acc_dtype, out.dtype, int64)
-    common = dict(
+    evict = STREAM_EVICTION if streamed else ""
+    key = (plan, final, is_mean, acc_dtype, out.dtype, int64, evict)
+    common = dict(EVICT=evict,
         SPLIT_R=plan.split > 1, HAS_TAIL=plan.R % plan.block_r != 0, ACC=_TL_ACC[acc_dtype],
         OUT_BF16=final and out.dtype == torch.bfloat16,
         FINAL=final, IS_MEAN=is_mean, INT64=int64,
@@ -351,7 +359,8 @@ def reduce_into(x: torch.Tensor, dims: tuple[int, ...], out: torch.Tensor, works
         raise ValueError(f"workspace must hold {workspace_numel(plan)} elements")
     partials = workspace[: workspace_numel(plan)].view(plan.split, plan.K)
     launch(x, plan, partials, is_mean=is_mean, n_reduced=n_reduced, acc_dtype=workspace.dtype, final=False)
-    launch(partials, stage2_plan(partials), out, is_mean=is_mean, n_reduced=n_reduced, acc_dtype=workspace.dtype)
+    launch(partials, stage2_plan(partials), out, is_mean=is_mean, n_reduced=n_reduced, acc_dtype=workspace.dtype,
+           streamed=False)
 
 
 def _acc(x: torch.Tensor, out: torch.Tensor) -> torch.dtype:
