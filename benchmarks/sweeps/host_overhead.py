@@ -103,7 +103,7 @@ def main() -> None:
     from fuselab.ops import _launch
 
     rows.append(("fuselab _launch.launch, 24 args", host_us(lambda: _launch.launch(
-        _empty24, "probe", (1,), args24, dict(C0=1, C1=2, C2=3, C3=4, C4=5)))))
+        _empty24, "probe", (1,), args24[:6], args24[6:], dict(C0=1, C1=2, C2=3, C3=4, C4=5)))))
     for name, us in rows:
         print(f"{name:40s} {us:8.1f} us/call", flush=True)
     knobs = _launch._runtime_knobs()

@@ -14,7 +14,7 @@ Three timings per provider, each a median over ``REPS`` calls with CUDA events a
   graph  ``GRAPH_CALLS`` back-to-back calls captured in a CUDA graph after a clean flush, per call
          (no host time, no launch gaps; steady state).
 Providers: torch, torch.compile, fuselab with ``evict_first`` streams, fuselab with the default policy.
-Then a bias_act sweep (dirty timing, as the lab): eviction × tile bytes × programs per SM.
+Then a bias_act sweep (dirty timing, as the lab) of the launchers' tile and grid knobs.
 Writes ``l2_probe.json`` and the Inductor sources of the bf16 reductions into ``--out``.
 """
 
@@ -24,68 +24,16 @@ from __future__ import annotations
 
 import argparse
 import json
-import statistics
 from pathlib import Path
 
 import torch
 import triton
-from triton.testing import do_bench
+from _timing import clean_flush, copy_gbps, dirty_flush, events_ms, graph_ms  # benchmarks/sweeps/_timing.py
 
 import fuselab
 from fuselab.ops import _bias_act_triton as ba
 from fuselab.ops import _reduce_triton as rt
 from fuselab.profile import _inductor_modules
-
-REPS = 60
-GRAPH_CALLS = 10
-FLUSH = torch.empty(256 * 2**20 // 4, dtype=torch.int32, device="cuda")
-
-
-def dirty_flush() -> None:
-    FLUSH.zero_()
-
-
-def clean_flush() -> None:
-    FLUSH.zero_()
-    FLUSH.max()  # read it back: the dirty lines are written out now, L2 holds clean lines
-
-
-def events_ms(fn, flush, reps: int = REPS) -> float:
-    for _ in range(3):
-        fn()
-    times = []
-    for _ in range(reps):
-        flush()
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        fn()
-        end.record()
-        times.append((start, end))
-    torch.cuda.synchronize()
-    return statistics.median(s.elapsed_time(e) for s, e in times)
-
-
-def graph_ms(fn) -> float:
-    stream = torch.cuda.Stream()
-    stream.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(stream):
-        for _ in range(3):
-            fn()
-    torch.cuda.current_stream().wait_stream(stream)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        for _ in range(GRAPH_CALLS):
-            fn()
-    return events_ms(graph.replay, clean_flush, reps=20) / GRAPH_CALLS
-
-
-def copy_gbps() -> float:
-    src = torch.randn(2**28, device="cuda")
-    dst = torch.empty_like(src)
-    ms = do_bench(lambda: dst.copy_(src), quantiles=[0.5])
-    ms = ms[0] if isinstance(ms, (list, tuple)) else ms
-    return 2 * src.numel() * 4 / ms / 1e6
-
 
 CASES = (((10000, 10000), torch.float32, None), ((2**28,), torch.float32, None), ((8192, 8192), torch.bfloat16, None),
          ((10000, 10000), torch.float32, -1), ((8192, 8192), torch.bfloat16, -1), ((65536, 512), torch.bfloat16, -1),
@@ -139,48 +87,58 @@ def reduce_probe(copy: float, out: Path) -> list[dict]:
 
 
 def bias_act_sweep(copy: float) -> list[dict]:
+    """Forward: tile bytes × programs per SM; backward: tile bytes × widest column block × programs per SM."""
     rows = []
     cases = (((65536, 512), torch.bfloat16, "relu"), ((16384, 4096), torch.bfloat16, "gelu_tanh"),
-             ((16384, 4096), torch.float32, "gelu_tanh"))
+             ((16384, 4096), torch.float32, "gelu_tanh"), ((262144, 1024), torch.bfloat16, "gelu_tanh"))
+    defaults = (ba.FWD_TILE_BYTES, ba.BWD_TILE_BYTES, ba.FWD_PROGRAMS_PER_SM, ba.BWD_PROGRAMS_PER_SM, ba.BWD_COL_BYTES)
+
+    def set_knobs(fwd_tile, bwd_tile, fwd_per_sm, bwd_per_sm, col_bytes):
+        ba.FWD_TILE_BYTES, ba.BWD_TILE_BYTES, ba.FWD_PROGRAMS_PER_SM, ba.BWD_PROGRAMS_PER_SM, ba.BWD_COL_BYTES = (
+            fwd_tile, bwd_tile, fwd_per_sm, bwd_per_sm, col_bytes)
+        ba._fwd_plan.cache_clear()
+        ba._bwd_plan.cache_clear()
+
     for (m, n), dtype, act in cases:
+        label = f"{m}x{n} {act} {str(dtype)[6:]}"
         x = torch.randn(m, n, dtype=dtype, device="cuda")
         r = torch.randn_like(x)
         b = torch.randn(n, dtype=dtype, device="cuda")
         g = torch.randn_like(x)
-        fwd_bytes = 3 * x.numel() * x.element_size()
-        bwd_bytes = 4 * x.numel() * x.element_size()  # read grad, saved (y or z); write dx, dr
+        mn_bytes = x.numel() * x.element_size()
         activation = torch.relu if act == "relu" else lambda z: torch.nn.functional.gelu(z, approximate="tanh")
         compiled = torch.compile(lambda x, r, b: activation(x + r + b), dynamic=False)
         expect = activation(x.double() + r.double() + b.double())
         base = events_ms(lambda: compiled(x, r, b), dirty_flush)
-        rows.append({"case": f"{m}x{n} {act} {str(dtype)[6:]}", "variant": "torch.compile fwd", "us": base * 1e3,
-                     "frac": fwd_bytes / base / 1e6 / copy})
-        print(f"{rows[-1]['case']:28s} torch.compile fwd {base * 1e3:7.1f}us {rows[-1]['frac']:.2f}", flush=True)
-        z = (x.float() + r.float() + b.float()).to(dtype)
-        for evict in ("evict_first", ""):
-            for tile in (8192, 16384, 32768):
-                for per_sm in (4, 16, 64):
-                    ba.STREAM_EVICTION, ba.TILE_BYTES = evict, tile
-                    ba.FWD_PROGRAMS_PER_SM = ba.BWD_PROGRAMS_PER_SM = per_sm
-                    ba._fwd_plan.cache_clear()
-                    ba._bwd_plan.cache_clear()
-                    y = torch.empty_like(x)
-                    fwd = events_ms(lambda: ba.bias_act_fwd_(x, b, r, y, None, 1.0, act), dirty_flush)
-                    err = ((y.double() - expect).abs() / (expect.abs() + 1)).max().item()
-                    gx, gr = torch.empty_like(x), torch.empty_like(x)
-                    gb = torch.empty(n, dtype=dtype, device="cuda")
+        rows.append({"case": label, "pass": "fwd", "variant": "torch.compile", "us": base * 1e3,
+                     "frac": 3 * mn_bytes / base / 1e6 / copy})
+        print(f"{label:28s} fwd torch.compile {base * 1e3:7.1f}us {rows[-1]['frac']:.2f}", flush=True)
+        y = torch.empty_like(x)
+        for tile in (16384, 32768):
+            for per_sm in (16, 64, 256):
+                set_knobs(tile, defaults[1], per_sm, defaults[3], defaults[4])
+                ms = events_ms(lambda: ba.bias_act_fwd_(x, b, r, y, None, 1.0, act), dirty_flush)
+                err = ((y.double() - expect).abs() / (expect.abs() + 1)).max().item()
+                rows.append({"case": label, "pass": "fwd", "variant": f"tile={tile} per_sm={per_sm}", "us": ms * 1e3,
+                             "frac": 3 * mn_bytes / ms / 1e6 / copy, "err": err})
+                print(f"{label:28s} fwd {rows[-1]['variant']:36s} {ms * 1e3:7.1f}us {rows[-1]['frac']:.2f}"
+                      f"  err {err:.1e}", flush=True)
+        # backward: read grad, saved (y for relu, z otherwise); write grad_x, grad_residual; fused bias grad
+        saved = torch.relu(x) if act == "relu" else (x.float() + r.float() + b.float()).to(dtype)
+        gx, gr = torch.empty_like(x), torch.empty_like(x)
+        gb = torch.empty(n, dtype=dtype, device="cuda")
+        for tile in (8192, 16384):
+            for col_bytes in (512, 2048, 65536):
+                for per_sm in (4, 8, 16):
+                    set_knobs(defaults[0], tile, defaults[2], per_sm, col_bytes)
                     part = torch.empty(ba.bwd_partial_rows(m, n, dtype, x.device), n, device="cuda")
-                    saved = y if act == "relu" else z
-                    bwd = events_ms(lambda: ba.bias_act_bwd_(g, saved, None, 1.0, act, gx, gr, part, gb), dirty_flush)
-                    bwd_moved = bwd_bytes
-                    rec = {"case": f"{m}x{n} {act} {str(dtype)[6:]}",
-                           "variant": f"evict={evict or 'default'} tile={tile} per_sm={per_sm}", "fwd_err": err,
-                           "fwd_us": fwd * 1e3, "fwd_frac": fwd_bytes / fwd / 1e6 / copy,
-                           "bwd_us": bwd * 1e3, "bwd_frac": bwd_moved / bwd / 1e6 / copy}
-                    rows.append(rec)
-                    print(f"{rec['case']:28s} {rec['variant']:40s} fwd {rec['fwd_us']:7.1f}us {rec['fwd_frac']:.2f}"
-                          f"  bwd {rec['bwd_us']:7.1f}us {rec['bwd_frac']:.2f}  err {err:.1e}", flush=True)
-    ba.STREAM_EVICTION, ba.TILE_BYTES, ba.FWD_PROGRAMS_PER_SM, ba.BWD_PROGRAMS_PER_SM = "evict_first", 16384, 16, 4
+                    ms = events_ms(lambda: ba.bias_act_bwd_(g, saved, None, 1.0, act, gx, gr, part, gb), dirty_flush)
+                    variant = f"tile={tile} col={col_bytes} per_sm={per_sm}"
+                    frac = 4 * mn_bytes / ms / 1e6 / copy
+                    rows.append({"case": label, "pass": "bwd", "variant": variant, "us": ms * 1e3, "frac": frac})
+                    print(f"{label:28s} bwd {rows[-1]['variant']:36s} {ms * 1e3:7.1f}us {rows[-1]['frac']:.2f}",
+                          flush=True)
+        set_knobs(*defaults)
     return rows
 
 

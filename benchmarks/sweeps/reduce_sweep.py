@@ -4,7 +4,8 @@
 
 For each case of the ``reduce`` suite (mean over all / dim=-1 / dim=0) and each setting of
 (TILE_BYTES, PROGRAMS_PER_SM, MIN_COL_BYTES, num_warps), the planner's constants are patched, the plan is
-rebuilt, and ``fuselab.mean`` is timed with ``triton.testing.do_bench`` (median). Fractions are of the
+rebuilt, and ``fuselab.mean`` is timed with CUDA events after do_bench's kind of L2 flush (median; ``_timing.py``).
+``--cases`` keeps the cases whose label contains one of the given strings. Fractions are of the
 D2D copy bandwidth measured in the same run (read + write counted). This is an exploration tool: the
 numbers it prints decide the planner's defaults (see benchmarks/notes/reduce.md), the lab measures them.
 """
@@ -17,7 +18,7 @@ import itertools
 import json
 
 import torch
-from triton.testing import do_bench
+from _timing import copy_gbps, dirty_flush, events_ms
 
 from fuselab.ops import _reduce_triton as K
 from fuselab.reference import reduce as ref
@@ -35,13 +36,6 @@ CASES = [  # (label, shape, dtype, dim)
 ]
 
 
-def copy_gbps() -> float:
-    src = torch.randn(2**28, device="cuda")
-    dst = torch.empty_like(src)
-    ms = do_bench(lambda: dst.copy_(src), rep=200)
-    return 2 * src.numel() * 4 / ms / 1e6
-
-
 def run_once(x: torch.Tensor, dims: tuple[int, ...], warps: int | None):
     src, kept, red = K.prepare(x, dims)
     plan = K.plan_reduction(src, kept, red)
@@ -56,17 +50,20 @@ def run_once(x: torch.Tensor, dims: tuple[int, ...], warps: int | None):
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--out", default=None)
+    parser.add_argument("--cases", nargs="*", default=None)
     args = parser.parse_args()
     copy = copy_gbps()
     print(f"device {torch.cuda.get_device_name()}  copy {copy:.0f} GB/s", flush=True)
     defaults = (K.TILE_BYTES, K.PROGRAMS_PER_SM, K.MIN_COL_BYTES)
     rows = []
     for label, shape, dtype, dim in CASES:
+        if args.cases and not any(c in f"{label} {str(dtype)[6:]}" for c in args.cases):
+            continue
         x = torch.randn(shape, device="cuda", dtype=dtype)
         dims = ref.normalize_dims(x, dim)
         nbytes = x.numel() * x.element_size()
         cols_case = dim == 0
-        grid = itertools.product((16384, 32768, 65536), (4, 8, 16), (128, 256, 512) if cols_case else (128,),
+        grid = itertools.product((4096, 8192, 16384, 32768), (4, 8, 16), (128, 512) if cols_case else (128,),
                                  (None, 4, 8, 16))
         results = []
         for tile, per_sm, min_col, warps in grid:
@@ -75,7 +72,7 @@ def main() -> None:
             plan, fn = run_once(x, dims, warps)
             if warps is not None and warps == plan.num_warps:
                 continue
-            ms = do_bench(fn, rep=40)
+            ms = events_ms(fn, dirty_flush, reps=30)
             frac = nbytes / ms / 1e6 / copy
             is_default = (tile, per_sm, min_col, warps) == (*defaults, None)
             results.append(dict(case=label, tile=tile, per_sm=per_sm, min_col=min_col, warps=plan.num_warps,

@@ -25,14 +25,20 @@ from fuselab.ops._launch import INT32_MAX, cdiv, launch, needs_int64, next_power
 #: activation name -> constexpr id used by the kernels (order of fuselab.ACTIVATIONS)
 ACT_IDS: dict[str, int] = {"none": 0, "relu": 1, "relu2": 2, "sigmoid": 3, "silu": 4, "gelu": 5, "gelu_tanh": 6}
 
-#: tuning knobs (module constants so a GPU sweep can change them): bytes of one tensor tile, programs per SM
-TILE_BYTES = 16384
-FWD_PROGRAMS_PER_SM = 16
+#: tuning knobs (module constants so a GPU sweep, benchmarks/sweeps/l2_probe.py, can change them): bytes of one
+#: tensor tile, programs per SM, widest backward column block (bytes of one row segment). H100 sweep: the forward
+#: is best with about one tile per program (64 per SM; 0.96-0.99 of copy bandwidth vs 0.92-0.97 at 16); the
+#: backward with few programs that accumulate their bias partials over many tiles, and 8 KiB tiles.
+FWD_TILE_BYTES = 16384
+BWD_TILE_BYTES = 8192
+FWD_PROGRAMS_PER_SM = 64
 BWD_PROGRAMS_PER_SM = 4
+BWD_COL_BYTES = 512
 MAX_WARPS = 8
-#: eviction hint of the streamed (read-once) loads; "" is Triton's default. The bias row is reused by every
-#: tile of a program and is loaded with "evict_last".
-STREAM_EVICTION = "evict_first"
+#: eviction hint of the streamed (read-once) loads; "" is Triton's default, which measured as fast or faster
+#: than "evict_first" here (the kernels write as much as they read). The bias row is reused by every tile of a
+#: program and is loaded with "evict_last".
+STREAM_EVICTION = ""
 
 
 @triton.jit
@@ -85,6 +91,7 @@ def _bias_act_fwd_kernel(
     B,  # [N] bias, stride stride_b; read only if HAS_BIAS
     Y,  # [M, N] output y, strides (stride_ym, stride_yn) (Y is X when in place)
     Z,  # [M, N] contiguous pre-activation for the backward; written only if SAVE_PRE
+    alpha,  # python float, scale of the residual
     M,
     N,
     stride_xm,
@@ -94,7 +101,6 @@ def _bias_act_fwd_kernel(
     stride_b,
     stride_ym,
     stride_yn,
-    alpha,  # python float, scale of the residual
     ACTIVATION: tl.constexpr,
     HAS_RESIDUAL: tl.constexpr,
     HAS_BIAS: tl.constexpr,
@@ -143,6 +149,7 @@ def _bias_act_bwd_kernel(
     DX,  # [M, N] contiguous grad of x = dz; written only if WRITE_DX
     DR,  # [M, N] contiguous grad of residual = alpha * dz; written only if WRITE_DR
     P,  # [grid_m, N] contiguous fp32 (fp64) partial column sums of dz (bias grad, stage 1); only if HAS_BIAS
+    alpha,  # python float, scale of the residual's gradient
     M,
     N,
     stride_gm,
@@ -150,7 +157,6 @@ def _bias_act_bwd_kernel(
     stride_sm,
     stride_sn,
     stride_shift,
-    alpha,
     ACTIVATION: tl.constexpr,
     HAS_SHIFT: tl.constexpr,
     WRITE_DX: tl.constexpr,
@@ -225,10 +231,10 @@ def _acc_dtype(dtype: torch.dtype):
     return tl.float64 if dtype == torch.float64 else tl.float32
 
 
-def _tile(M: int, N: int, elem_size: int) -> tuple[int, int, int]:
-    """(BLOCK_M, BLOCK_N, num_warps): a TILE_BYTES tile per tensor, whole rows when they fit."""
-    tile_elems = max(16, TILE_BYTES // elem_size)
-    block_n = min(next_power_of_2(N), tile_elems)
+def _tile(M: int, N: int, elem_size: int, tile_bytes: int, col_bytes: int) -> tuple[int, int, int]:
+    """(BLOCK_M, BLOCK_N, num_warps): a ``tile_bytes`` tile per tensor, rows of at most ``col_bytes``."""
+    tile_elems = max(16, tile_bytes // elem_size)
+    block_n = min(next_power_of_2(N), tile_elems, max(16, col_bytes // elem_size))
     block_m = max(1, min(tile_elems // block_n, next_power_of_2(M)))
     # 16-byte vectors: one warp covers 32 * 16 bytes; aim for ~4 vectors per thread per tensor
     warps = (block_m * block_n * elem_size) // (32 * 16 * 4)
@@ -245,14 +251,15 @@ def _grid(M: int, N: int, block_m: int, block_n: int, sms: int, per_sm: int) -> 
 @functools.lru_cache(maxsize=1024)
 def _fwd_plan(M: int, N: int, elem_size: int, sms: int) -> tuple[tuple[int, int], int, int, int]:
     """(grid, BLOCK_M, BLOCK_N, num_warps) of the forward kernel (cached: launch plans cost host time)."""
-    block_m, block_n, num_warps = _tile(M, N, elem_size)
+    block_m, block_n, num_warps = _tile(M, N, elem_size, FWD_TILE_BYTES, FWD_TILE_BYTES)
     return _grid(M, N, block_m, block_n, sms, FWD_PROGRAMS_PER_SM), block_m, block_n, num_warps
 
 
 @functools.lru_cache(maxsize=1024)
 def _bwd_plan(M: int, N: int, elem_size: int, sms: int) -> tuple:
     """(grid, BLOCK_M, BLOCK_N, num_warps, column-sum grid, BLOCK_R, BLOCK_N2) of the backward kernels."""
-    block_m, block_n, num_warps = _tile(M, N, elem_size)
+    # narrow column blocks: the [grid_m, N] fp32 bias partials shrink with grid_m = programs / grid_n
+    block_m, block_n, num_warps = _tile(M, N, elem_size, BWD_TILE_BYTES, BWD_COL_BYTES)
     grid = _grid(M, N, block_m, block_n, sms, BWD_PROGRAMS_PER_SM)
     # column sum of the [grid_m, N] partials: narrow column blocks (down to 128-byte rows) until there are
     # ~2 programs per SM; with few wide programs this small L2-resident pass was latency-bound (47 µs for
@@ -294,14 +301,13 @@ def bias_act_fwd_(
     grid, block_m, block_n, num_warps = _fwd_plan(M, N, x.element_size(), sm_count(x.device))
     r = residual if residual is not None else x
     int64 = needs_int64(x, residual, out, pre) or M * N > INT32_MAX
-    args = (x, r, bias if bias is not None else x, out, pre if pre is not None else out, M, N,
-            x.stride(0), x.stride(1), r.stride(0), r.stride(1), bias.stride(0) if bias is not None else 0,
-            out.stride(0), out.stride(1), float(alpha))
+    tensors = (x, r, bias if bias is not None else x, out, pre if pre is not None else out)
+    scalars = (float(alpha), M, N, *x.stride(), *r.stride(), bias.stride(0) if bias is not None else 0, *out.stride())
     flags = (ACT_IDS[activation], residual is not None, bias is not None, pre is not None, x.dtype, int64)
-    launch(_bias_act_fwd_kernel, (flags, block_m, block_n, num_warps, STREAM_EVICTION), grid, args, dict(
+    launch(_bias_act_fwd_kernel, (flags, block_m, block_n, num_warps, STREAM_EVICTION), grid, tensors, scalars, dict(
         ACTIVATION=flags[0], HAS_RESIDUAL=flags[1], HAS_BIAS=flags[2], SAVE_PRE=flags[3],
         ACC=_acc_dtype(x.dtype), INT64=int64, BLOCK_M=block_m, BLOCK_N=block_n, EVICT=STREAM_EVICTION,
-        num_warps=num_warps))
+        num_warps=num_warps), dynamic=1)
 
 
 def bias_act_bwd_(
@@ -340,16 +346,16 @@ def bias_act_bwd_(
     s = saved if saved is not None else grad
     acc = _acc_dtype(grad.dtype)
     int64 = needs_int64(grad, s) or M * N > INT32_MAX
-    args = (grad, s, shift if shift is not None else grad, grad_x if grad_x is not None else grad,
-            grad_residual if grad_residual is not None else grad, partial if partial is not None else grad,
-            M, N, grad.stride(0), grad.stride(1), s.stride(0), s.stride(1),
-            shift.stride(0) if shift is not None else 0, float(alpha))
+    tensors = (grad, s, shift if shift is not None else grad, grad_x if grad_x is not None else grad,
+               grad_residual if grad_residual is not None else grad, partial if partial is not None else grad)
+    scalars = (float(alpha), M, N, *grad.stride(), *s.stride(), shift.stride(0) if shift is not None else 0)
     flags = (ACT_IDS[activation], shift is not None, grad_x is not None, grad_residual is not None,
              grad_bias is not None, grad.dtype, int64)
-    launch(_bias_act_bwd_kernel, (flags, block_m, block_n, num_warps, STREAM_EVICTION), grid, args, dict(
+    launch(_bias_act_bwd_kernel, (flags, block_m, block_n, num_warps, STREAM_EVICTION), grid, tensors, scalars, dict(
         ACTIVATION=flags[0], HAS_SHIFT=flags[1], WRITE_DX=flags[2], WRITE_DR=flags[3], HAS_BIAS=flags[4],
-        ACC=acc, INT64=int64, BLOCK_M=block_m, BLOCK_N=block_n, EVICT=STREAM_EVICTION, num_warps=num_warps))
+        ACC=acc, INT64=int64, BLOCK_M=block_m, BLOCK_N=block_n, EVICT=STREAM_EVICTION, num_warps=num_warps),
+        dynamic=1)
     if grad_bias is not None:
         launch(_column_sum_kernel, (grad.dtype, block_r, block_n2), sum_grid,
-               (partial, grad_bias, partial.shape[0], N, grad_bias.stride(0)),
+               (partial, grad_bias), (partial.shape[0], N, grad_bias.stride(0)),
                dict(ACC=acc, BLOCK_R=block_r, BLOCK_N=block_n2, num_warps=4))

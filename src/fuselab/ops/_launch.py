@@ -66,32 +66,40 @@ def _int_class(a: int) -> int:
     return (a == 1) + 2 * (a % 16 == 0) + 4 * (-(2**31) <= a < 2**31)
 
 
-def launch(kernel, key: Hashable, grid: tuple[int, ...], args: tuple, constexprs: dict[str, Any]) -> None:
-    """``kernel[grid](*args, **constexprs)`` with less host time per call on GPUs.
+def _scalar_class(a) -> object:
+    return _int_class(a) if type(a) is int else type(a)
+
+
+def launch(kernel, key: Hashable, grid: tuple[int, ...], tensors: tuple[torch.Tensor, ...], scalars: tuple,
+           constexprs: dict[str, Any], *, dynamic: int = 0) -> None:
+    """``kernel[grid](*tensors, *scalars, **constexprs)`` with less host time per call on GPUs.
 
     ``JITFunction.run`` binds and specializes every argument on every call (17-29 µs per launch on the
     H100 machine's host, where a torch kernel launch costs 6-10 µs). The first call of each signature
     goes through it and compiles; later calls with the same signature call the cached
-    ``CompiledKernel``'s launcher directly (9-15 µs, ``benchmarks/sweeps/host_overhead.py``). The
-    signature covers what Triton specializes on: ``key`` (the caller's identity for ``constexprs``:
-    block sizes, flags, warps), every tensor's dtype and 16-byte alignment, every int argument's class
-    (1, a multiple of 16, int32 or wider), other arguments' types, and the current device. ``args`` are
-    the leading runtime parameters in order; ``constexprs`` name all the remaining ones (plus options
-    such as ``num_warps``). Launch hooks (profilers) are honoured as ``JITFunction.run`` does. Under the
+    ``CompiledKernel``'s launcher directly. The signature covers everything Triton specializes on:
+    ``key`` (the caller's identity for ``constexprs``: block sizes, flags, warps), each tensor's dtype
+    and 16-byte alignment, the current device, and the scalars: the first ``dynamic`` of them (values
+    that change from call to call, e.g. a decoding offset or a scale) by Triton's class (int: 1, a
+    multiple of 16, int32 or wider; others: their type), the rest (sizes and strides) by value, a
+    single C-level tuple instead of one Python step per argument (the per-argument signature was 20 µs
+    of a 26 µs launch with 24 arguments on that host). ``tensors`` are the kernel's leading parameters,
+    then ``scalars`` in order; ``constexprs`` name all the remaining ones (plus options such as
+    ``num_warps``). Launch hooks (profilers) are honoured as ``JITFunction.run`` does. Under the
     interpreter, or on a Triton without ``triton.knobs``, it is the plain launch.
     """
     knobs = _runtime_knobs()
-    if not args[0].is_cuda or knobs is None:
-        kernel[grid](*args, **constexprs)
+    if not tensors[0].is_cuda or knobs is None:
+        kernel[grid](*tensors, *scalars, **constexprs)
         return
     device = torch.cuda.current_device()
-    signature = (id(kernel), key, device,
-                 tuple((a.dtype, a.data_ptr() % 16 == 0) if isinstance(a, torch.Tensor) else
-                       _int_class(a) if type(a) is int else type(a) for a in args))
+    signature = (id(kernel), key, device, tuple([(t.dtype, t.data_ptr() & 15 == 0) for t in tensors]),
+                 tuple([_scalar_class(a) for a in scalars[:dynamic]]) if dynamic else None,
+                 scalars[dynamic:] if dynamic else scalars)
     hit = _COMPILED.get(signature)
     if hit is None:
-        compiled = kernel[grid](*args, **constexprs)
-        tail = tuple(constexprs[name] for name in kernel.arg_names[len(args):])
+        compiled = kernel[grid](*tensors, *scalars, **constexprs)
+        tail = tuple(constexprs[name] for name in kernel.arg_names[len(tensors) + len(scalars):])
         if len(_COMPILED) > 8192:
             _COMPILED.clear()
         _COMPILED[signature] = (compiled, tail)
@@ -101,6 +109,6 @@ def launch(kernel, key: Hashable, grid: tuple[int, ...], args: tuple, constexprs
     grid_y = grid[1] if len(grid) > 1 else 1
     grid_z = grid[2] if len(grid) > 2 else 1
     enter, leave = _active(knobs.launch_enter_hook), _active(knobs.launch_exit_hook)
-    metadata = compiled.launch_metadata(grid, stream, *args, *tail) if enter is not None else None
+    metadata = compiled.launch_metadata(grid, stream, *tensors, *scalars, *tail) if enter is not None else None
     compiled.run(grid[0], grid_y, grid_z, stream, compiled.function, compiled.packed_metadata, metadata, enter, leave,
-                 *args, *tail)
+                 *tensors, *scalars, *tail)

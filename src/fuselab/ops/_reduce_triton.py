@@ -331,14 +331,14 @@ def launch(x: torch.Tensor, plan: ReducePlan, out: torch.Tensor, *, is_mean: boo
         num_warps=plan.num_warps,
     )
     if plan.kind == "rows":
-        args = (x, out, plan.K, plan.I, plan.R, plan.s_o, plan.s_i, plan.s_r, plan.r_per_split, n_reduced)
+        scalars = (plan.K, plan.I, plan.R, plan.s_o, plan.s_i, plan.s_r, plan.r_per_split, n_reduced)
         constexprs = dict(ROWS=plan.block_i, BLOCK_R=plan.block_r, HAS_I=plan.I > 1, R_CONTIG=plan.s_r == 1,
                           **common)
-        launch_kernel(_rows_kernel, key, plan.grid, args, constexprs)
+        launch_kernel(_rows_kernel, key, plan.grid, (x, out), scalars, constexprs)
     else:
-        args = (x, out, plan.O, plan.I, plan.R, plan.s_o, plan.s_r, plan.s_i, plan.r_per_split, n_reduced)
+        scalars = (plan.O, plan.I, plan.R, plan.s_o, plan.s_r, plan.s_i, plan.r_per_split, n_reduced)
         constexprs = dict(BLOCK_R=plan.block_r, BLOCK_I=plan.block_i, I_CONTIG=plan.s_i == 1, **common)
-        launch_kernel(_cols_kernel, key, plan.grid, args, constexprs)
+        launch_kernel(_cols_kernel, key, plan.grid, (x, out), scalars, constexprs)
 
 
 def reduce_into(x: torch.Tensor, dims: tuple[int, ...], out: torch.Tensor, workspace: torch.Tensor | None, *,

@@ -222,11 +222,12 @@ def rope_launch(q: torch.Tensor, k: torch.Tensor | None, q_out: torch.Tensor, k_
         return
     base = max(q.storage_offset(), kk.storage_offset(), q_out.storage_offset(), ko.storage_offset())
     wide = extent + base > INT32_MAX
-    args = (q, kk, q_out, ko, cos if cos is not None else q, sin if sin is not None else q,
-            inv_freq if inv_freq is not None else q, positions if positions is not None else q,
-            offsets if offsets is not None else q, cu_seqlens if cu_seqlens is not None else q,
-            int(offset), float(mscale), *ints)
-    launch(_rope_kernel, (key, wide), grid, args, constexprs64 if wide else constexprs)
+    tensors = (q, kk, q_out, ko, cos if cos is not None else q, sin if sin is not None else q,
+               inv_freq if inv_freq is not None else q, positions if positions is not None else q,
+               offsets if offsets is not None else q, cu_seqlens if cu_seqlens is not None else q)
+    # offset and mscale may change every call (decoding): keyed by class; the plan's ints by value
+    launch(_rope_kernel, (key, wide), grid, tensors, (int(offset), float(mscale), *ints),
+           constexprs64 if wide else constexprs, dynamic=2)
 
 
 #: launch plans: (layout, shapes, strides, flags) -> (grid, int args, constexprs, 64-bit constexprs, extent)

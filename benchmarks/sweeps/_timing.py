@@ -1,0 +1,63 @@
+"""Timing helpers of the sweeps: CUDA events around single calls after a chosen L2 flush, CUDA-graph replay.
+
+The scripts in this folder run as ``python3 benchmarks/sweeps/NAME.py`` (this folder is then on sys.path).
+"""
+
+from __future__ import annotations
+
+import statistics
+
+import torch
+from triton.testing import do_bench
+
+REPS = 60
+GRAPH_CALLS = 10
+FLUSH = torch.empty(256 * 2**20 // 4, dtype=torch.int32, device="cuda")
+
+
+def dirty_flush() -> None:
+    FLUSH.zero_()
+
+
+def clean_flush() -> None:
+    FLUSH.zero_()
+    FLUSH.max()  # read it back: the dirty lines are written out now, L2 holds clean lines
+
+
+def events_ms(fn, flush, reps: int = REPS) -> float:
+    for _ in range(3):
+        fn()
+    times = []
+    for _ in range(reps):
+        flush()
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        fn()
+        end.record()
+        times.append((start, end))
+    torch.cuda.synchronize()
+    return statistics.median(s.elapsed_time(e) for s, e in times)
+
+
+def graph_ms(fn) -> float:
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        for _ in range(3):
+            fn()
+    torch.cuda.current_stream().wait_stream(stream)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        for _ in range(GRAPH_CALLS):
+            fn()
+    return events_ms(graph.replay, clean_flush, reps=20) / GRAPH_CALLS
+
+
+def copy_gbps() -> float:
+    src = torch.randn(2**28, device="cuda")
+    dst = torch.empty_like(src)
+    ms = do_bench(lambda: dst.copy_(src), quantiles=[0.5])
+    ms = ms[0] if isinstance(ms, (list, tuple)) else ms
+    return 2 * src.numel() * 4 / ms / 1e6
+
+
