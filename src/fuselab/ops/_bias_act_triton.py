@@ -27,11 +27,11 @@ ACT_IDS: dict[str, int] = {"none": 0, "relu": 1, "relu2": 2, "sigmoid": 3, "silu
 
 #: tuning knobs (module constants so a GPU sweep, benchmarks/sweeps/l2_probe.py, can change them): bytes of one
 #: tensor tile, programs per SM, widest backward column block (bytes of one row segment). H100 sweep: the forward
-#: is best with about one tile per program (64 per SM; 0.96-0.99 of copy bandwidth vs 0.92-0.97 at 16); the
+#: is best with one tile per program (up to 256 per SM; 0.92-1.01 of copy bandwidth vs 0.91-0.97 at 16); the
 #: backward with few programs that accumulate their bias partials over many tiles, and 8 KiB tiles.
 FWD_TILE_BYTES = 16384
 BWD_TILE_BYTES = 8192
-FWD_PROGRAMS_PER_SM = 64
+FWD_PROGRAMS_PER_SM = 256
 BWD_PROGRAMS_PER_SM = 4
 BWD_COL_BYTES = 512
 MAX_WARPS = 8

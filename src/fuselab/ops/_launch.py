@@ -33,6 +33,8 @@ def sm_count(device: torch.device) -> int:
 
 def max_element_offset(t: torch.Tensor) -> int:
     """Largest element offset a kernel can reach through ``t``'s strides (storage offset included)."""
+    if t.is_contiguous():  # the common case, without a Python loop over the dims
+        return t.storage_offset() + max(t.numel() - 1, 0)
     if t.numel() == 0:
         return 0
     return t.storage_offset() + sum((s - 1) * abs(st) for s, st in zip(t.shape, t.stride()))

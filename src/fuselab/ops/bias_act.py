@@ -64,10 +64,11 @@ def _needs_pre(activation: str, residual) -> bool:
     return ref.SAVED[activation] == "pre" and residual is not None
 
 
-def _forward(x, bias, residual, alpha: float, activation: str, save_pre: bool) -> tuple[torch.Tensor, torch.Tensor]:
-    """Allocating forward: (y contiguous like x, z or an empty tensor)."""
+def _forward(x, bias, residual, alpha: float, activation: str,
+             save_pre: bool) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """Allocating forward: (y contiguous like x, z when ``save_pre`` else None)."""
     y = torch.empty(x.shape, dtype=x.dtype, device=x.device)
-    pre = torch.empty(x.shape if save_pre else (0,), dtype=x.dtype, device=x.device)
+    pre = torch.empty(x.shape, dtype=x.dtype, device=x.device) if save_pre else None
     if use_triton(x.device):
         from fuselab.ops._bias_act_triton import bias_act_fwd_
 
@@ -141,7 +142,8 @@ def _backward(grad, saved, shift, alpha: float, activation: str, x_dtype, residu
 @torch.library.custom_op("fuselab::bias_act_fwd", mutates_args=())
 def _fwd_op(x: torch.Tensor, bias: torch.Tensor | None, residual: torch.Tensor | None, alpha: float,
             activation: str, save_pre: bool) -> tuple[torch.Tensor, torch.Tensor]:
-    return _forward(x, bias, residual, alpha, activation, save_pre)
+    y, pre = _forward(x, bias, residual, alpha, activation, save_pre)
+    return y, pre if pre is not None else x.new_empty((0,))  # custom ops return tensors
 
 
 @_fwd_op.register_fake
@@ -169,7 +171,8 @@ def _(grad, saved, shift, alpha, activation, x_dtype, residual_dtype, bias_dtype
 def _setup_context(ctx, inputs, output):
     x, bias, residual, alpha, activation, save_pre = inputs
     y, pre = output
-    ctx.mark_non_differentiable(pre)
+    if pre is not None:  # the custom op's second output (an empty tensor when z is not kept)
+        ctx.mark_non_differentiable(pre)
     kind = ref.SAVED[activation]
     if kind == "output":
         ctx.save_for_backward(y)
@@ -219,10 +222,10 @@ class _BiasActFunction(torch.autograd.Function):
         # arguments through inspect.signature, tens of microseconds per call
         y, pre = _forward(x, bias, residual, alpha, activation, save_pre)
         _setup_context(ctx, (x, bias, residual, alpha, activation, save_pre), (y, pre))
-        return y, pre
+        return y
 
     @staticmethod
-    def backward(ctx, grad_y, grad_pre):
+    def backward(ctx, grad_y):
         return _input_grads(ctx, grad_y, _backward)
 
 
@@ -295,5 +298,5 @@ def bias_act(
             return ref.bias_act(x, bias, residual, alpha, activation)
         if not needs_grad:  # no autograd, no dispatcher: straight to the launcher
             return _forward(x, bias, residual, alpha, activation, False)[0]
-        return _BiasActFunction.apply(x, bias, residual, alpha, activation, save_pre)[0]
+        return _BiasActFunction.apply(x, bias, residual, alpha, activation, save_pre)
     return torch.ops.fuselab.bias_act_fwd(x, bias, residual, alpha, activation, save_pre)[0]
