@@ -54,7 +54,7 @@ def main() -> None:
     args = parser.parse_args()
     copy = copy_gbps()
     print(f"device {torch.cuda.get_device_name()}  copy {copy:.0f} GB/s", flush=True)
-    defaults = (K.TILE_BYTES, K.PROGRAMS_PER_SM, K.MIN_COL_BYTES)
+    defaults = (dict(K.TILE_BYTES), K.PROGRAMS_PER_SM, K.MIN_COL_BYTES)
     rows = []
     for label, shape, dtype, dim in CASES:
         if args.cases and not any(c in f"{label} {str(dtype)[6:]}" for c in args.cases):
@@ -67,14 +67,14 @@ def main() -> None:
                                  (None, 4, 8, 16))
         results = []
         for tile, per_sm, min_col, warps in grid:
-            K.TILE_BYTES, K.PROGRAMS_PER_SM, K.MIN_COL_BYTES = tile, per_sm, min_col
+            K.TILE_BYTES, K.PROGRAMS_PER_SM, K.MIN_COL_BYTES = dict.fromkeys((2, 4, 8), tile), per_sm, min_col
             K._plan.cache_clear()
             plan, fn = run_once(x, dims, warps)
             if warps is not None and warps == plan.num_warps:
                 continue
             ms = events_ms(fn, dirty_flush, reps=30)
             frac = nbytes / ms / 1e6 / copy
-            is_default = (tile, per_sm, min_col, warps) == (*defaults, None)
+            is_default = (tile, per_sm, min_col, warps) == (defaults[0][x.element_size()], *defaults[1:], None)
             results.append(dict(case=label, tile=tile, per_sm=per_sm, min_col=min_col, warps=plan.num_warps,
                                 grid=list(plan.grid), block_r=plan.block_r, block_i=plan.block_i, us=ms * 1e3,
                                 fraction=frac, default=is_default))

@@ -35,19 +35,20 @@ import triton.language as tl
 from ._launch import INT32_MAX, cdiv, needs_int64, next_power_of_2, sm_count
 from ._launch import launch as launch_kernel
 
-#: bytes each program loads per loop iteration (enough in flight to cover DRAM latency). H100 sweep
-#: (benchmarks/sweeps/reduce_sweep.py): 8 KiB beats 16 KiB by 1-4% in every bf16 case and dim=0 fp32
-TILE_BYTES = 8192
+#: bytes each program loads per loop iteration (enough in flight to cover DRAM latency), by element size. H100
+#: sweeps (benchmarks/sweeps/reduce_sweep.py): 8 KiB beats 16 KiB by 1-4% for bf16; fp32 is best at 16-32 KiB
+TILE_BYTES = {2: 8192, 4: 16384, 8: 16384}
 #: the same under the interpreter (CPU): larger tiles, fewer (serially run) programs
 INTERPRETER_TILE_BYTES = 262144
 #: programs per SM a split reduction aims for (≈ two resident waves of 8-warp programs: small tail effect)
 PROGRAMS_PER_SM = 8
 #: narrowest column tile of the cols kernel: one 128-byte line per row
 MIN_COL_BYTES = 128
-#: cache eviction hint of the input loads (read once): "evict_first" keeps the stream from displacing
-#: other L2 contents (in a benchmark after an L2 flush: the flush's dirty lines, whose write-back would
-#: otherwise share DRAM bandwidth with the read). "" is Triton's default policy.
-STREAM_EVICTION = "evict_first"
+#: cache eviction hint of the input loads (read once), by element size. "evict_first" keeps the stream from
+#: displacing other L2 contents: after an L2 flush that wrote (do_bench's), the flush's dirty lines, whose
+#: write-back would otherwise share DRAM bandwidth with the read. On the H100 it lifts the 64-134 MB bf16 cases by
+#: 8-33% (benchmarks/sweeps/l2_probe.py) but costs the 0.4-1 GB fp32 ones 2-4%. "" is Triton's default policy.
+STREAM_EVICTION = {2: "evict_first", 4: "", 8: ""}
 #: widest column tile of the cols kernel (1 KiB rows on GPUs), and most rows per program of the rows
 #: kernel, as a fraction of the tile
 MAX_COL_FRACTION = 16
@@ -260,7 +261,7 @@ def plan_reduction(x: torch.Tensor, kept, red: tuple[int, int], *, allow_split: 
 def _plan(kept: tuple[tuple[int, int], ...], red: tuple[int, int], elsize: int, on_gpu: bool, target: int,
           allow_split: bool) -> ReducePlan:
     R, s_r = red
-    tile = (TILE_BYTES if on_gpu else INTERPRETER_TILE_BYTES) // elsize
+    tile = (TILE_BYTES.get(elsize, 16384) if on_gpu else INTERPRETER_TILE_BYTES) // elsize
     inner_stride = kept[-1][1] if kept else None
     use_rows = inner_stride is None or abs(s_r) <= abs(inner_stride)
     if use_rows:
@@ -323,7 +324,7 @@ def launch(x: torch.Tensor, plan: ReducePlan, out: torch.Tensor, *, is_mean: boo
     ``streamed``: ``x`` is read once from DRAM (loads get :data:`STREAM_EVICTION`); False for the stage-2
     partials, which the stage-1 kernel has just written into L2."""
     int64 = needs_int64(x, out) or plan.K * plan.split > INT32_MAX
-    evict = STREAM_EVICTION if streamed else ""
+    evict = STREAM_EVICTION.get(x.element_size(), "") if streamed else ""
     key = (plan, final, is_mean, acc_dtype, out.dtype, int64, evict)
     common = dict(EVICT=evict,
         SPLIT_R=plan.split > 1, HAS_TAIL=plan.R % plan.block_r != 0, ACC=_TL_ACC[acc_dtype],
