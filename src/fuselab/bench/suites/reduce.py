@@ -73,8 +73,14 @@ def cases(query: CaseQuery) -> list[BenchCase]:
 
 
 def make_inputs(case: BenchCase, device: torch.device) -> tuple[torch.Tensor, int | None]:
-    """A fresh random (normal, non-zero) tensor of ``params['shape']``, and ``params['dim']``."""
-    return torch.randn(case.params["shape"], dtype=case.dtype, device=device), case.params["dim"]
+    """A fresh random tensor of ``params['shape']`` drawn from N(1, 1), and ``params['dim']``.
+
+    Signed values with a mean away from zero: the check compares ``‖out − ref‖ / ‖ref‖``, and the mean of
+    zero-mean data is ≈ 0 (|mean| ~ 6e-5 at 2^28 elements, ‖x‖₁/|Σx| ~ 10⁴), so that ratio would measure
+    the draw's cancellation rather than the kernel's rounding (an H100 run flagged a correct fp32 result
+    at 1.5e-5 that way)."""
+    x = torch.randn(case.params["shape"], dtype=torch.float32, device=device).add_(1.0)
+    return x.to(case.dtype), case.params["dim"]
 
 
 def reference(x: torch.Tensor, dim: int | None) -> torch.Tensor:
