@@ -131,7 +131,7 @@ def bias_act_sweep(copy: float) -> list[dict]:
             for col_bytes in (512, 2048, 65536):
                 for per_sm in (4, 8, 16):
                     set_knobs(defaults[0], tile, defaults[2], per_sm, col_bytes)
-                    part = torch.empty(ba.bwd_partial_rows(m, n, dtype, x.device), n, device="cuda")
+                    part = ba.bias_grad_partials(m, n, dtype, x.device)
                     ms = events_ms(lambda: ba.bias_act_bwd_(g, saved, None, 1.0, act, gx, gr, part, gb), dirty_flush)
                     variant = f"tile={tile} col={col_bytes} per_sm={per_sm}"
                     frac = 4 * mn_bytes / ms / 1e6 / copy

@@ -107,7 +107,7 @@ def _backward(ctx, grad_y: torch.Tensor) -> tuple[torch.Tensor | None, ...]:
     grad_b = partial = None
     if want_b:
         grad_b = torch.empty(n, dtype=g.dtype, device=dev)
-        partial = torch.empty(k.bwd_partial_rows(m, n, g.dtype, dev), n, dtype=k.partial_dtype(g.dtype), device=dev)
+        partial = k.bias_grad_partials(m, n, g.dtype, dev)
     if ctx.activation == "none":  # dz = grad_y: only the bias gradient (column sum) is left
         dz = g
         if want_b:

@@ -281,6 +281,11 @@ def bwd_partial_rows(M: int, N: int, dtype: torch.dtype, device: torch.device) -
     return _bwd_plan(M, N, dtype.itemsize, sm_count(device))[0][0]
 
 
+def bias_grad_partials(M: int, N: int, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+    """A fresh ``partial`` buffer for :func:`bias_act_bwd_`: ``[bwd_partial_rows(...), N]`` in :func:`partial_dtype`."""
+    return torch.empty(bwd_partial_rows(M, N, dtype, device), N, dtype=partial_dtype(dtype), device=device)
+
+
 def bias_act_fwd_(
     x: torch.Tensor,
     bias: torch.Tensor | None,

@@ -125,15 +125,14 @@ def _backward(grad, saved, shift, alpha: float, activation: str, x_dtype, residu
                                            residual_dtype if want_residual else None,
                                            bias_dtype if want_bias else None)
         return tuple(empty() if t is None else t for t in (gx, gr, gb))
-    from fuselab.ops._bias_act_triton import bias_act_bwd_, bwd_partial_rows, partial_dtype
+    from fuselab.ops._bias_act_triton import bias_act_bwd_, bias_grad_partials
 
     g2 = _rows(grad)
     m = g2.shape[0]
     gx = torch.empty(grad.shape, dtype=x_dtype, device=dev) if want_x else None
     gr = torch.empty(grad.shape, dtype=residual_dtype, device=dev) if want_residual else None
     gb = torch.empty(n, dtype=bias_dtype, device=dev) if want_bias else None
-    partial = (torch.empty(bwd_partial_rows(m, n, grad.dtype, dev), n, dtype=partial_dtype(grad.dtype), device=dev)
-               if want_bias else None)
+    partial = bias_grad_partials(m, n, grad.dtype, dev) if want_bias else None
     bias_act_bwd_(g2, None if saved is None else _rows(saved), shift, alpha, activation,
                   None if gx is None else gx.view(-1, n), None if gr is None else gr.view(-1, n), partial, gb)
     return tuple(empty() if t is None else t for t in (gx, gr, gb))

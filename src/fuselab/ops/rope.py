@@ -310,26 +310,22 @@ def run_rope(q: torch.Tensor, k: torch.Tensor | None, cos: torch.Tensor | None, 
     args = (cos, sin, inv_freq, positions, offsets, cu_seqlens)
     needs_grad = torch.is_grad_enabled() and (q.requires_grad or (k is not None and k.requires_grad))
     compiling = torch.compiler.is_compiling()
+    params = dict(layout=layout, half=half, interleaved=interleaved, conj=False, offset=offset, mscale=mscale)
+    # autograd: one Function (the in-place custom op has no autograd formula, so in place always takes it)
+    if needs_grad and (inplace or not compiling):
+        return _RopeFunction.apply(q, k, *args, params, inplace)
     if inplace:
-        if needs_grad:
-            params = dict(layout=layout, half=half, interleaved=interleaved, conj=False, offset=offset, mscale=mscale)
-            return _RopeFunction.apply(q, k, *args, params, True)
         if compiling:
             _rope_inplace_op(q, k, *args, layout, half, interleaved, False, offset, mscale)
         else:
-            rope_launch(q, k, q, k, *args, layout=layout, half=half, interleaved=interleaved, conj=False,
-                        offset=offset, mscale=mscale)
+            rope_launch(q, k, q, k, *args, **params)
         return q, k
     if compiling:
         q_out, k_out = _rope_op(q, k, *args, layout, half, interleaved, False, offset, mscale)
         return q_out, (k_out if k is not None else None)
-    if needs_grad:
-        params = dict(layout=layout, half=half, interleaved=interleaved, conj=False, offset=offset, mscale=mscale)
-        return _RopeFunction.apply(q, k, *args, params, False)
     q_out = _empty_like(q)
     k_out = _empty_like(k) if k is not None else None
-    rope_launch(q, k, q_out, k_out, *args, layout=layout, half=half, interleaved=interleaved, conj=False,
-                offset=offset, mscale=mscale)
+    rope_launch(q, k, q_out, k_out, *args, **params)
     return q_out, k_out
 
 
