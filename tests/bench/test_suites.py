@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 import torch
 
@@ -54,6 +56,23 @@ def test_cpu_providers_are_correct(op, device):
                 continue
             result = check(spec, case, p.build(case), device=device)
             assert result.ok, f"{p.name} {case.key}: {result.error:.2e}"
+
+
+def test_mlp_check_is_relative_to_eager_rounding(triton_backend, device):
+    """bf16 MLP step: eager and fuselab pass against the float64 reference with the eager-relative tolerance,
+    which is > the bf16 constant (else the option would be moot); a provider 5% off everywhere fails."""
+    spec = get_spec("mlp")
+    case = spec.cases(CaseQuery(device.type, quick=True, dtypes=(torch.bfloat16,)))[0]
+    for name in ("eager", "fuselab"):
+        result = check(spec, case, spec.provider(name).build(case), device=device)
+        assert result.ok, f"{name}: {result.error:.2e} > {result.tolerance:.2e}"
+    assert result.tolerance > 1e-2
+
+    def five_percent_off(*args):
+        return spec.reference(*args) * 1.05
+
+    bad = check(spec, dataclasses.replace(case, mode="fwd"), five_percent_off, device=device)
+    assert not bad.ok and bad.error > 4e-2
 
 
 def test_size_label():

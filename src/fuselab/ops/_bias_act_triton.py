@@ -3,8 +3,9 @@
 Forward, one pass:  read x, residual (M·N each), bias (N) -> write y (M·N) [+ pre-activation z (M·N) when the
 backward of silu/gelu/gelu_tanh needs it].
 Backward, one pass: read grad_y + saved (M·N each) -> write grad_x, grad_residual (M·N each, only those asked
-for) + an fp32 partial column sum of dz per program ([grid_m, N], a few MB at most); a tiny second kernel sums
-the partials in a fixed order: the bias gradient is deterministic, no atomics, no second pass over grad_y.
+for) + an fp32 partial column sum of dz per program ([grid_m, N], a few MB at most); the last program of each
+column block (int32 tickets, :mod:`fuselab.ops._tickets`) sums that block's partials in row order: the bias
+gradient is deterministic, no float atomics, no second pass over grad_y and no second launch.
 
 Tensors are 2-D ``[M, N]`` views with arbitrary strides (Triton specializes a unit inner stride, so contiguous
 rows get 16-byte vector access); outputs the launchers do not own are allocated by the caller.
@@ -21,6 +22,7 @@ import triton
 import triton.language as tl
 
 from fuselab.ops._launch import INT32_MAX, cdiv, launch, needs_int64, next_power_of_2, sm_count
+from fuselab.ops._tickets import last_to_arrive, ticket_counters
 
 #: activation name -> constexpr id used by the kernels (order of fuselab.ACTIVATIONS)
 ACT_IDS: dict[str, int] = {"none": 0, "relu": 1, "relu2": 2, "sigmoid": 3, "silu": 4, "gelu": 5, "gelu_tanh": 6}
@@ -35,6 +37,8 @@ FWD_PROGRAMS_PER_SM = 256
 BWD_PROGRAMS_PER_SM = 4
 BWD_COL_BYTES = 512
 MAX_WARPS = 8
+#: fp32 partials the last program of a backward column block sums per step (32 KiB)
+FINAL_SUM_ELEMS = 8192
 #: eviction hint of the streamed (read-once) loads; "" is Triton's default, which measured as fast or faster
 #: than "evict_first" here (the kernels write as much as they read). The bias row is reused by every tile of a
 #: program and is loaded with "evict_last".
@@ -149,6 +153,8 @@ def _bias_act_bwd_kernel(
     DX,  # [M, N] contiguous grad of x = dz; written only if WRITE_DX
     DR,  # [M, N] contiguous grad of residual = alpha * dz; written only if WRITE_DR
     P,  # [grid_m, N] contiguous fp32 (fp64) partial column sums of dz (bias grad, stage 1); only if HAS_BIAS
+    DB,  # [N] grad of bias, stride stride_db, summed from P by the last program of each column block; if HAS_BIAS
+    COUNT,  # [grid_n] int32 ticket counters, zero before the launch and after it; only if HAS_BIAS
     alpha,  # python float, scale of the residual's gradient
     M,
     N,
@@ -157,6 +163,7 @@ def _bias_act_bwd_kernel(
     stride_sm,
     stride_sn,
     stride_shift,
+    stride_db,
     ACTIVATION: tl.constexpr,
     HAS_SHIFT: tl.constexpr,
     WRITE_DX: tl.constexpr,
@@ -166,9 +173,11 @@ def _bias_act_bwd_kernel(
     INT64: tl.constexpr,
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
+    BLOCK_P: tl.constexpr,  # partial rows per step of the final column sum
     EVICT: tl.constexpr,  # eviction policy of the grad / saved loads
 ):
-    # bytes: read grad_y, saved (M·N each), write grad_x, grad_residual (M·N each) + partials (grid_m·N fp32)
+    # bytes: read grad_y, saved (M·N each), write grad_x, grad_residual (M·N each) + partials (grid_m·N fp32,
+    # written once and read once from L2 by the last program of each column block) + grad_bias (N)
     pid_m = tl.program_id(0)
     pid_n = tl.program_id(1)
     grid_m = tl.num_programs(0)
@@ -202,29 +211,13 @@ def _bias_act_bwd_kernel(
             acc += tl.where(mask, dz, 0.0)
     if HAS_BIAS:
         tl.store(P + pid_m.to(tl.int64) * N + cols, tl.sum(acc, axis=0).to(P.dtype.element_ty), mask=col_mask)
-
-
-@triton.jit
-def _column_sum_kernel(
-    P,  # [R, N] contiguous fp32 partial sums
-    OUT,  # [N] bias gradient, stride stride_out
-    R,
-    N,
-    stride_out,
-    ACC: tl.constexpr,
-    BLOCK_R: tl.constexpr,
-    BLOCK_N: tl.constexpr,
-):
-    # bytes: read R·N fp32, write N; rows summed in a fixed order (deterministic)
-    pid = tl.program_id(0)
-    cols = pid * BLOCK_N + tl.arange(0, BLOCK_N)
-    col_mask = cols < N
-    acc = tl.zeros([BLOCK_R, BLOCK_N], dtype=ACC)
-    for r0 in range(0, R, BLOCK_R):
-        rows = (r0 + tl.arange(0, BLOCK_R)).to(tl.int64)
-        mask = (rows < R)[:, None] & col_mask[None, :]
-        acc += tl.load(P + rows[:, None] * N + cols[None, :], mask=mask, other=0.0).to(ACC)
-    tl.store(OUT + cols * stride_out, tl.sum(acc, axis=0).to(OUT.dtype.element_ty), mask=col_mask)
+        if last_to_arrive(COUNT + pid_n, grid_m):  # this column block's partials, summed in row order
+            total = tl.zeros([BLOCK_P, BLOCK_N], dtype=ACC)
+            for p0 in range(0, grid_m, BLOCK_P):
+                prow = (p0 + tl.arange(0, BLOCK_P)).to(tl.int64)
+                pmask = (prow < grid_m)[:, None] & col_mask[None, :]
+                total += tl.load(P + prow[:, None] * N + cols[None, :], mask=pmask, other=0.0, cache_modifier=".cg")
+            tl.store(DB + cols * stride_db, tl.sum(total, axis=0).to(DB.dtype.element_ty), mask=col_mask)
 
 
 def _acc_dtype(dtype: torch.dtype):
@@ -257,18 +250,14 @@ def _fwd_plan(M: int, N: int, elem_size: int, sms: int) -> tuple[tuple[int, int]
 
 @functools.lru_cache(maxsize=1024)
 def _bwd_plan(M: int, N: int, elem_size: int, sms: int) -> tuple:
-    """(grid, BLOCK_M, BLOCK_N, num_warps, column-sum grid, BLOCK_R, BLOCK_N2) of the backward kernels."""
+    """(grid, BLOCK_M, BLOCK_N, num_warps, BLOCK_P) of the backward kernel."""
     # narrow column blocks: the [grid_m, N] fp32 bias partials shrink with grid_m = programs / grid_n
     block_m, block_n, num_warps = _tile(M, N, elem_size, BWD_TILE_BYTES, BWD_COL_BYTES)
     grid = _grid(M, N, block_m, block_n, sms, BWD_PROGRAMS_PER_SM)
-    # column sum of the [grid_m, N] partials: narrow column blocks (down to 128-byte rows) until there are
-    # ~2 programs per SM; with few wide programs this small L2-resident pass was latency-bound (47 µs for
-    # 528x4096 partials on an H100)
-    block_n2 = min(next_power_of_2(N), 256)
-    while block_n2 > 32 and cdiv(N, block_n2) < 2 * sms:
-        block_n2 //= 2
-    block_r = min(next_power_of_2(grid[0]), max(1, 4096 // block_n2))
-    return grid, block_m, block_n, num_warps, (cdiv(N, block_n2),), block_r, block_n2
+    # the last program of a column block reads its grid_m partial rows from L2 in [BLOCK_P, BLOCK_N] steps of
+    # up to 32 KiB: few, wide steps (each is an L2 round trip on one SM)
+    block_p = min(next_power_of_2(grid[0]), max(1, FINAL_SUM_ELEMS // block_n))
+    return grid, block_m, block_n, num_warps, block_p
 
 
 def partial_dtype(dtype: torch.dtype) -> torch.dtype:
@@ -309,10 +298,10 @@ def bias_act_fwd_(
     tensors = (x, r, bias if bias is not None else x, out, pre if pre is not None else out)
     scalars = (float(alpha), M, N, *x.stride(), *r.stride(), bias.stride(0) if bias is not None else 0, *out.stride())
     flags = (ACT_IDS[activation], residual is not None, bias is not None, pre is not None, x.dtype, int64)
-    launch(_bias_act_fwd_kernel, (flags, block_m, block_n, num_warps, STREAM_EVICTION), grid, tensors, scalars, dict(
-        ACTIVATION=flags[0], HAS_RESIDUAL=flags[1], HAS_BIAS=flags[2], SAVE_PRE=flags[3],
-        ACC=_acc_dtype(x.dtype), INT64=int64, BLOCK_M=block_m, BLOCK_N=block_n, EVICT=STREAM_EVICTION,
-        num_warps=num_warps), dynamic=1)
+    launch(_bias_act_fwd_kernel, (flags, block_m, block_n, num_warps, STREAM_EVICTION), grid, tensors, scalars,
+           lambda: dict(ACTIVATION=flags[0], HAS_RESIDUAL=flags[1], HAS_BIAS=flags[2], SAVE_PRE=flags[3],
+                        ACC=_acc_dtype(x.dtype), INT64=int64, BLOCK_M=block_m, BLOCK_N=block_n,
+                        EVICT=STREAM_EVICTION, num_warps=num_warps), dynamic=1)
 
 
 def bias_act_bwd_(
@@ -342,25 +331,23 @@ def bias_act_bwd_(
         return
     for t in (grad_x, grad_residual):
         assert t is None or t.is_contiguous()
-    grid, block_m, block_n, num_warps, sum_grid, block_r, block_n2 = _bwd_plan(M, N, grad.element_size(),
-                                                                               sm_count(grad.device))
+    grid, block_m, block_n, num_warps, block_p = _bwd_plan(M, N, grad.element_size(), sm_count(grad.device))
     want = partial_dtype(grad.dtype)
     if partial is not None and (tuple(partial.shape) != (grid[0], N) or partial.dtype != want
                                 or not partial.is_contiguous()):
         raise ValueError(f"partial must be a contiguous {want} tensor of shape {(grid[0], N)}")
     s = saved if saved is not None else grad
-    acc = _acc_dtype(grad.dtype)
     int64 = needs_int64(grad, s) or M * N > INT32_MAX
+    has_bias = grad_bias is not None
     tensors = (grad, s, shift if shift is not None else grad, grad_x if grad_x is not None else grad,
-               grad_residual if grad_residual is not None else grad, partial if partial is not None else grad)
-    scalars = (float(alpha), M, N, *grad.stride(), *s.stride(), shift.stride(0) if shift is not None else 0)
+               grad_residual if grad_residual is not None else grad, partial if has_bias else grad,
+               grad_bias if has_bias else grad, ticket_counters(grad.device, grid[1]) if has_bias else grad)
+    scalars = (float(alpha), M, N, *grad.stride(), *s.stride(), shift.stride(0) if shift is not None else 0,
+               grad_bias.stride(0) if has_bias else 0)
     flags = (ACT_IDS[activation], shift is not None, grad_x is not None, grad_residual is not None,
-             grad_bias is not None, grad.dtype, int64)
-    launch(_bias_act_bwd_kernel, (flags, block_m, block_n, num_warps, STREAM_EVICTION), grid, tensors, scalars, dict(
-        ACTIVATION=flags[0], HAS_SHIFT=flags[1], WRITE_DX=flags[2], WRITE_DR=flags[3], HAS_BIAS=flags[4],
-        ACC=acc, INT64=int64, BLOCK_M=block_m, BLOCK_N=block_n, EVICT=STREAM_EVICTION, num_warps=num_warps),
-        dynamic=1)
-    if grad_bias is not None:
-        launch(_column_sum_kernel, (grad.dtype, block_r, block_n2), sum_grid,
-               (partial, grad_bias), (partial.shape[0], N, grad_bias.stride(0)),
-               dict(ACC=acc, BLOCK_R=block_r, BLOCK_N=block_n2, num_warps=4))
+             has_bias, grad.dtype, int64)
+    launch(_bias_act_bwd_kernel, (flags, block_m, block_n, num_warps, block_p, STREAM_EVICTION), grid, tensors,
+           scalars, lambda: dict(ACTIVATION=flags[0], HAS_SHIFT=flags[1], WRITE_DX=flags[2], WRITE_DR=flags[3],
+                                 HAS_BIAS=has_bias, ACC=_acc_dtype(grad.dtype), INT64=int64, BLOCK_M=block_m,
+                                 BLOCK_N=block_n, BLOCK_P=block_p, EVICT=STREAM_EVICTION, num_warps=num_warps),
+           dynamic=1)

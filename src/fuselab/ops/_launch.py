@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import functools
-from collections.abc import Hashable
+from collections.abc import Callable, Hashable
 from typing import Any
 
 import torch
@@ -73,7 +73,7 @@ def _scalar_class(a) -> object:
 
 
 def launch(kernel, key: Hashable, grid: tuple[int, ...], tensors: tuple[torch.Tensor, ...], scalars: tuple,
-           constexprs: dict[str, Any], *, dynamic: int = 0) -> None:
+           constexprs: dict[str, Any] | Callable[[], dict[str, Any]], *, dynamic: int = 0) -> None:
     """``kernel[grid](*tensors, *scalars, **constexprs)`` with less host time per call on GPUs.
 
     ``JITFunction.run`` binds and specializes every argument on every call (17-29 µs per launch on the
@@ -87,12 +87,14 @@ def launch(kernel, key: Hashable, grid: tuple[int, ...], tensors: tuple[torch.Te
     single C-level tuple instead of one Python step per argument (the per-argument signature was 20 µs
     of a 26 µs launch with 24 arguments on that host). ``tensors`` are the kernel's leading parameters,
     then ``scalars`` in order; ``constexprs`` name all the remaining ones (plus options such as
-    ``num_warps``). Launch hooks (profilers) are honoured as ``JITFunction.run`` does. Under the
-    interpreter, or on a Triton without ``triton.knobs``, it is the plain launch.
+    ``num_warps``); it may be a function returning them, called only when a signature is first seen
+    (building the dict on every call is host time wasted on a cache hit). Launch hooks (profilers) are
+    honoured as ``JITFunction.run`` does. Under the interpreter, or on a Triton without ``triton.knobs``,
+    it is the plain launch.
     """
     knobs = _runtime_knobs()
     if not tensors[0].is_cuda or knobs is None:
-        kernel[grid](*tensors, *scalars, **constexprs)
+        kernel[grid](*tensors, *scalars, **(constexprs() if callable(constexprs) else constexprs))
         return
     device = torch.cuda.current_device()
     signature = (id(kernel), key, device, tuple([(t.dtype, t.data_ptr() & 15 == 0) for t in tensors]),
@@ -100,6 +102,8 @@ def launch(kernel, key: Hashable, grid: tuple[int, ...], tensors: tuple[torch.Te
                  scalars[dynamic:] if dynamic else scalars)
     hit = _COMPILED.get(signature)
     if hit is None:
+        if callable(constexprs):
+            constexprs = constexprs()
         compiled = kernel[grid](*tensors, *scalars, **constexprs)
         tail = tuple(constexprs[name] for name in kernel.arg_names[len(tensors) + len(scalars):])
         if len(_COMPILED) > 8192:

@@ -17,10 +17,11 @@ Two kernels, chosen by which axis is contiguous:
   tiles down the reduced axis.
 
 Parallelism when there are few outputs: the reduced axis is split into ``SPLIT`` fixed chunks
-(grid axis 1). Stage 1 writes fp32 partials ``[SPLIT, K]``; stage 2 reduces them over ``SPLIT``
-with the same kernels, in a fixed order. No atomics: the same shape on the same device gives the
-same bits on every run. Bytes: read the input once, write ``K`` outputs (+ ``2·SPLIT·K·4`` bytes of
-partials, kept ≤ a few percent of the input and mostly served from L2).
+(grid axis 1). Each program writes its fp32 partial to ``[SPLIT, K]``; the last of the ``SPLIT``
+programs of an output tile to finish (an int32 ticket, :mod:`fuselab.ops._tickets`) sums that
+tile's partials in split order and writes the result: one launch, no float atomics, so the same
+shape on the same device gives the same bits on every run. Bytes: read the input once, write ``K``
+outputs (+ ``2·SPLIT·K·4`` bytes of partials, kept ≤ a few percent of the input, served from L2).
 """
 
 from __future__ import annotations
@@ -34,6 +35,7 @@ import triton.language as tl
 
 from ._launch import INT32_MAX, cdiv, needs_int64, next_power_of_2, sm_count
 from ._launch import launch as launch_kernel
+from ._tickets import last_to_arrive, ticket_counters
 
 #: bytes each program loads per loop iteration (enough in flight to cover DRAM latency), by element size. H100
 #: sweeps (benchmarks/sweeps/reduce_sweep.py): 8 KiB beats 16 KiB by 1-4% for bf16; fp32 is best at 16-32 KiB
@@ -52,6 +54,8 @@ STREAM_EVICTION = {2: "evict_first", 4: "", 8: ""}
 #: widest column tile of the cols kernel (1 KiB rows on GPUs), and most rows per program of the rows
 #: kernel, as a fraction of the tile
 MAX_COL_FRACTION = 16
+#: fp32 partials the last program of an output tile sums per step (32 KiB)
+FINAL_SUM_ELEMS = 8192
 
 _TL_ACC = {torch.float32: tl.float32, torch.float64: tl.float64}
 
@@ -71,16 +75,19 @@ def _cast_out(v, out_ptr, OUT_BF16: tl.constexpr):
 @triton.jit
 def _rows_kernel(
     x_ptr,  # input; element (o, i, r) at o*s_o + i*s_i + r*s_r, o < K // I, i < I, r < R
-    out_ptr,  # [K] result (output dtype) when FINAL, else [SPLIT, K] partials (ACC dtype)
+    out_ptr,  # [K] result (output dtype)
+    part_ptr,  # [SPLIT, K] partials (ACC dtype); only if SPLIT_R
+    count_ptr,  # [cdiv(K, ROWS)] int32 ticket counters, zero before and after; only if SPLIT_R
     K, I, R, s_o, s_i, s_r,
     r_per_split,  # reduced elements per split (a multiple of BLOCK_R); R when SPLIT == 1
     n_reduced,  # divisor of the mean (IS_MEAN only)
     ROWS: tl.constexpr, BLOCK_R: tl.constexpr, HAS_I: tl.constexpr, R_CONTIG: tl.constexpr,
-    SPLIT_R: tl.constexpr, HAS_TAIL: tl.constexpr, ACC: tl.constexpr, FINAL: tl.constexpr,
+    SPLIT_R: tl.constexpr, HAS_TAIL: tl.constexpr, ACC: tl.constexpr, BLOCK_S: tl.constexpr,
     IS_MEAN: tl.constexpr, OUT_BF16: tl.constexpr, INT64: tl.constexpr, EVICT: tl.constexpr,
 ):
     pid = tl.program_id(0)
     split = tl.program_id(1)
+    n_split = tl.num_programs(1)
     if INT64:
         pid = pid.to(tl.int64)
         split = split.to(tl.int64)
@@ -118,27 +125,43 @@ def _rows_kernel(
         mask = row_mask[:, None] & (r < r_end)[None, :]
         acc += tl.load(x_ptr + offs, mask=mask, other=0.0, eviction_policy=EVICT).to(ACC)
     total = tl.sum(acc, axis=1)  # [ROWS]
-    if FINAL:
+    if SPLIT_R:
+        tl.store(part_ptr + split * K + rows, total, mask=row_mask)
+        if last_to_arrive(count_ptr + pid, n_split):  # sum the tile's partials in split order
+            parts = tl.zeros([BLOCK_S, ROWS], dtype=ACC)
+            for s0 in range(0, n_split, BLOCK_S):
+                ss = s0 + tl.arange(0, BLOCK_S)
+                if INT64:
+                    ss = ss.to(tl.int64)
+                pmask = (ss < n_split)[:, None] & row_mask[None, :]
+                parts += tl.load(part_ptr + ss[:, None] * K + rows[None, :], mask=pmask, other=0.0,
+                                 cache_modifier=".cg")
+            total = tl.sum(parts, axis=0)
+            if IS_MEAN:
+                total = total / n_reduced
+            tl.store(out_ptr + rows, _cast_out(total, out_ptr, OUT_BF16), mask=row_mask)
+    else:
         if IS_MEAN:
             total = total / n_reduced
         tl.store(out_ptr + rows, _cast_out(total, out_ptr, OUT_BF16), mask=row_mask)
-    else:
-        tl.store(out_ptr + split * K + rows, total, mask=row_mask)
 
 
 @triton.jit
 def _cols_kernel(
     x_ptr,  # input; element (o, r, i) at o*s_o + r*s_r + i*s_i, o < O, r < R, i < I
-    out_ptr,  # [O*I] result (output dtype) when FINAL, else [SPLIT, O*I] partials (ACC dtype)
+    out_ptr,  # [O*I] result (output dtype)
+    part_ptr,  # [SPLIT, O*I] partials (ACC dtype); only if SPLIT_R
+    count_ptr,  # [O * cdiv(I, BLOCK_I)] int32 ticket counters, zero before and after; only if SPLIT_R
     O, I, R, s_o, s_r, s_i,
     r_per_split,  # reduced elements per split (a multiple of BLOCK_R); R when SPLIT == 1
     n_reduced,  # divisor of the mean (IS_MEAN only)
     BLOCK_R: tl.constexpr, BLOCK_I: tl.constexpr, I_CONTIG: tl.constexpr, SPLIT_R: tl.constexpr,
-    HAS_TAIL: tl.constexpr, ACC: tl.constexpr, FINAL: tl.constexpr, IS_MEAN: tl.constexpr,
+    HAS_TAIL: tl.constexpr, ACC: tl.constexpr, BLOCK_S: tl.constexpr, IS_MEAN: tl.constexpr,
     OUT_BF16: tl.constexpr, INT64: tl.constexpr, EVICT: tl.constexpr,
 ):
     pid = tl.program_id(0)  # o * blocks_of_i + block of i
     split = tl.program_id(1)
+    n_split = tl.num_programs(1)
     if INT64:
         pid = pid.to(tl.int64)
         split = split.to(tl.int64)
@@ -172,12 +195,25 @@ def _cols_kernel(
         acc += tl.load(x_ptr + offs, mask=mask, other=0.0, eviction_policy=EVICT).to(ACC)
     total = tl.sum(acc, axis=0)  # [BLOCK_I]
     out_idx = o * I + cols
-    if FINAL:
+    if SPLIT_R:
+        tl.store(part_ptr + split * (O * I) + out_idx, total, mask=col_mask)
+        if last_to_arrive(count_ptr + pid, n_split):  # sum the tile's partials in split order
+            parts = tl.zeros([BLOCK_S, BLOCK_I], dtype=ACC)
+            for s0 in range(0, n_split, BLOCK_S):
+                ss = s0 + tl.arange(0, BLOCK_S)
+                if INT64:
+                    ss = ss.to(tl.int64)
+                pmask = (ss < n_split)[:, None] & col_mask[None, :]
+                parts += tl.load(part_ptr + ss[:, None] * (O * I) + out_idx[None, :], mask=pmask, other=0.0,
+                                 cache_modifier=".cg")
+            total = tl.sum(parts, axis=0)
+            if IS_MEAN:
+                total = total / n_reduced
+            tl.store(out_ptr + out_idx, _cast_out(total, out_ptr, OUT_BF16), mask=col_mask)
+    else:
         if IS_MEAN:
             total = total / n_reduced
         tl.store(out_ptr + out_idx, _cast_out(total, out_ptr, OUT_BF16), mask=col_mask)
-    else:
-        tl.store(out_ptr + split * (O * I) + out_idx, total, mask=col_mask)
 
 
 @dataclass(frozen=True)
@@ -293,13 +329,6 @@ def _plan(kept: tuple[tuple[int, int], ...], red: tuple[int, int], elsize: int, 
     return ReducePlan("cols", O, I, R, s_o, s_i, s_r, block_r, block_i, split, r_per_split, warps)
 
 
-def stage2_plan(partials: torch.Tensor) -> ReducePlan:
-    """The plan that sums contiguous partials ``[split, K]`` over ``split`` (no further split)."""
-    split, K = partials.shape
-    kept = ((K, 1),) if K > 1 else ()
-    return plan_reduction(partials, kept, (split, K), allow_split=False)
-
-
 def _split(R: int, block_r: int, tiles: int, target: int, allow: bool) -> tuple[int, int]:
     """Chunks of the reduced axis so ``tiles·split`` ≈ ``target`` programs; each chunk a multiple of ``block_r``."""
     if not allow or tiles >= target or block_r * 2 >= R:
@@ -317,52 +346,52 @@ def workspace_numel(plan: ReducePlan) -> int:
     return plan.split * plan.K if plan.split > 1 else 0
 
 
-def launch(x: torch.Tensor, plan: ReducePlan, out: torch.Tensor, *, is_mean: bool, n_reduced: int,
-           acc_dtype: torch.dtype, final: bool = True, streamed: bool = True) -> None:
-    """One kernel launch of ``plan`` on ``x``, writing ``out`` (result when ``final``, else partials).
-
-    ``streamed``: ``x`` is read once from DRAM (loads get :data:`STREAM_EVICTION`); False for the stage-2
-    partials, which the stage-1 kernel has just written into L2."""
+def launch(x: torch.Tensor, plan: ReducePlan, out: torch.Tensor, partials: torch.Tensor | None, *, is_mean: bool,
+           acc_dtype: torch.dtype) -> None:
+    """The one kernel launch of ``plan`` on ``x``, writing ``out`` (and ``partials`` ``[split, K]`` on the way,
+    when ``plan.split > 1``)."""
+    split = plan.split > 1
     int64 = needs_int64(x, out) or plan.K * plan.split > INT32_MAX
-    evict = STREAM_EVICTION.get(x.element_size(), "") if streamed else ""
-    key = (plan, final, is_mean, acc_dtype, out.dtype, int64, evict)
-    common = dict(EVICT=evict,
-        SPLIT_R=plan.split > 1, HAS_TAIL=plan.R % plan.block_r != 0, ACC=_TL_ACC[acc_dtype],
-        OUT_BF16=final and out.dtype == torch.bfloat16,
-        FINAL=final, IS_MEAN=is_mean, INT64=int64,
-        num_warps=plan.num_warps,
-    )
+    evict = STREAM_EVICTION.get(x.element_size(), "")
+    tiles = plan.grid[0]
+    width = plan.block_i  # outputs per tile: rows of the rows kernel, columns of the cols kernel
+    block_s = min(next_power_of_2(plan.split), max(1, FINAL_SUM_ELEMS // width)) if split else 1
+    key = (plan, is_mean, acc_dtype, out.dtype, int64, evict)
+    tensors = (x, out, partials if split else out, ticket_counters(x.device, tiles) if split else out)
+
+    def constexprs() -> dict:  # built only the first time this signature launches
+        common = dict(EVICT=evict, SPLIT_R=split, HAS_TAIL=plan.R % plan.block_r != 0, ACC=_TL_ACC[acc_dtype],
+                      BLOCK_S=block_s, OUT_BF16=out.dtype == torch.bfloat16, IS_MEAN=is_mean, INT64=int64,
+                      num_warps=plan.num_warps)
+        if plan.kind == "rows":
+            return dict(ROWS=plan.block_i, BLOCK_R=plan.block_r, HAS_I=plan.I > 1, R_CONTIG=plan.s_r == 1, **common)
+        return dict(BLOCK_R=plan.block_r, BLOCK_I=plan.block_i, I_CONTIG=plan.s_i == 1, **common)
+
     if plan.kind == "rows":
-        scalars = (plan.K, plan.I, plan.R, plan.s_o, plan.s_i, plan.s_r, plan.r_per_split, n_reduced)
-        constexprs = dict(ROWS=plan.block_i, BLOCK_R=plan.block_r, HAS_I=plan.I > 1, R_CONTIG=plan.s_r == 1,
-                          **common)
-        launch_kernel(_rows_kernel, key, plan.grid, (x, out), scalars, constexprs)
+        scalars = (plan.K, plan.I, plan.R, plan.s_o, plan.s_i, plan.s_r, plan.r_per_split, plan.R)
+        launch_kernel(_rows_kernel, key, plan.grid, tensors, scalars, constexprs)
     else:
-        scalars = (plan.O, plan.I, plan.R, plan.s_o, plan.s_r, plan.s_i, plan.r_per_split, n_reduced)
-        constexprs = dict(BLOCK_R=plan.block_r, BLOCK_I=plan.block_i, I_CONTIG=plan.s_i == 1, **common)
-        launch_kernel(_cols_kernel, key, plan.grid, (x, out), scalars, constexprs)
+        scalars = (plan.O, plan.I, plan.R, plan.s_o, plan.s_r, plan.s_i, plan.r_per_split, plan.R)
+        launch_kernel(_cols_kernel, key, plan.grid, tensors, scalars, constexprs)
 
 
 def reduce_into(x: torch.Tensor, dims: tuple[int, ...], out: torch.Tensor, workspace: torch.Tensor | None, *,
                 plan: ReducePlan, is_mean: bool) -> None:
-    """Launcher: reduce ``x`` (already laid out by :func:`prepare`) over ``dims`` into ``out``.
+    """Launcher: reduce ``x`` (already laid out by :func:`prepare`) over ``dims`` into ``out``, in one launch.
 
     ``out`` is contiguous with ``plan.K`` elements; ``workspace`` holds :func:`workspace_numel`
-    accumulator-dtype elements (``None`` when that is 0). Stage 2, when ``plan.split > 1``, sums the
-    partials ``[split, K]`` over ``split`` in a fixed order.
+    accumulator-dtype elements (``None`` when that is 0) for the partials ``[split, K]`` of a split
+    reduction, which the last program of each output tile sums in split order.
     """
     if out.numel() != plan.K or not out.is_contiguous():
         raise ValueError(f"out must be contiguous with {plan.K} elements, got shape {tuple(out.shape)}")
-    n_reduced = plan.R
     if plan.split == 1:
-        launch(x, plan, out, is_mean=is_mean, n_reduced=n_reduced, acc_dtype=_acc(x, out))
+        launch(x, plan, out, None, is_mean=is_mean, acc_dtype=_acc(x, out))
         return
     if workspace is None or workspace.numel() < workspace_numel(plan):
         raise ValueError(f"workspace must hold {workspace_numel(plan)} elements")
     partials = workspace[: workspace_numel(plan)].view(plan.split, plan.K)
-    launch(x, plan, partials, is_mean=is_mean, n_reduced=n_reduced, acc_dtype=workspace.dtype, final=False)
-    launch(partials, stage2_plan(partials), out, is_mean=is_mean, n_reduced=n_reduced, acc_dtype=workspace.dtype,
-           streamed=False)
+    launch(x, plan, out, partials, is_mean=is_mean, acc_dtype=workspace.dtype)
 
 
 def _acc(x: torch.Tensor, out: torch.Tensor) -> torch.dtype:
