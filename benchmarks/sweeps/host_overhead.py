@@ -97,7 +97,7 @@ def main() -> None:
     rows.append(("rope decode (tensor offsets)", host_us(lambda: fuselab.apply_rope(q, kk, cos, sin,
                                                                                       seqlen_offsets=offs))))
     m = torch.randn(4096, 512, device="cuda", dtype=torch.bfloat16)
-    rows.append(("mean dim=0 (two launches)", host_us(lambda: fuselab.mean(m, 0))))
+    rows.append(("mean dim=0 (one launch, split)", host_us(lambda: fuselab.mean(m, 0))))
     rows.append(("mean dim=-1 (one launch)", host_us(lambda: fuselab.mean(m, -1))))
     rows.append(("torch.mean dim=0", host_us(lambda: torch.mean(m, 0))))
     from fuselab.ops import _launch
