@@ -5,6 +5,8 @@ The scripts in this folder run as ``python3 benchmarks/sweeps/NAME.py`` (this fo
 
 from __future__ import annotations
 
+import cProfile
+import pstats
 import statistics
 
 import torch
@@ -61,3 +63,15 @@ def copy_gbps() -> float:
     return 2 * src.numel() * 4 / ms / 1e6
 
 
+
+
+def print_profile(name: str, fn, calls: int = 300, top: int = 16) -> None:
+    """Where the host time of ``fn`` goes, function by function (main thread only; cProfile adds its own cost)."""
+    prof = cProfile.Profile()
+    prof.enable()
+    for _ in range(calls):
+        fn()
+    prof.disable()
+    torch.cuda.synchronize()
+    print(f"--- {name}: {calls} calls")
+    pstats.Stats(prof).sort_stats("tottime").print_stats(top)

@@ -14,13 +14,12 @@ stubbed) is level with eager. Tiny tensors (the GPU never falls behind), wall ti
 
 from __future__ import annotations
 
-import cProfile
-import pstats
 import sys
 import threading
 import time
 
 import torch
+from _timing import print_profile  # benchmarks/sweeps/_timing.py
 
 
 def host_us(fn, n: int = 200, repeats: int = 5) -> float:
@@ -123,14 +122,7 @@ def main() -> None:
         print(f"{name:42s} {us:8.1f} us/call", flush=True)
     if "--profile" in sys.argv:  # function by function, main thread only (cProfile adds its own cost)
         for name, fn in (("bias_act fwd (grad on)", fused_fwd), ("_backward direct", direct_backward)):
-            prof = cProfile.Profile()
-            prof.enable()
-            for _ in range(300):
-                fn()
-            prof.disable()
-            torch.cuda.synchronize()
-            print(f"--- {name}: 300 calls")
-            pstats.Stats(prof).sort_stats("tottime").print_stats(16)
+            print_profile(name, fn, top=16)
 
 
 if __name__ == "__main__":

@@ -9,9 +9,7 @@ a mid-sized fwd+bwd is bound by launch overhead rather than by memory bandwidth.
 
 from __future__ import annotations
 
-import cProfile
 import platform
-import pstats
 import sys
 import time
 from pathlib import Path
@@ -19,6 +17,7 @@ from pathlib import Path
 import torch
 import triton
 import triton.language as tl
+from _timing import print_profile  # benchmarks/sweeps/_timing.py
 
 
 @triton.jit
@@ -112,14 +111,7 @@ def main() -> None:
         for name, fn in (("bias_act fwd+bwd", fwd_bwd),
                          ("rope decode", lambda: fuselab.apply_rope(q, kk, cos, sin, seqlen_offsets=offs)),
                          ("mean dim=0", lambda: fuselab.mean(m, 0))):
-            prof = cProfile.Profile()
-            prof.enable()
-            for _ in range(300):
-                fn()
-            prof.disable()
-            torch.cuda.synchronize()
-            print(f"--- {name}: 300 calls")
-            pstats.Stats(prof).sort_stats("tottime").print_stats(14)
+            print_profile(name, fn, top=14)
 
 
 if __name__ == "__main__":

@@ -73,6 +73,32 @@ def _cast_out(v, out_ptr, OUT_BF16: tl.constexpr):
 
 
 @triton.jit
+def _store_result(total, idx, mask, out_ptr, part_ptr, count_ptr, tile, split, n_split, n_outputs, n_reduced,
+                  WIDTH: tl.constexpr, SPLIT_R: tl.constexpr, BLOCK_S: tl.constexpr, ACC: tl.constexpr,
+                  IS_MEAN: tl.constexpr, OUT_BF16: tl.constexpr, INT64: tl.constexpr):
+    """Write ``total`` (``[WIDTH]`` sums of this program's chunk, for outputs ``idx``) to ``out_ptr``; with a split,
+    store it as partial ``[split, idx]`` and let the last of the tile's programs sum all of them in split order."""
+    done = True
+    if SPLIT_R:
+        tl.store(part_ptr + split * n_outputs + idx, total, mask=mask)
+        done = last_to_arrive(count_ptr + tile, n_split)
+        if done:
+            parts = tl.zeros([BLOCK_S, WIDTH], dtype=ACC)
+            for s0 in range(0, n_split, BLOCK_S):
+                ss = s0 + tl.arange(0, BLOCK_S)
+                if INT64:
+                    ss = ss.to(tl.int64)
+                pmask = (ss < n_split)[:, None] & mask[None, :]
+                parts += tl.load(part_ptr + ss[:, None] * n_outputs + idx[None, :], mask=pmask, other=0.0,
+                                 cache_modifier=".cg")
+            total = tl.sum(parts, axis=0)
+    if done:
+        if IS_MEAN:
+            total = total / n_reduced
+        tl.store(out_ptr + idx, _cast_out(total, out_ptr, OUT_BF16), mask=mask)
+
+
+@triton.jit
 def _rows_kernel(
     x_ptr,  # input; element (o, i, r) at o*s_o + i*s_i + r*s_r, o < K // I, i < I, r < R
     out_ptr,  # [K] result (output dtype)
@@ -124,26 +150,8 @@ def _rows_kernel(
             offs = row_off[:, None] + r[None, :] * s_r
         mask = row_mask[:, None] & (r < r_end)[None, :]
         acc += tl.load(x_ptr + offs, mask=mask, other=0.0, eviction_policy=EVICT).to(ACC)
-    total = tl.sum(acc, axis=1)  # [ROWS]
-    if SPLIT_R:
-        tl.store(part_ptr + split * K + rows, total, mask=row_mask)
-        if last_to_arrive(count_ptr + pid, n_split):  # sum the tile's partials in split order
-            parts = tl.zeros([BLOCK_S, ROWS], dtype=ACC)
-            for s0 in range(0, n_split, BLOCK_S):
-                ss = s0 + tl.arange(0, BLOCK_S)
-                if INT64:
-                    ss = ss.to(tl.int64)
-                pmask = (ss < n_split)[:, None] & row_mask[None, :]
-                parts += tl.load(part_ptr + ss[:, None] * K + rows[None, :], mask=pmask, other=0.0,
-                                 cache_modifier=".cg")
-            total = tl.sum(parts, axis=0)
-            if IS_MEAN:
-                total = total / n_reduced
-            tl.store(out_ptr + rows, _cast_out(total, out_ptr, OUT_BF16), mask=row_mask)
-    else:
-        if IS_MEAN:
-            total = total / n_reduced
-        tl.store(out_ptr + rows, _cast_out(total, out_ptr, OUT_BF16), mask=row_mask)
+    _store_result(tl.sum(acc, axis=1), rows, row_mask, out_ptr, part_ptr, count_ptr, pid, split, n_split, K,
+                  n_reduced, ROWS, SPLIT_R, BLOCK_S, ACC, IS_MEAN, OUT_BF16, INT64)
 
 
 @triton.jit
@@ -193,27 +201,8 @@ def _cols_kernel(
         offs = r[:, None] * s_r + col_off[None, :]
         mask = (r < r_end)[:, None] & col_mask[None, :]
         acc += tl.load(x_ptr + offs, mask=mask, other=0.0, eviction_policy=EVICT).to(ACC)
-    total = tl.sum(acc, axis=0)  # [BLOCK_I]
-    out_idx = o * I + cols
-    if SPLIT_R:
-        tl.store(part_ptr + split * (O * I) + out_idx, total, mask=col_mask)
-        if last_to_arrive(count_ptr + pid, n_split):  # sum the tile's partials in split order
-            parts = tl.zeros([BLOCK_S, BLOCK_I], dtype=ACC)
-            for s0 in range(0, n_split, BLOCK_S):
-                ss = s0 + tl.arange(0, BLOCK_S)
-                if INT64:
-                    ss = ss.to(tl.int64)
-                pmask = (ss < n_split)[:, None] & col_mask[None, :]
-                parts += tl.load(part_ptr + ss[:, None] * (O * I) + out_idx[None, :], mask=pmask, other=0.0,
-                                 cache_modifier=".cg")
-            total = tl.sum(parts, axis=0)
-            if IS_MEAN:
-                total = total / n_reduced
-            tl.store(out_ptr + out_idx, _cast_out(total, out_ptr, OUT_BF16), mask=col_mask)
-    else:
-        if IS_MEAN:
-            total = total / n_reduced
-        tl.store(out_ptr + out_idx, _cast_out(total, out_ptr, OUT_BF16), mask=col_mask)
+    _store_result(tl.sum(acc, axis=0), o * I + cols, col_mask, out_ptr, part_ptr, count_ptr, pid, split, n_split,
+                  O * I, n_reduced, BLOCK_I, SPLIT_R, BLOCK_S, ACC, IS_MEAN, OUT_BF16, INT64)
 
 
 @dataclass(frozen=True)
