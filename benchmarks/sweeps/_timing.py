@@ -63,8 +63,6 @@ def copy_gbps() -> float:
     return 2 * src.numel() * 4 / ms / 1e6
 
 
-
-
 def print_profile(name: str, fn, calls: int = 300, top: int = 16) -> None:
     """Where the host time of ``fn`` goes, function by function (main thread only; cProfile adds its own cost)."""
     prof = cProfile.Profile()

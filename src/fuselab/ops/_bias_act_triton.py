@@ -22,7 +22,7 @@ import triton
 import triton.language as tl
 
 from fuselab.ops._launch import INT32_MAX, cdiv, launch, needs_int64, next_power_of_2, sm_count
-from fuselab.ops._tickets import last_to_arrive, ticket_counters
+from fuselab.ops._tickets import final_sum_rows, last_to_arrive, sum_partials, ticket_counters
 
 #: activation name -> constexpr id used by the kernels (order of fuselab.ACTIVATIONS)
 ACT_IDS: dict[str, int] = {"none": 0, "relu": 1, "relu2": 2, "sigmoid": 3, "silu": 4, "gelu": 5, "gelu_tanh": 6}
@@ -37,8 +37,6 @@ FWD_PROGRAMS_PER_SM = 256
 BWD_PROGRAMS_PER_SM = 4
 BWD_COL_BYTES = 512
 MAX_WARPS = 8
-#: fp32 partials the last program of a backward column block sums per step (32 KiB)
-FINAL_SUM_ELEMS = 8192
 #: eviction hint of the streamed (read-once) loads; "" is Triton's default, which measured as fast or faster
 #: than "evict_first" here (the kernels write as much as they read). The bias row is reused by every tile of a
 #: program and is loaded with "evict_last".
@@ -212,12 +210,8 @@ def _bias_act_bwd_kernel(
     if HAS_BIAS:
         tl.store(P + pid_m.to(tl.int64) * N + cols, tl.sum(acc, axis=0).to(P.dtype.element_ty), mask=col_mask)
         if last_to_arrive(COUNT + pid_n, grid_m):  # this column block's partials, summed in row order
-            total = tl.zeros([BLOCK_P, BLOCK_N], dtype=ACC)
-            for p0 in range(0, grid_m, BLOCK_P):
-                prow = (p0 + tl.arange(0, BLOCK_P)).to(tl.int64)
-                pmask = (prow < grid_m)[:, None] & col_mask[None, :]
-                total += tl.load(P + prow[:, None] * N + cols[None, :], mask=pmask, other=0.0, cache_modifier=".cg")
-            tl.store(DB + cols * stride_db, tl.sum(total, axis=0).to(DB.dtype.element_ty), mask=col_mask)
+            db = sum_partials(P, N, cols, col_mask, grid_m, BLOCK_P, BLOCK_N, ACC)
+            tl.store(DB + cols * stride_db, db.to(DB.dtype.element_ty), mask=col_mask)
 
 
 def _acc_dtype(dtype: torch.dtype):
@@ -254,10 +248,8 @@ def _bwd_plan(M: int, N: int, elem_size: int, sms: int) -> tuple:
     # narrow column blocks: the [grid_m, N] fp32 bias partials shrink with grid_m = programs / grid_n
     block_m, block_n, num_warps = _tile(M, N, elem_size, BWD_TILE_BYTES, BWD_COL_BYTES)
     grid = _grid(M, N, block_m, block_n, sms, BWD_PROGRAMS_PER_SM)
-    # the last program of a column block reads its grid_m partial rows from L2 in [BLOCK_P, BLOCK_N] steps of
-    # up to 32 KiB: few, wide steps (each is an L2 round trip on one SM)
-    block_p = min(next_power_of_2(grid[0]), max(1, FINAL_SUM_ELEMS // block_n))
-    return grid, block_m, block_n, num_warps, block_p
+    # the last program of a column block sums its grid_m partial rows in [BLOCK_P, BLOCK_N] steps
+    return grid, block_m, block_n, num_warps, final_sum_rows(grid[0], block_n)
 
 
 def partial_dtype(dtype: torch.dtype) -> torch.dtype:

@@ -35,7 +35,7 @@ import triton.language as tl
 
 from ._launch import INT32_MAX, cdiv, needs_int64, next_power_of_2, sm_count
 from ._launch import launch as launch_kernel
-from ._tickets import last_to_arrive, ticket_counters
+from ._tickets import final_sum_rows, last_to_arrive, sum_partials, ticket_counters
 
 #: bytes each program loads per loop iteration (enough in flight to cover DRAM latency), by element size. H100
 #: sweeps (benchmarks/sweeps/reduce_sweep.py): 8 KiB beats 16 KiB by 1-4% for bf16; fp32 is best at 16-32 KiB
@@ -54,8 +54,6 @@ STREAM_EVICTION = {2: "evict_first", 4: "", 8: ""}
 #: widest column tile of the cols kernel (1 KiB rows on GPUs), and most rows per program of the rows
 #: kernel, as a fraction of the tile
 MAX_COL_FRACTION = 16
-#: fp32 partials the last program of an output tile sums per step (32 KiB)
-FINAL_SUM_ELEMS = 8192
 
 _TL_ACC = {torch.float32: tl.float32, torch.float64: tl.float64}
 
@@ -75,7 +73,7 @@ def _cast_out(v, out_ptr, OUT_BF16: tl.constexpr):
 @triton.jit
 def _store_result(total, idx, mask, out_ptr, part_ptr, count_ptr, tile, split, n_split, n_outputs, n_reduced,
                   WIDTH: tl.constexpr, SPLIT_R: tl.constexpr, BLOCK_S: tl.constexpr, ACC: tl.constexpr,
-                  IS_MEAN: tl.constexpr, OUT_BF16: tl.constexpr, INT64: tl.constexpr):
+                  IS_MEAN: tl.constexpr, OUT_BF16: tl.constexpr):
     """Write ``total`` (``[WIDTH]`` sums of this program's chunk, for outputs ``idx``) to ``out_ptr``; with a split,
     store it as partial ``[split, idx]`` and let the last of the tile's programs sum all of them in split order."""
     done = True
@@ -83,15 +81,7 @@ def _store_result(total, idx, mask, out_ptr, part_ptr, count_ptr, tile, split, n
         tl.store(part_ptr + split * n_outputs + idx, total, mask=mask)
         done = last_to_arrive(count_ptr + tile, n_split)
         if done:
-            parts = tl.zeros([BLOCK_S, WIDTH], dtype=ACC)
-            for s0 in range(0, n_split, BLOCK_S):
-                ss = s0 + tl.arange(0, BLOCK_S)
-                if INT64:
-                    ss = ss.to(tl.int64)
-                pmask = (ss < n_split)[:, None] & mask[None, :]
-                parts += tl.load(part_ptr + ss[:, None] * n_outputs + idx[None, :], mask=pmask, other=0.0,
-                                 cache_modifier=".cg")
-            total = tl.sum(parts, axis=0)
+            total = sum_partials(part_ptr, n_outputs, idx, mask, n_split, BLOCK_S, WIDTH, ACC)
     if done:
         if IS_MEAN:
             total = total / n_reduced
@@ -151,7 +141,7 @@ def _rows_kernel(
         mask = row_mask[:, None] & (r < r_end)[None, :]
         acc += tl.load(x_ptr + offs, mask=mask, other=0.0, eviction_policy=EVICT).to(ACC)
     _store_result(tl.sum(acc, axis=1), rows, row_mask, out_ptr, part_ptr, count_ptr, pid, split, n_split, K,
-                  n_reduced, ROWS, SPLIT_R, BLOCK_S, ACC, IS_MEAN, OUT_BF16, INT64)
+                  n_reduced, ROWS, SPLIT_R, BLOCK_S, ACC, IS_MEAN, OUT_BF16)
 
 
 @triton.jit
@@ -202,7 +192,7 @@ def _cols_kernel(
         mask = (r < r_end)[:, None] & col_mask[None, :]
         acc += tl.load(x_ptr + offs, mask=mask, other=0.0, eviction_policy=EVICT).to(ACC)
     _store_result(tl.sum(acc, axis=0), o * I + cols, col_mask, out_ptr, part_ptr, count_ptr, pid, split, n_split,
-                  O * I, n_reduced, BLOCK_I, SPLIT_R, BLOCK_S, ACC, IS_MEAN, OUT_BF16, INT64)
+                  O * I, n_reduced, BLOCK_I, SPLIT_R, BLOCK_S, ACC, IS_MEAN, OUT_BF16)
 
 
 @dataclass(frozen=True)
@@ -275,16 +265,15 @@ def prepare(x: torch.Tensor, dims: tuple[int, ...]) -> tuple[torch.Tensor, Group
     return x, *layout
 
 
-def plan_reduction(x: torch.Tensor, kept, red: tuple[int, int], *, allow_split: bool = True) -> ReducePlan:
+def plan_reduction(x: torch.Tensor, kept, red: tuple[int, int]) -> ReducePlan:
     """Pick kernel, tile sizes and split for reading ``x`` with the layout from :func:`prepare`."""
     on_gpu = x.device.type == "cuda"
-    return _plan(tuple(kept), tuple(red), x.element_size(), on_gpu, sm_count(x.device) * PROGRAMS_PER_SM,
-                 allow_split)
+    return _plan(tuple(kept), tuple(red), x.element_size(), on_gpu, sm_count(x.device) * PROGRAMS_PER_SM)
 
 
 @functools.lru_cache(maxsize=4096)
-def _plan(kept: tuple[tuple[int, int], ...], red: tuple[int, int], elsize: int, on_gpu: bool, target: int,
-          allow_split: bool) -> ReducePlan:
+def _plan(kept: tuple[tuple[int, int], ...], red: tuple[int, int], elsize: int, on_gpu: bool,
+          target: int) -> ReducePlan:
     R, s_r = red
     tile = (TILE_BYTES.get(elsize, 16384) if on_gpu else INTERPRETER_TILE_BYTES) // elsize
     inner_stride = kept[-1][1] if kept else None
@@ -299,7 +288,7 @@ def _plan(kept: tuple[tuple[int, int], ...], red: tuple[int, int], elsize: int, 
         block_r = min(next_power_of_2(R), tile)
         rows = max(1, min(tile // block_r, tile // MAX_COL_FRACTION, next_power_of_2(O * I)))
         tiles = cdiv(O * I, rows)
-        split, r_per_split = _split(R, block_r, tiles, target, allow_split)
+        split, r_per_split = _split(R, block_r, tiles, target)
         warps = 8 if rows * block_r >= 4096 else 4
         return ReducePlan("rows", O, I, R, s_o, s_i, s_r, block_r, rows, split, r_per_split, warps)
     if len(kept) == 2:
@@ -313,14 +302,14 @@ def _plan(kept: tuple[tuple[int, int], ...], red: tuple[int, int], elsize: int, 
         block_i //= 2
     block_r = max(1, min(tile // block_i, next_power_of_2(R)))
     tiles = O * cdiv(I, block_i)
-    split, r_per_split = _split(R, block_r, tiles, target, allow_split)
+    split, r_per_split = _split(R, block_r, tiles, target)
     warps = 8 if block_r * block_i >= 4096 else 4
     return ReducePlan("cols", O, I, R, s_o, s_i, s_r, block_r, block_i, split, r_per_split, warps)
 
 
-def _split(R: int, block_r: int, tiles: int, target: int, allow: bool) -> tuple[int, int]:
+def _split(R: int, block_r: int, tiles: int, target: int) -> tuple[int, int]:
     """Chunks of the reduced axis so ``tiles·split`` ≈ ``target`` programs; each chunk a multiple of ``block_r``."""
-    if not allow or tiles >= target or block_r * 2 >= R:
+    if tiles >= target or block_r * 2 >= R:
         return 1, R
     split = min(cdiv(target, tiles), cdiv(R, block_r))
     r_per_split = cdiv(cdiv(R, split), block_r) * block_r
@@ -343,8 +332,8 @@ def launch(x: torch.Tensor, plan: ReducePlan, out: torch.Tensor, partials: torch
     int64 = needs_int64(x, out) or plan.K * plan.split > INT32_MAX
     evict = STREAM_EVICTION.get(x.element_size(), "")
     tiles = plan.grid[0]
-    width = plan.block_i  # outputs per tile: rows of the rows kernel, columns of the cols kernel
-    block_s = min(next_power_of_2(plan.split), max(1, FINAL_SUM_ELEMS // width)) if split else 1
+    # plan.block_i outputs per tile: rows of the rows kernel, columns of the cols kernel
+    block_s = final_sum_rows(plan.split, plan.block_i) if split else 1
     key = (plan, is_mean, acc_dtype, out.dtype, int64, evict)
     tensors = (x, out, partials if split else out, ticket_counters(x.device, tiles) if split else out)
 

@@ -17,8 +17,13 @@ import torch
 import triton
 import triton.language as tl
 
+from ._launch import next_power_of_2
+
 #: smallest counter buffer kept per (device, stream)
 MIN_COUNTERS = 1024
+#: partials the last program reads per step of :func:`sum_partials` (32 KiB of fp32): few, wide steps, each an
+#: L2 round trip on one SM
+FINAL_SUM_ELEMS = 8192
 
 _COUNTERS: dict[tuple[int, int], torch.Tensor] = {}
 
@@ -52,3 +57,21 @@ def last_to_arrive(counter_ptr, n_programs):
         tl.atomic_xchg(counter_ptr, 0, sem="relaxed", scope="gpu")
     tl.debug_barrier()
     return last
+
+
+def final_sum_rows(n_rows: int, width: int) -> int:
+    """``BLOCK_ROWS`` of :func:`sum_partials` for ``n_rows`` partial rows of ``width`` outputs."""
+    return min(next_power_of_2(n_rows), max(1, FINAL_SUM_ELEMS // width))
+
+
+@triton.jit
+def sum_partials(ptr, row_stride, cols, col_mask, n_rows, BLOCK_ROWS: tl.constexpr, WIDTH: tl.constexpr,
+                 ACC: tl.constexpr):
+    """``Σ_r ptr[r * row_stride + cols]`` over ``r < n_rows``, in row order: ``[WIDTH]`` sums of the partials
+    (read through L2, ``.cg``) that the last program of a group found with :func:`last_to_arrive`."""
+    total = tl.zeros([BLOCK_ROWS, WIDTH], dtype=ACC)
+    for r0 in range(0, n_rows, BLOCK_ROWS):
+        rows = (r0 + tl.arange(0, BLOCK_ROWS)).to(tl.int64)
+        mask = (rows < n_rows)[:, None] & col_mask[None, :]
+        total += tl.load(ptr + rows[:, None] * row_stride + cols[None, :], mask=mask, other=0.0, cache_modifier=".cg")
+    return tl.sum(total, axis=0)
