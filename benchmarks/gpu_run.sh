@@ -8,6 +8,8 @@
 #   rope | bias_act | mlp | reduce   fuselab bench OP --plot
 #   fwdbwd      exploration: rope and bias_act forward+backward only (into explore/)
 #   sweep       benchmarks/sweeps/reduce_sweep.py (the reduction planner's knobs)
+#   graphs      fuselab bench --cuda-graph: rope, bias_act, mlp fwd+bwd and reduce (into cuda_graph/)
+#   ropetiles   benchmarks/sweeps/rope_tiles.py (RoPE tile/warps vs a copy of the same bytes, into probes/)
 #   profiles    fuselab profile: bias_act gelu_tanh (eager, torch.compile, fuselab, cuda), rope decode, reduce dim=0
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -36,6 +38,11 @@ for stage in "$@"; do
       run fuselab bench rope bias_act --mode fwd+bwd --providers eager torch.compile liger fuselab cuda \
         --out "$RES/explore"
       profile bias_act fuselab bf16 fwd+bwd bias_act_relu_fwdbwd_fuselab --shape 16384x4096-relu ;;
+    graphs)
+      run fuselab bench rope bias_act mlp --mode fwd+bwd --cuda-graph --plot \
+        --providers eager torch.compile torchscript liger fuselab cuda
+      run fuselab bench reduce --cuda-graph --plot ;;
+    ropetiles) run python3 benchmarks/sweeps/rope_tiles.py > "$RES/probes/rope_tiles.txt" ;;
     sweep) run python3 benchmarks/sweeps/reduce_sweep.py --out "$RES/reduce_sweep.json" ;;
     profiles)
       for p in eager torch.compile fuselab cuda; do profile bias_act "$p" bf16 fwd "bias_act_gelu_tanh_$p" \

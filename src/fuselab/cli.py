@@ -151,7 +151,7 @@ def _bench_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--l2-cold", action="store_true", default=_DEFAULTS.l2_cold,
                    help="time small cases over rotating input sets (> 2x L2) (GPU)")
     p.add_argument("--cuda-graph", action="store_true", default=_DEFAULTS.cuda_graph,
-                   help="time fwd cases as CUDA graph replays (GPU)")
+                   help="time fwd and fwd+bwd cases as CUDA graph replays: device time without host overhead (GPU)")
     p.set_defaults(func=cmd_bench)
 
 

@@ -11,7 +11,7 @@ from fuselab.bench import results as R
 from fuselab.bench.ceilings import Ceilings
 from fuselab.bench.options import BenchOptions
 from fuselab.bench.runner import run_spec
-from fuselab.bench.timing import HostTimer, TimingJob, TimingStats
+from fuselab.bench.timing import CudaTimer, HostTimer, TimingJob, TimingStats
 
 from . import toy
 
@@ -138,6 +138,37 @@ def test_host_timer_resets_grads():
 
     HostTimer(warmup=1, samples=3, budget_s=0.01).measure(TimingJob(steps=[step], grad_to_none=[x]))
     assert all(seen)
+
+
+def test_cuda_graph_results_go_to_their_own_folder(tmp_path):
+    assert BenchOptions(cuda_graph=True).out_dir().name == "cuda_graph"
+    assert BenchOptions(cuda_graph=True, out=tmp_path).out_dir() == tmp_path
+    assert BenchOptions().out_dir().name != "cuda_graph"
+
+
+def test_cuda_graph_replays_forward_and_backward():
+    """The captured fwd+bwd step recomputes the same gradients, into fresh buffers, on every replay."""
+    if not torch.cuda.is_available():
+        pytest.skip("CUDA graph capture needs a GPU")
+    x = torch.randn(257, 33, device="cuda", requires_grad=True)
+    w = torch.randn(33, device="cuda", requires_grad=True)
+    g = torch.randn(257, 33, device="cuda")
+
+    def step() -> None:
+        torch.autograd.backward([torch.tanh(x * w)], [g])
+
+    step()
+    want_x, want_w = x.grad.clone(), w.grad.clone()
+    replay = CudaTimer._graph(step, [x, w])
+    with torch.no_grad():
+        x.grad.fill_(float("nan"))  # poison: a replay must overwrite, not accumulate into, the captured buffers
+        w.grad.fill_(float("nan"))
+    replay()
+    torch.cuda.synchronize()
+    torch.testing.assert_close(x.grad, want_x)
+    torch.testing.assert_close(w.grad, want_w)
+    stats = CudaTimer(warmup_ms=1, rep_ms=5).measure(TimingJob(steps=[step], grad_to_none=[x, w], cuda_graph=True))
+    assert stats.median_ms > 0
 
 
 def test_derive_figures_needs_correct_baseline():

@@ -26,7 +26,7 @@ class BenchOptions:
     (None: all). ``dtypes`` / ``modes``: names (``fp32``, ``fwd``...; None: each suite's defaults).
     ``quick``: one or two sizes per op. ``out``: output folder (None: :func:`default_out_dir`).
     ``plot``: write PNGs. ``l2_cold``: time ``l2_cold`` cases over rotating input sets (GPU).
-    ``cuda_graph``: with ``l2_cold``, replay the rotation as one CUDA graph (fwd cases).
+    ``cuda_graph``: capture each step (the whole rotation) in a CUDA graph and time its replay (fwd, fwd+bwd).
     ``write``: write JSON/CSV files at all. ``command``: recorded in the JSON.
     """
 
@@ -43,4 +43,8 @@ class BenchOptions:
     command: str = field(default="")
 
     def out_dir(self) -> Path:
-        return Path(self.out) if self.out is not None else default_out_dir()
+        """``out``, else :func:`default_out_dir` (its ``cuda_graph/`` folder with ``cuda_graph``, so graph replays
+        never overwrite the plain results)."""
+        if self.out is not None:
+            return Path(self.out)
+        return default_out_dir() / "cuda_graph" if self.cuda_graph else default_out_dir()

@@ -77,6 +77,10 @@ def _rotation_sets(case: BenchCase, device: torch.device, options: BenchOptions)
     return max(2, min(MAX_ROTATION_SETS, math.ceil(2 * l2 / max(case.bytes, 1))))
 
 
+#: modes that ``--cuda-graph`` captures: the whole step, forward (and backward) launched inside the capture
+GRAPH_MODES = ("fwd", "fwd+bwd")
+
+
 def make_step(fn: Fn, args: Sequence[Any], case: BenchCase, grad_args: Sequence[int]
               ) -> tuple[Callable[[], Any], list[torch.Tensor]]:
     """One timed step for ``case.mode`` and the tensors whose grads are reset between steps.
@@ -124,9 +128,12 @@ def time_provider(spec: OpSpec, case: BenchCase, fn: Fn, device: torch.device, t
         leaves += grads
     if n_sets > 1:
         notes.append(f"L2-cold: {n_sets} rotating input sets")
-    graph = options.cuda_graph and device.type == "cuda" and case.mode == "fwd"
+    # not bwd: its forward ran outside the capture, so its backward would launch on that forward's stream
+    graph = options.cuda_graph and device.type == "cuda" and case.mode in GRAPH_MODES
     if graph:
         notes.append("CUDA graph replay")
+    elif options.cuda_graph and device.type == "cuda":
+        notes.append(f"not captured: --cuda-graph applies to {' and '.join(GRAPH_MODES)}")
     start = peak_memory_start(device)
     steps[0]()
     peak = peak_memory_delta(device, start)

@@ -73,7 +73,8 @@ class CudaTimer:
     """Device time from CUDA events, via ``triton.testing.do_bench`` (warm-up, L2 flush between calls).
 
     ``warmup_ms`` / ``rep_ms`` are do_bench's time budgets. With ``job.cuda_graph`` the rotation is
-    captured once into a CUDA graph and the graph replay is timed (launch overhead removed)."""
+    captured once into a CUDA graph and the graph replay is timed: launch and autograd host overhead
+    removed, which is what a training step captured in a graph (or ``torch.compile`` with cudagraphs) sees."""
 
     kind = "cuda"
 
@@ -85,23 +86,37 @@ class CudaTimer:
         from triton.testing import do_bench
 
         fn = _rotation(job)
-        if job.cuda_graph:
-            fn = self._graph(fn)
         grads = list(job.grad_to_none) or None
+        if job.cuda_graph:
+            fn = self._graph(fn, job.grad_to_none)
+            grads = None  # the replay writes the captured gradient buffers; .grad is not touched again
         med, p20, p80 = do_bench(fn, warmup=self.warmup_ms, rep=self.rep_ms, grad_to_none=grads,
                                  quantiles=[0.5, 0.2, 0.8])
         n = len(job.steps)
         return TimingStats(med / n, p20 / n, p80 / n)
 
     @staticmethod
-    def _graph(fn: Step) -> Step:
+    def _graph(fn: Step, leaves: Sequence[torch.Tensor] = ()) -> Step:
+        """Capture ``fn`` (a forward, or a forward+backward through autograd) once; return the replay.
+
+        Gradients are reset before each warm-up call and before the capture, so the captured backward
+        assigns fresh gradients (as a timed step does) instead of accumulating into old ones.
+        """
+
+        def fresh() -> None:
+            for t in leaves:
+                t.grad = None
+            fn()
+
         stream = torch.cuda.Stream()
         stream.wait_stream(torch.cuda.current_stream())
         with torch.cuda.stream(stream):  # warm up on a side stream, as CUDA graph capture requires
             for _ in range(3):
-                fn()
+                fresh()
         torch.cuda.current_stream().wait_stream(stream)
         graph = torch.cuda.CUDAGraph()
+        for t in leaves:
+            t.grad = None
         with torch.cuda.graph(graph):
             fn()
         return graph.replay
