@@ -185,7 +185,10 @@ def _config(n_tokens: int, hq: int, hk: int, half: int, n_pass: int, sms: int, i
         block_hk = max(1, min(block_hk, next_power_of_2(cdiv(max(hk, 1), splits))))
     q_chunk = cdiv(cdiv(hq, splits), block_hq) * block_hq
     k_chunk = cdiv(cdiv(max(hk, 1), splits), block_hk) * block_hk
-    warps = 4 if block_t * block_hq * row >= 2048 else 2
+    # 8 warps on full 4096-element tiles: +1-2% at every large bshd shape on the H100 over 4
+    # (benchmarks/results/h100/probes/rope_tiles.txt), 2 on the small decode tiles
+    tile = block_t * block_hq * row
+    warps = 8 if tile >= 4096 else (4 if tile >= 2048 else 2)
     return block_t, block_hq, block_hk, block_half, next_power_of_2(max(n_pass, 1)), splits, q_chunk, k_chunk, warps
 
 
