@@ -7,8 +7,9 @@ torch.compile points ``TRITON_PTXAS_PATH`` at PyTorch's ptxas (CUDA 13.0 in torc
 12.8. Compiled by 13.0, ``mean`` over all of 10000x10000 fp32 took 162 µs instead of 148 µs, every other case the
 same (probes/ptxas_ab.txt). The suspect: the split plan launches ~8 programs of 8 warps per SM in one wave, which
 needs ≤ 32 registers per thread; a kernel that needs more fits fewer per SM and runs a second, short wave. This
-prints each compiled kernel's registers and spills and times the cases for programs-per-SM 4 and 8, with and
-without ``maxnreg=32``.
+prints each compiled kernel's registers and spills and times the cases for programs-per-SM 4 and 8 (both kernels),
+with and without ``maxnreg=32``. (Measured before the planner took its answer: rows kernel 8 per SM with a
+32-register cap, cols kernel 4 per SM, uncapped.)
 """
 
 from __future__ import annotations
@@ -31,13 +32,15 @@ _LAUNCH = _reduce_triton.launch_kernel
 
 
 def with_maxnreg(maxnreg: int | None):
-    """``_reduce_triton``'s launch with ``maxnreg`` added to the compile options (and to the cache key)."""
-    if maxnreg is None:
-        return _LAUNCH
+    """``_reduce_triton``'s launch with the register cap ``maxnreg`` (None: none) in the compile options of both
+    kernels (and in the cache key)."""
 
     def launch(kernel, key, grid, tensors, scalars, constexprs, **kw):
-        return _LAUNCH(kernel, (key, maxnreg), grid, tensors, scalars, lambda: {**constexprs(), "maxnreg": maxnreg},
-                       **kw)
+        def options():
+            opts = {k: v for k, v in constexprs().items() if k != "maxnreg"}
+            return opts if maxnreg is None else {**opts, "maxnreg": maxnreg}
+
+        return _LAUNCH(kernel, (key, maxnreg), grid, tensors, scalars, options, **kw)
 
     return launch
 
@@ -52,7 +55,7 @@ def main() -> None:
     inputs = [(torch.randn(shape, device="cuda").add_(1.0).to(dtype), dim) for shape, dtype, dim in CASES]
     for per_sm in (8, 4):
         for maxnreg in (None, 32):
-            _reduce_triton.PROGRAMS_PER_SM = per_sm
+            _reduce_triton.PROGRAMS_PER_SM = _reduce_triton.COLS_PROGRAMS_PER_SM = per_sm
             _reduce_triton.launch_kernel = with_maxnreg(maxnreg)
             _launch._COMPILED.clear()
             reduce_ops._PLANNED.clear()  # plans are cached per shape: replan with this PROGRAMS_PER_SM

@@ -2,9 +2,10 @@
 
     python3 benchmarks/sweeps/reduce_sweep.py [--out FILE.json]
 
-For each case of the ``reduce`` suite (mean over all / dim=-1 / dim=0) and each setting of
-(TILE_BYTES, PROGRAMS_PER_SM, MIN_COL_BYTES, num_warps), the planner's constants are patched, the plan is
-rebuilt, and ``fuselab.mean`` is timed with CUDA events after do_bench's kind of L2 flush (median; ``_timing.py``).
+For each case of the ``reduce`` suite (mean over all / dim=-1 / dim=0) and each setting of (TILE_BYTES,
+programs per SM (PROGRAMS_PER_SM and COLS_PROGRAMS_PER_SM alike), MIN_COL_BYTES, num_warps), the planner's constants
+are patched, the plan is rebuilt, and ``fuselab.mean`` is timed with CUDA events after do_bench's kind of L2 flush
+(median; ``_timing.py``).
 ``--cases`` keeps the cases whose label contains one of the given strings. Fractions are of the
 D2D copy bandwidth measured in the same run (read + write counted). This is an exploration tool: the
 numbers it prints decide the planner's defaults (see benchmarks/notes/reduce.md), the lab measures them.
@@ -54,7 +55,7 @@ def main() -> None:
     args = parser.parse_args()
     copy = copy_gbps()
     print(f"device {torch.cuda.get_device_name()}  copy {copy:.0f} GB/s", flush=True)
-    defaults = (dict(K.TILE_BYTES), K.PROGRAMS_PER_SM, K.MIN_COL_BYTES)
+    defaults = (dict(K.TILE_BYTES), K.PROGRAMS_PER_SM, K.COLS_PROGRAMS_PER_SM, K.MIN_COL_BYTES)
     rows = []
     for label, shape, dtype, dim in CASES:
         if args.cases and not any(c in f"{label} {str(dtype)[6:]}" for c in args.cases):
@@ -67,18 +68,21 @@ def main() -> None:
                                  (None, 4, 8, 16))
         results = []
         for tile, per_sm, min_col, warps in grid:
-            K.TILE_BYTES, K.PROGRAMS_PER_SM, K.MIN_COL_BYTES = dict.fromkeys((2, 4, 8), tile), per_sm, min_col
+            K.TILE_BYTES, K.MIN_COL_BYTES = dict.fromkeys((2, 4, 8), tile), min_col
+            K.PROGRAMS_PER_SM = K.COLS_PROGRAMS_PER_SM = per_sm
             K._plan.cache_clear()
             plan, fn = run_once(x, dims, warps)
             if warps is not None and warps == plan.num_warps:
                 continue
             ms = events_ms(fn, dirty_flush, reps=30)
             frac = nbytes / ms / 1e6 / copy
-            is_default = (tile, per_sm, min_col, warps) == (defaults[0][x.element_size()], *defaults[1:], None)
+            default_per_sm = defaults[2] if cols_case else defaults[1]
+            is_default = (tile, per_sm, min_col, warps) == (defaults[0][x.element_size()], default_per_sm, defaults[3],
+                                                            None)
             results.append(dict(case=label, tile=tile, per_sm=per_sm, min_col=min_col, warps=plan.num_warps,
                                 grid=list(plan.grid), block_r=plan.block_r, block_i=plan.block_i, us=ms * 1e3,
                                 fraction=frac, default=is_default))
-        K.TILE_BYTES, K.PROGRAMS_PER_SM, K.MIN_COL_BYTES = defaults
+        K.TILE_BYTES, K.PROGRAMS_PER_SM, K.COLS_PROGRAMS_PER_SM, K.MIN_COL_BYTES = defaults
         K._plan.cache_clear()
         results.sort(key=lambda r: -r["fraction"])
         default = next(r for r in results if r["default"])

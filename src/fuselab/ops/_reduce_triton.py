@@ -42,8 +42,16 @@ from ._tickets import final_sum_rows, last_to_arrive, sum_partials, ticket_count
 TILE_BYTES = {2: 8192, 4: 16384, 8: 16384}
 #: the same under the interpreter (CPU): larger tiles, fewer (serially run) programs
 INTERPRETER_TILE_BYTES = 262144
-#: programs per SM a split reduction aims for (≈ two resident waves of 8-warp programs: small tail effect)
+#: programs per SM a split reduction of the rows kernel aims for: one resident wave of 8-warp programs, which needs
+#: <= 32 registers per thread (ROWS_MAXNREG). A plan with more programs than fit runs a second, short wave: with 34
+#: registers (ptxas 13.0, the one torch.compile selects) the all-element fp32 mean of 10^8 took 162 µs instead of 148
+#: (benchmarks/results/h100/probes/reduce_occupancy.txt)
 PROGRAMS_PER_SM = 8
+#: register cap of the rows kernel (no spills at 32 under ptxas 12.8 and 13.0; 6% faster on the all-element bf16 mean)
+ROWS_MAXNREG = 32
+#: the same for the cols kernel, which needs 40-48 registers (5-6 resident per SM; capping it at 32 spills): 4 per SM
+#: ran dim=0 of 8192x8192 / 65536x512 bf16 5-8% faster than 8
+COLS_PROGRAMS_PER_SM = 4
 #: narrowest column tile of the cols kernel: one 128-byte line per row
 MIN_COL_BYTES = 128
 #: cache eviction hint of the input loads (read once), by element size. "evict_first" keeps the stream from
@@ -268,12 +276,13 @@ def prepare(x: torch.Tensor, dims: tuple[int, ...]) -> tuple[torch.Tensor, Group
 def plan_reduction(x: torch.Tensor, kept, red: tuple[int, int]) -> ReducePlan:
     """Pick kernel, tile sizes and split for reading ``x`` with the layout from :func:`prepare`."""
     on_gpu = x.device.type == "cuda"
-    return _plan(tuple(kept), tuple(red), x.element_size(), on_gpu, sm_count(x.device) * PROGRAMS_PER_SM)
+    return _plan(tuple(kept), tuple(red), x.element_size(), on_gpu, sm_count(x.device), PROGRAMS_PER_SM,
+                 COLS_PROGRAMS_PER_SM)
 
 
 @functools.lru_cache(maxsize=4096)
-def _plan(kept: tuple[tuple[int, int], ...], red: tuple[int, int], elsize: int, on_gpu: bool,
-          target: int) -> ReducePlan:
+def _plan(kept: tuple[tuple[int, int], ...], red: tuple[int, int], elsize: int, on_gpu: bool, sms: int,
+          rows_per_sm: int, cols_per_sm: int) -> ReducePlan:
     R, s_r = red
     tile = (TILE_BYTES.get(elsize, 16384) if on_gpu else INTERPRETER_TILE_BYTES) // elsize
     inner_stride = kept[-1][1] if kept else None
@@ -288,13 +297,14 @@ def _plan(kept: tuple[tuple[int, int], ...], red: tuple[int, int], elsize: int, 
         block_r = min(next_power_of_2(R), tile)
         rows = max(1, min(tile // block_r, tile // MAX_COL_FRACTION, next_power_of_2(O * I)))
         tiles = cdiv(O * I, rows)
-        split, r_per_split = _split(R, block_r, tiles, target)
+        split, r_per_split = _split(R, block_r, tiles, sms * rows_per_sm)
         warps = 8 if rows * block_r >= 4096 else 4
         return ReducePlan("rows", O, I, R, s_o, s_i, s_r, block_r, rows, split, r_per_split, warps)
     if len(kept) == 2:
         (O, s_o), (I, s_i) = kept
     else:
         (O, s_o), (I, s_i) = (1, 0), kept[0]
+    target = sms * cols_per_sm
     # widest column tile (≤ 1 KiB rows) that still leaves enough tiles to keep splits small
     block_i = min(next_power_of_2(I), max(1, tile // MAX_COL_FRACTION))
     min_block_i = max(1, MIN_COL_BYTES // elsize)
@@ -342,7 +352,9 @@ def launch(x: torch.Tensor, plan: ReducePlan, out: torch.Tensor, partials: torch
                       BLOCK_S=block_s, OUT_BF16=out.dtype == torch.bfloat16, IS_MEAN=is_mean, INT64=int64,
                       num_warps=plan.num_warps)
         if plan.kind == "rows":
-            return dict(ROWS=plan.block_i, BLOCK_R=plan.block_r, HAS_I=plan.I > 1, R_CONTIG=plan.s_r == 1, **common)
+            cap = {"maxnreg": ROWS_MAXNREG} if x.is_cuda else {}  # a CUDA compile option (not the interpreter's)
+            return dict(ROWS=plan.block_i, BLOCK_R=plan.block_r, HAS_I=plan.I > 1, R_CONTIG=plan.s_r == 1, **common,
+                        **cap)
         return dict(BLOCK_R=plan.block_r, BLOCK_I=plan.block_i, I_CONTIG=plan.s_i == 1, **common)
 
     if plan.kind == "rows":
