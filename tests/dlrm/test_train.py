@@ -6,6 +6,7 @@ import json
 import math
 
 import pytest
+import torch
 
 from fuselab.dlrm.config import load_config
 from fuselab.dlrm.train import train
@@ -42,9 +43,13 @@ def test_resume_reproduces_the_loss_curve(synth_dir, tmp_path, optimizer):
     resumed = train(load_config("tiny", over), synth_dir, checkpoint_dir=ckpt_dir, resume="latest",
                     progress=False, log=_quiet)
     assert resumed["first_step"] == 10 and len(resumed["losses"]) == 10
-    assert first["losses"] == straight["losses"][:10]
-    assert resumed["losses"] == straight["losses"][10:]  # bitwise on CPU
-    assert resumed["final"]["auc"] == straight["final"]["auc"]
+    # bitwise, except SGD on CUDA: its update with an uncoalesced sparse gradient adds the rows of repeated ids with
+    # float atomics, so the last bits differ from run to run, straight or resumed alike (Adagrad coalesces first)
+    atomic = optimizer == "sgd" and torch.cuda.is_available()
+    same = (lambda a, b: a == pytest.approx(b, rel=1e-4, abs=1e-6)) if atomic else (lambda a, b: a == b)
+    assert same(first["losses"], straight["losses"][:10])
+    assert same(resumed["losses"], straight["losses"][10:])
+    assert same(resumed["final"]["auc"], straight["final"]["auc"])
 
 
 def test_periodic_checkpoints_are_atomic_and_pruned(synth_dir, tmp_path):
