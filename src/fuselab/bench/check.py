@@ -114,6 +114,15 @@ def _worst(pairs) -> float:
     return worst
 
 
+def _errors(fn: Fn, args: Sequence[Any], case: BenchCase, grad_args: Sequence[int], grad_outputs: tuple,
+            ref_out: tuple, ref_grads: tuple) -> tuple[float, float | None]:
+    """(output error, gradient error or None in fwd mode) of ``fn`` run on fresh copies of ``args``."""
+    outputs, grads = run(fn, prepare_args(args, grad_args, case.mode != "fwd"), case.mode, grad_args, grad_outputs)
+    out_err = float("inf") if len(outputs) != len(ref_out) else _worst(zip(outputs, ref_out))
+    grad_err = None if case.mode == "fwd" else _worst(zip(grads, ref_grads))
+    return out_err, grad_err
+
+
 def check(spec: OpSpec, case: BenchCase, fn: Fn, args: Sequence[Any] | None = None,
           device: torch.device | str = "cpu") -> CheckResult:
     """Run ``fn`` and the float64 reference on the same fresh inputs; compare all outputs
@@ -123,20 +132,11 @@ def check(spec: OpSpec, case: BenchCase, fn: Fn, args: Sequence[Any] | None = No
         args = spec.make_inputs(case, device)
     ref_out, ref_grads, grad_outputs = reference_run(spec, case, args)
     grad_args = spec.grad_args(case)
-    run_args = prepare_args(args, grad_args, case.mode != "fwd")
-    outputs, grads = run(fn, run_args, case.mode, grad_args, grad_outputs)
-    if len(outputs) != len(ref_out):
-        out_err = float("inf")
-    else:
-        out_err = _worst(zip(outputs, ref_out))
-    grad_err = None if case.mode == "fwd" else _worst(zip(grads, ref_grads))
+    out_err, grad_err = _errors(fn, args, case, grad_args, grad_outputs, ref_out, ref_grads)
     error = max(out_err, grad_err or 0.0)
     tol = tolerance(case.dtype)
     if spec.tolerance_vs_eager and case.dtype != torch.float64:  # the same code's own rounding sets the bar
-        eager_out, eager_grads = run(spec.reference, prepare_args(args, grad_args, case.mode != "fwd"), case.mode,
-                                     grad_args, grad_outputs)
-        eager_err = _worst(zip(eager_out, ref_out))
-        if case.mode != "fwd":
-            eager_err = max(eager_err, _worst(zip(eager_grads, ref_grads)))
-        tol = max(tol, 2 * eager_err)
+        eager_out_err, eager_grad_err = _errors(spec.reference, args, case, grad_args, grad_outputs, ref_out,
+                                                ref_grads)
+        tol = max(tol, 2 * max(eager_out_err, eager_grad_err or 0.0))
     return CheckResult(error=error, output_error=out_err, grad_error=grad_err, tolerance=tol)

@@ -62,6 +62,24 @@ def _rotation(job: TimingJob) -> Step:
     return run_all
 
 
+def _reset_grads(leaves: Sequence[torch.Tensor]) -> None:
+    for t in leaves:
+        t.grad = None
+
+
+def _with_grad_reset(fn: Step, leaves: Sequence[torch.Tensor]) -> Step:
+    """``fn`` preceded by resetting the gradients of ``leaves`` (``fn`` itself when there are none)."""
+    leaves = list(leaves)
+    if not leaves:
+        return fn
+
+    def step() -> None:
+        _reset_grads(leaves)
+        fn()
+
+    return step
+
+
 def _quantiles(samples: Sequence[float]) -> tuple[float, float, float]:
     if len(samples) == 1:
         return samples[0], samples[0], samples[0]
@@ -102,12 +120,7 @@ class CudaTimer:
         Gradients are reset before each warm-up call and before the capture, so the captured backward
         assigns fresh gradients (as a timed step does) instead of accumulating into old ones.
         """
-
-        def fresh() -> None:
-            for t in leaves:
-                t.grad = None
-            fn()
-
+        fresh = _with_grad_reset(fn, leaves)
         stream = torch.cuda.Stream()
         stream.wait_stream(torch.cuda.current_stream())
         with torch.cuda.stream(stream):  # warm up on a side stream, as CUDA graph capture requires
@@ -115,8 +128,7 @@ class CudaTimer:
                 fresh()
         torch.cuda.current_stream().wait_stream(stream)
         graph = torch.cuda.CUDAGraph()
-        for t in leaves:
-            t.grad = None
+        _reset_grads(leaves)
         with torch.cuda.graph(graph):
             fn()
         return graph.replay
@@ -137,17 +149,7 @@ class HostTimer:
         self.clock = clock
 
     def _step(self, job: TimingJob) -> Step:
-        fn = _rotation(job)
-        grads = list(job.grad_to_none)
-        if not grads:
-            return fn
-
-        def with_reset() -> None:
-            for g in grads:
-                g.grad = None
-            fn()
-
-        return with_reset
+        return _with_grad_reset(_rotation(job), job.grad_to_none)
 
     def measure(self, job: TimingJob) -> TimingStats:
         fn = self._step(job)

@@ -22,20 +22,33 @@ __all__ = ["mean", "sum"]
 Dim = ref.Dim
 
 
+def _plan_call(x: torch.Tensor, dims: tuple[int, ...], keepdim: bool, out_dtype: torch.dtype) -> tuple:
+    """(the tensor the kernels read: ``x`` or its one layout copy, (output shape, output dtype, plan,
+    accumulation dtype))."""
+    from fuselab.ops import _reduce_triton as kernels
+
+    src, kept, red = kernels.prepare(x, dims)
+    return src, (ref.output_shape(x, dims, keepdim), out_dtype, kernels.plan_reduction(src, kept, red),
+                 ref.accumulate_dtype(x.dtype, out_dtype))
+
+
+def _run_planned(src: torch.Tensor, dims: tuple[int, ...], planned: tuple, is_mean: bool) -> torch.Tensor:
+    """Allocate the output (contiguous) and, for split reductions, the partials workspace; launch."""
+    from fuselab.ops import _reduce_triton as kernels
+
+    out_shape, out_dtype, plan, acc = planned
+    out = torch.empty(out_shape, dtype=out_dtype, device=src.device)
+    n = kernels.workspace_numel(plan)
+    workspace = torch.empty(n, dtype=acc, device=src.device) if n else None
+    kernels.reduce_into(src, dims, out, workspace, plan=plan, is_mean=is_mean)
+    return out
+
+
 def _reduce_alloc(x: torch.Tensor, dims: tuple[int, ...], keepdim: bool, is_mean: bool,
                   out_dtype: torch.dtype) -> torch.Tensor:
     """Allocating op: the output (contiguous) and, for split reductions, the fp32 partials workspace."""
-    from fuselab.ops import _reduce_triton as kernels
-
-    shape = ref.output_shape(x, dims, keepdim)
-    out = torch.empty(shape, dtype=out_dtype, device=x.device)
-    src, kept, red = kernels.prepare(x, dims)
-    plan = kernels.plan_reduction(src, kept, red)
-    acc = ref.accumulate_dtype(x.dtype, out_dtype)
-    n = kernels.workspace_numel(plan)
-    workspace = torch.empty(n, dtype=acc, device=x.device) if n else None
-    kernels.reduce_into(src, dims, out, workspace, plan=plan, is_mean=is_mean)
-    return out
+    src, planned = _plan_call(x, dims, keepdim, out_dtype)
+    return _run_planned(src, dims, planned, is_mean)
 
 
 @torch.library.custom_op("fuselab::reduce", mutates_args=())
@@ -86,7 +99,7 @@ _PLANNED: dict[tuple, tuple] = {}
 def _planned_call(x: torch.Tensor, dim: Dim, keepdim: bool, dtype: torch.dtype | None, op: str):
     """The host-side fast path of an eager, no-grad CUDA call seen before: no validation or planning again
     (a dict lookup instead of tens of microseconds). Returns the result for a call seen before, the cache key
-    for an eligible new call (the caller stores its plan with :func:`_remember`), or None when not eligible."""
+    for an eligible new call (the caller stores its plan under it), or None when not eligible."""
     if not (type(x) is torch.Tensor and x.is_cuda) or os.environ.get(ENV_VAR) is not None:
         return None
     if (x.requires_grad and torch.is_grad_enabled()) or torch.compiler.is_compiling():
@@ -98,14 +111,7 @@ def _planned_call(x: torch.Tensor, dim: Dim, keepdim: bool, dtype: torch.dtype |
         return None
     if hit is None:
         return key
-    out_shape, out_dtype, plan, acc = hit
-    from fuselab.ops import _reduce_triton as kernels
-
-    out = torch.empty(out_shape, dtype=out_dtype, device=x.device)
-    n = kernels.workspace_numel(plan)
-    workspace = torch.empty(n, dtype=acc, device=x.device) if n else None
-    kernels.reduce_into(x, (), out, workspace, plan=plan, is_mean=op == "mean")
-    return out
+    return _run_planned(x, (), hit, op == "mean")
 
 
 def _dispatch(x: torch.Tensor, dim: Dim, keepdim: bool, dtype: torch.dtype | None, op: str) -> torch.Tensor:
@@ -127,23 +133,13 @@ def _dispatch(x: torch.Tensor, dim: Dim, keepdim: bool, dtype: torch.dtype | Non
     if type(x) is torch.Tensor and not torch.compiler.is_compiling() and not (x.requires_grad and
                                                                              torch.is_grad_enabled()):
         # eager without autograd: skip the custom-op dispatcher (tens of µs of host time per call)
-        if fast is not None and x.is_floating_point():
-            _remember(fast, x, dims, keepdim, out_dtype)
-        return _reduce_alloc(x, dims, keepdim, op == "mean", out_dtype)
+        src, planned = _plan_call(x, dims, keepdim, out_dtype)
+        if fast is not None and x.is_floating_point() and src is x:  # remembered only when read in place
+            if len(_PLANNED) > 1024:
+                _PLANNED.clear()
+            _PLANNED[fast] = planned
+        return _run_planned(src, dims, planned, op == "mean")
     return _reduce_op(x, list(dims), keepdim, op == "mean", out_dtype)
-
-
-def _remember(key: tuple, x: torch.Tensor, dims: tuple[int, ...], keepdim: bool, out_dtype: torch.dtype) -> None:
-    """Store the plan of an eager call whose input the kernels read in place (no layout copy)."""
-    from fuselab.ops import _reduce_triton as kernels
-
-    src, kept, red = kernels.prepare(x, dims)
-    if src is not x:
-        return
-    if len(_PLANNED) > 1024:
-        _PLANNED.clear()
-    _PLANNED[key] = (ref.output_shape(x, dims, keepdim), out_dtype, kernels.plan_reduction(src, kept, red),
-                     ref.accumulate_dtype(x.dtype, out_dtype))
 
 
 def sum(x: torch.Tensor, dim: Dim = None, keepdim: bool = False, *, dtype: torch.dtype | None = None) -> torch.Tensor:

@@ -90,13 +90,13 @@ class _RopeFunction(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, q, k, cos, sin, inv_freq, positions, offsets, cu_seqlens, params, inplace):
+        tables = (cos, sin, inv_freq, positions, offsets, cu_seqlens)
         if inplace:
             q_out, k_out = q, k
             ctx.mark_dirty(*((q,) if k is None else (q, k)))
+            rope_launch(q, k, q, k, *tables, **params)
         else:
-            q_out = _empty_like(q)
-            k_out = _empty_like(k) if k is not None else None
-        rope_launch(q, k, q_out, k_out, cos, sin, inv_freq, positions, offsets, cu_seqlens, **params)
+            q_out, k_out = _rotated(q, k, tables, params)
         ctx.has_k = k is not None
         ctx.params = params
         ctx.save_for_backward(cos, sin, inv_freq, positions, offsets, cu_seqlens)
@@ -108,18 +108,21 @@ class _RopeFunction(torch.autograd.Function):
         return dq, dk, None, None, None, None, None, None, None, None
 
 
+def _rotated(q: torch.Tensor, k: torch.Tensor | None, tables: tuple, params: dict) -> tuple:
+    """``q`` and ``k`` (or None) rotated into fresh tensors, one launch."""
+    q_out = _empty_like(q)
+    k_out = _empty_like(k) if k is not None else None
+    rope_launch(q, k, q_out, k_out, *tables, **params)
+    return q_out, k_out
+
+
 def _rotate_back(ctx, grad_q, grad_k) -> tuple[torch.Tensor | None, torch.Tensor | None]:
     """The backward: the same rotation with the conjugate sign, into fresh tensors."""
-    p = ctx.params
     grad_k = grad_k if ctx.has_k else None
-    dq = None if grad_q is None else _empty_like(grad_q)
-    dk = None if grad_k is None else _empty_like(grad_k)
-    if dq is None:  # only k_out was used: rotate k alone (the launcher's q slot takes it)
-        if dk is not None:
-            rope_launch(grad_k, None, dk, None, *ctx.saved_tensors, **{**p, "conj": not p["conj"]})
-        return None, dk
-    rope_launch(grad_q, grad_k, dq, dk, *ctx.saved_tensors, **{**p, "conj": not p["conj"]})
-    return dq, dk
+    params = {**ctx.params, "conj": not ctx.params["conj"]}
+    if grad_q is None:  # only k_out was used: rotate k alone (the launcher's q slot takes it)
+        return None, (None if grad_k is None else _rotated(grad_k, None, ctx.saved_tensors, params)[0])
+    return _rotated(grad_q, grad_k, ctx.saved_tensors, params)
 
 
 # ---------------------------------------------------------------------------------------------- validation
@@ -323,10 +326,7 @@ def run_rope(q: torch.Tensor, k: torch.Tensor | None, cos: torch.Tensor | None, 
     if compiling:
         q_out, k_out = _rope_op(q, k, *args, layout, half, interleaved, False, offset, mscale)
         return q_out, (k_out if k is not None else None)
-    q_out = _empty_like(q)
-    k_out = _empty_like(k) if k is not None else None
-    rope_launch(q, k, q_out, k_out, *args, **params)
-    return q_out, k_out
+    return _rotated(q, k, args, params)
 
 
 # ---------------------------------------------------------------------------------------------- fast path
