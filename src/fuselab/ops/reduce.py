@@ -100,8 +100,8 @@ def _planned_call(x: torch.Tensor, dim: Dim, keepdim: bool, dtype: torch.dtype |
     """The host-side fast path of an eager, no-grad CUDA call seen before: no validation or planning again
     (a dict lookup instead of tens of microseconds). Returns the result for a call seen before, the cache key
     for an eligible new call (the caller stores its plan under it), or None when not eligible."""
-    if not (type(x) is torch.Tensor and x.is_cuda) or os.environ.get(ENV_VAR) is not None:
-        return None
+    if not (type(x) is torch.Tensor and x.is_cuda and x.is_floating_point()) or os.environ.get(ENV_VAR) is not None:
+        return None  # integer/bool inputs are converted first (a copy the plan cannot stand for)
     if (x.requires_grad and torch.is_grad_enabled()) or torch.compiler.is_compiling():
         return None
     try:
@@ -134,7 +134,7 @@ def _dispatch(x: torch.Tensor, dim: Dim, keepdim: bool, dtype: torch.dtype | Non
                                                                              torch.is_grad_enabled()):
         # eager without autograd: skip the custom-op dispatcher (tens of µs of host time per call)
         src, planned = _plan_call(x, dims, keepdim, out_dtype)
-        if fast is not None and x.is_floating_point() and src is x:  # remembered only when read in place
+        if fast is not None and src is x:  # remembered only when read in place
             if len(_PLANNED) > 1024:
                 _PLANNED.clear()
             _PLANNED[fast] = planned
