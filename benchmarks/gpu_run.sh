@@ -4,11 +4,13 @@
 # benchmarks/results/<gpu>/ plus the logs into $OUT/results.tgz (the device tool brings back few files).
 # Stages:
 #   tests       the whole pytest suite on the GPU (kernels compiled, gpu-marked tests included)
+#   cudatests   the GPU tests of the CUDA C++ backends and fuselab.nn only (builds the extensions)
 #   lab         fuselab env; fuselab bench square gelu_tanh --plot; fuselab profile gelu_tanh (eager, compile)
 #   rope | bias_act | mlp | reduce   fuselab bench OP --plot
 #   fwdbwd      exploration: rope and bias_act forward+backward only (into explore/)
 #   sweep       benchmarks/sweeps/reduce_sweep.py (the reduction planner's knobs)
 #   graphs      fuselab bench --cuda-graph: rope, bias_act, mlp fwd+bwd and reduce (into cuda_graph/)
+#   mlpgraph    fuselab bench mlp --cuda-graph only (into cuda_graph/)
 #   ropetiles   benchmarks/sweeps/rope_tiles.py (RoPE tile/warps vs a copy of the same bytes, into probes/)
 #   profiles    fuselab profile: bias_act gelu_tanh (eager, torch.compile, fuselab, cuda), rope decode, reduce dim=0
 set -uo pipefail
@@ -28,6 +30,8 @@ pack() { tar czf "$OUT/results.tgz" "$RES" "$LOG" 2>/dev/null; }  # after every 
 for stage in "$@"; do
   case "$stage" in
     tests) run timeout 330 python3 -m pytest -q -p no:cacheprovider --timeout 300 tests ;;
+    cudatests) run timeout 330 python3 -m pytest -q -p no:cacheprovider --timeout 300 tests/test_nn.py \
+      tests/ops/test_bias_act.py tests/bench/test_suites.py -k "cuda or mlp" ;;
     lab)
       run fuselab env
       run fuselab bench square gelu_tanh --plot
@@ -42,6 +46,7 @@ for stage in "$@"; do
       run fuselab bench rope bias_act mlp --mode fwd+bwd --cuda-graph --plot \
         --providers eager torch.compile torchscript liger fuselab cuda
       run fuselab bench reduce --cuda-graph --plot ;;
+    mlpgraph) run fuselab bench mlp --mode fwd+bwd --cuda-graph --plot ;;
     ropetiles) run python3 benchmarks/sweeps/rope_tiles.py > "$RES/probes/rope_tiles.txt" ;;
     sweep) run python3 benchmarks/sweeps/reduce_sweep.py --out "$RES/reduce_sweep.json" ;;
     profiles)

@@ -5,6 +5,7 @@ from them."""
 from __future__ import annotations
 
 import copy
+import functools
 
 import pytest
 import torch
@@ -78,11 +79,12 @@ FAST_CASES = [(a, torch.float32) for a in fuselab.ACTIVATIONS] + [("relu", torch
                                                                    ("gelu_tanh", torch.bfloat16)]
 
 
-def _check_against_linear(x, w, b, activation, dtype, make_grad=torch.randn_like):
-    """fused_linear(x, w, b) vs float64 nn.Linear + reference activation: output, then the grads of the
-    leaves that require grad (others must stay None)."""
-    y = fused_linear(x, w, b, activation)
-    assert type(y.grad_fn).__name__ == FAST_NODE  # the fast path, not the custom-op fallback
+def _check_against_linear(x, w, b, activation, dtype, make_grad=torch.randn_like, fn=fused_linear, node=FAST_NODE):
+    """fn(x, w, b) vs float64 nn.Linear + reference activation: output, then the grads of the leaves that
+    require grad (others must stay None). ``node``: the autograd node fn must make (the fast path, not the
+    custom-op fallback)."""
+    y = fn(x, w, b, activation)
+    assert y.grad_fn is not None and node in y.grad_fn.name()
     assert y.shape == (*x.shape[:-1], w.shape[0]) and y.dtype == dtype
     linear = nn.Linear(w.shape[1], w.shape[0], bias=b is not None, device=w.device, dtype=torch.float64)
     with torch.no_grad():
@@ -303,3 +305,97 @@ def test_mlp_suite_fuselab_provider_passes_check(triton_backend, device, dtype):
         # bf16 vs float64 over 4 relu layers: every provider (eager included) is off by a few percent in the
         # weight gradients (relu masks flip where bf16 rounding moves z across 0); the forward must still pass
         assert result.output_error <= result.tolerance, result
+
+
+# ---------------------------------------------------------------- backend="cuda": one C++ autograd node per layer
+CUDA_NODE = "FusedLinearFunction"  # CppNode<fused_linear_impl::FusedLinearFunction>
+CUDA_CASES = [(a, torch.float32) for a in fuselab.ACTIVATIONS] + [
+    ("relu", torch.bfloat16), ("gelu_tanh", torch.bfloat16), ("silu", torch.float16)]
+
+
+def _cuda_fused_linear(x, w, b, activation):
+    from fuselab.cuda.fused_linear import fused_linear as cuda_fused_linear
+
+    return cuda_fused_linear(x, w, b, activation)
+
+
+def test_cuda_fused_linear_rejects_bad_arguments():
+    from fuselab.cuda.fused_linear import fused_linear as cuda_fused_linear
+
+    w = torch.randn(8, 4)
+    with pytest.raises(ValueError, match="backend"):
+        FusedLinear(4, 8, backend="cpp")
+    with pytest.raises(TypeError, match="x must be float32"):
+        cuda_fused_linear(torch.ones(2, 4, dtype=torch.int32), w)
+    with pytest.raises(TypeError, match="weight must have x's dtype"):
+        cuda_fused_linear(torch.randn(2, 4), w.double())
+    with pytest.raises(ValueError, match="weight"):
+        cuda_fused_linear(torch.randn(2, 5), w)
+    with pytest.raises(ValueError, match="bias must be"):
+        cuda_fused_linear(torch.randn(2, 4), w, torch.randn(4))
+    with pytest.raises(ValueError, match="activation must be one of"):
+        cuda_fused_linear(torch.randn(2, 4), w, None, "tanh")
+    with pytest.raises(RuntimeError, match="needs CUDA tensors"):
+        cuda_fused_linear(torch.randn(2, 4), w)
+    with pytest.raises(RuntimeError, match="needs CUDA tensors"):
+        FusedLinear(4, 8, backend="cuda")(torch.randn(2, 4))
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("x_grad", [True, False], ids=["x_grad", "x_const"])
+@pytest.mark.parametrize("has_bias", [True, False], ids=["bias", "no_bias"])
+@pytest.mark.parametrize("shape", [(7, 13), (2, 5, 13), (1, 13), (13,)], ids=["2d", "3d", "1row", "1d"])
+@pytest.mark.parametrize(("activation", "dtype"), CUDA_CASES,
+                         ids=[f"{a}-{str(d).removeprefix('torch.')}" for a, d in CUDA_CASES])
+def test_cuda_fused_linear_matches_linear_gpu(activation, dtype, shape, has_bias, x_grad):
+    w = (torch.randn(40, 13, device="cuda") / 13**0.5).to(dtype).requires_grad_(True)  # N = 40: vector path
+    b = torch.randn(40, device="cuda").to(dtype).requires_grad_(True) if has_bias else None
+    x = torch.randn(*shape, device="cuda").to(dtype).requires_grad_(x_grad)
+    _check_against_linear(x, w, b, activation, dtype, fn=_cuda_fused_linear, node=CUDA_NODE)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("activation", ["none", "relu", "gelu"])
+def test_cuda_fused_linear_strided_frozen_and_inplace_gpu(activation):
+    w = torch.randn(33, 13, device="cuda", requires_grad=True)  # N = 33: the one-element path
+    b = torch.randn(33, device="cuda", requires_grad=True)
+
+    def transposed(y: torch.Tensor) -> torch.Tensor:
+        return torch.randn(tuple(reversed(y.shape)), device="cuda").transpose(0, -1)
+
+    check = functools.partial(_check_against_linear, fn=_cuda_fused_linear, node=CUDA_NODE)
+    x = torch.randn(13, 7, device="cuda").t().requires_grad_(True)
+    check(x, w, b, activation, torch.float32, make_grad=transposed)
+    x = torch.randn(5, 2, 13, device="cuda").transpose(0, 1).requires_grad_(True)
+    w.grad = b.grad = None
+    check(x, w, b, activation, torch.float32, make_grad=transposed)
+    frozen = torch.randn(33, 13, device="cuda")
+    check(torch.randn(7, 13, device="cuda", requires_grad=True), frozen, b, activation, torch.float32)
+    y = _cuda_fused_linear(torch.randn(2, 5, 13, device="cuda"), w, b, activation)
+    if activation == "relu":  # the output is saved: modifying it in place is caught by the version check
+        with pytest.raises(RuntimeError, match="modified by an inplace operation"):
+            y.mul_(2.0).sum().backward()
+    else:  # the output is no view: in-place ops on it are allowed
+        y.mul_(2.0).sum().backward()
+
+
+@pytest.mark.gpu
+def test_fused_linear_cuda_backend_trains_like_auto_gpu():
+    torch.manual_seed(0)
+    layers = [FusedLinear(i, o, activation=a, device="cuda") for i, o, a in ((13, 64, "relu"), (64, 32, "gelu_tanh"),
+                                                                            (32, 8, "none"))]
+    twins = [FusedLinear.from_linear(layer, activation=layer.activation, backend="cuda") for layer in layers]
+    assert "backend='cuda'" in repr(twins[0])
+    x = torch.randn(256, 13, device="cuda")
+    y_auto, y_cuda = x, x
+    for layer, twin in zip(layers, twins):
+        y_auto, y_cuda = layer(y_auto), twin(y_cuda)
+    assert_close(y_cuda, y_auto.detach().double(), torch.float32, "forward")
+    grads = []
+    for y in (y_auto, y_cuda):
+        for layer in layers:
+            layer.zero_grad()
+        y.square().sum().backward()
+        grads.append([p.grad.clone() for layer in layers for p in layer.parameters()])
+    for g_auto, g_cuda in zip(*grads):
+        assert_close(g_cuda, g_auto.double(), torch.float32, "parameter grad")

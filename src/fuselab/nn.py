@@ -1,7 +1,8 @@
 """Layers built on the fused epilogue: cuBLAS matmul (no bias) + one fused bias/residual/activation pass.
 
 * :class:`FusedLinear` — ``act(x @ W.T + b)``, a drop-in for ``nn.Linear`` followed by an activation
-  (functional form: :func:`fused_linear`).
+  (functional form: :func:`fused_linear`). ``backend="cuda"`` runs it as one C++ autograd node
+  (:func:`fuselab.cuda.fused_linear`): the least host time in eager training.
 * :class:`LoRALinear` — ``act(x @ W.T + b + (alpha/rank) · (x @ A.T) @ B.T)`` around a (frozen) ``nn.Linear``;
   the LoRA branch enters the epilogue as the scaled residual, so the sum never takes its own pass.
 
@@ -26,6 +27,8 @@ from fuselab.ops.bias_act import ACTIVATIONS, bias_act
 from fuselab.reference.bias_act import SAVED
 
 _FAST_DTYPES = (torch.float32, torch.bfloat16, torch.float16, torch.float64)
+#: FusedLinear backends: "auto" follows FUSELAB_BACKEND (Triton on CUDA, PyTorch elsewhere); "cuda" is the C++ node
+LINEAR_BACKENDS = ("auto", "cuda")
 
 
 def _check_activation(activation: str) -> str:
@@ -36,6 +39,20 @@ def _check_activation(activation: str) -> str:
 
 def _any_requires_grad(*tensors: torch.Tensor | None) -> bool:
     return torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in tensors)
+
+
+def _check_backend(backend: str) -> str:
+    if backend not in LINEAR_BACKENDS:
+        raise ValueError(f"backend must be one of {', '.join(LINEAR_BACKENDS)}, got {backend!r}")
+    return backend
+
+
+@functools.cache
+def _cuda_fused_linear():
+    """:func:`fuselab.cuda.fused_linear`, imported on first use (it imports Triton's launcher module)."""
+    from fuselab.cuda.fused_linear import fused_linear as cuda_fused_linear
+
+    return cuda_fused_linear
 
 
 @functools.cache
@@ -147,17 +164,27 @@ class FusedLinear(nn.Module):
     Parameters are named and initialized like ``nn.Linear`` (``weight`` ``[out, in]``, ``bias`` ``[out]``,
     Kaiming-uniform), so ``load_state_dict`` from an ``nn.Linear`` works.
 
-    Raises ``ValueError`` for an unknown activation or non-positive sizes.
+    ``backend``:
+
+    * ``"auto"`` (default): the op's dispatch (``FUSELAB_BACKEND``): on CUDA the Triton epilogue, one Python
+      autograd node per layer in eager training and custom ops under ``torch.compile``; the PyTorch path on CPU.
+    * ``"cuda"``: :func:`fuselab.cuda.fused_linear`, one C++ autograd node (no Python in the backward; the
+      extension compiles with nvcc on first use). For eager training of small, host-bound layers. CUDA tensors
+      of float32/float16/bfloat16 only; ``torch.compile`` graph-breaks around it.
+
+    Raises ``ValueError`` for an unknown activation or backend, or non-positive sizes.
     """
 
     def __init__(self, in_features: int, out_features: int, bias: bool = True, activation: str = "relu",
-                 device: torch.device | str | None = None, dtype: torch.dtype | None = None) -> None:
+                 device: torch.device | str | None = None, dtype: torch.dtype | None = None,
+                 backend: str = "auto") -> None:
         super().__init__()
         if in_features <= 0 or out_features <= 0:
             raise ValueError(f"in_features and out_features must be positive, got {in_features}, {out_features}")
         self.in_features = in_features
         self.out_features = out_features
         self.activation = _check_activation(activation)
+        self.backend = _check_backend(backend)
         self.weight = nn.Parameter(torch.empty(out_features, in_features, device=device, dtype=dtype))
         self.bias = nn.Parameter(torch.empty(out_features, device=device, dtype=dtype)) if bias else None
         self.reset_parameters()
@@ -170,22 +197,26 @@ class FusedLinear(nn.Module):
             nn.init.uniform_(self.bias, -bound, bound)
 
     @classmethod
-    def from_linear(cls, linear: nn.Linear, activation: str = "relu") -> FusedLinear:
+    def from_linear(cls, linear: nn.Linear, activation: str = "relu", backend: str = "auto") -> FusedLinear:
         """A FusedLinear sharing ``linear``'s parameters."""
         layer = cls.__new__(cls)
         nn.Module.__init__(layer)
         layer.in_features, layer.out_features = linear.in_features, linear.out_features
         layer.activation = _check_activation(activation)
+        layer.backend = _check_backend(backend)
         layer.weight = linear.weight
         layer.bias = linear.bias
         return layer
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.backend == "cuda":
+            return _cuda_fused_linear()(x, self.weight, self.bias, self.activation)
         return fused_linear(x, self.weight, self.bias, self.activation)
 
     def extra_repr(self) -> str:
+        backend = "" if self.backend == "auto" else f", backend={self.backend!r}"
         return (f"in_features={self.in_features}, out_features={self.out_features}, "
-                f"bias={self.bias is not None}, activation={self.activation!r}")
+                f"bias={self.bias is not None}, activation={self.activation!r}{backend}")
 
 
 class LoRALinear(nn.Module):

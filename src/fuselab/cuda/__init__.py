@@ -12,6 +12,7 @@ from typing import Any
 _API: dict[str, str] = {
     "square": "fuselab.cuda.square",
     "bias_act": "fuselab.cuda.bias_act",
+    "fused_linear": "fuselab.cuda.fused_linear",
 }
 
 

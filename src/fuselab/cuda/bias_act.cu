@@ -38,10 +38,10 @@ __device__ __forceinline__ void store_vec(T* p, const Vec<T, V>& v) {
   *reinterpret_cast<Vec<T, V>*>(p) = v;
 }
 
-template <typename A>
-__device__ __forceinline__ A sigmoid(A z) {
-  return A(1) / (A(1) + exp(-z));
-}
+// 1 / (1 + e^-z) with the fast intrinsics (ex2.approx and div.approx: a few ulp, like Triton's exp and fp32
+// division; IEEE expf and division made gelu_tanh's forward compute-bound at bf16). e^-z overflows to inf for
+// z < -88 and the quotient is then 0.
+__device__ __forceinline__ float sigmoid(float z) { return __fdividef(1.0f, 1.0f + __expf(-z)); }
 
 // act(z); tanh(u) = 2 sigmoid(2u) - 1, so gelu_tanh(z) = z * sigmoid(2u), u = sqrt(2/pi) (z + 0.044715 z^3)
 template <int ACT, typename A>
@@ -79,7 +79,7 @@ __device__ __forceinline__ A act_grad(A s) {
     A sg = sigmoid(s);
     return sg * (A(1) + s * (A(1) - sg));
   } else if constexpr (ACT == kGelu) {
-    return A(0.5) * (A(1) + erf(s * A(0.7071067811865476))) + s * exp(A(-0.5) * s * s) * A(0.3989422804014327);
+    return A(0.5) * (A(1) + erf(s * A(0.7071067811865476))) + s * __expf(A(-0.5) * s * s) * A(0.3989422804014327);
   } else {
     A sg = sigmoid(A(1.5957691216057308) * (s + A(0.044715) * s * s * s));
     return sg + s * sg * (A(1) - sg) * (A(1.5957691216057308) * (A(1) + A(0.134145) * s * s));
@@ -125,6 +125,7 @@ __global__ void bias_act_fwd_kernel(const T* __restrict__ x,     // [M, N], row 
 template <typename T, int ACT, int V>
 __global__ void bias_act_bwd_kernel(const T* __restrict__ g,      // [M, N], row stride sgm
                                     const T* __restrict__ s,      // [M, N], row stride ssm, or nullptr (none)
+                                    const T* __restrict__ shift,  // [N] added to s (z = h + bias), or nullptr
                                     T* __restrict__ dx,           // [M, N] contiguous, or nullptr
                                     T* __restrict__ dr,           // [M, N] contiguous, or nullptr
                                     at::opmath_type<T>* __restrict__ partial,  // [gridDim.x, N], or nullptr
@@ -140,6 +141,8 @@ __global__ void bias_act_bwd_kernel(const T* __restrict__ g,      // [M, N], row
 #pragma unroll
   for (int k = 0; k < V; ++k) acc[k] = A(0);
   if (active) {
+    Vec<T, V> shv;  // the thread's columns are fixed: one load of the shift
+    if (shift != nullptr) shv = load_vec<T, V>(shift + col);
     const int64_t step = static_cast<int64_t>(gridDim.x) * blockDim.y;
     for (int64_t row = static_cast<int64_t>(blockIdx.x) * blockDim.y + threadIdx.y; row < M; row += step) {
       const Vec<T, V> gv = load_vec<T, V>(g + row * sgm + col);
@@ -148,7 +151,11 @@ __global__ void bias_act_bwd_kernel(const T* __restrict__ g,      // [M, N], row
 #pragma unroll
       for (int k = 0; k < V; ++k) {
         A dz = static_cast<A>(gv.v[k]);
-        if (ACT != kNone) dz *= act_grad<ACT>(static_cast<A>(sv.v[k]));
+        if (ACT != kNone) {
+          A sk = static_cast<A>(sv.v[k]);
+          if (shift != nullptr) sk += static_cast<A>(shv.v[k]);  // z = h + bias in float, as the forward had it
+          dz *= act_grad<ACT>(sk);
+        }
         xo.v[k] = static_cast<T>(dz);
         ro.v[k] = static_cast<T>(alpha * dz);
         acc[k] += dz;
@@ -213,23 +220,26 @@ void check_launch() {
 
 }  // namespace
 
-// returns {y, pre}; pre is empty unless save_pre
+// returns {y, pre}; pre is empty unless save_pre. out (optional, [M, N] with a unit inner stride, any row stride)
+// receives y; it may be x itself (each element is read, then written, by one thread)
 std::vector<torch::Tensor> bias_act_forward(torch::Tensor x, std::optional<torch::Tensor> bias,
                                             std::optional<torch::Tensor> residual, double alpha,
-                                            int64_t activation, bool save_pre, int64_t stream_handle) {
+                                            int64_t activation, bool save_pre, std::optional<torch::Tensor> out,
+                                            int64_t stream_handle) {
   // the caller (fuselab.cuda.bias_act) sets the current device and passes torch's current stream
   const cudaStream_t stream = reinterpret_cast<cudaStream_t>(stream_handle);
   TORCH_CHECK(x.is_cuda() && x.dim() == 2, "x must be a 2-D CUDA tensor");
   TORCH_CHECK(x.size(1) <= 1 || x.stride(1) == 1, "x must have a unit inner stride");
   if (residual) check_rows(*residual, x, "residual");
+  if (out) check_rows(*out, x, "out");
   if (bias) {
     TORCH_CHECK(bias->dim() == 1 && bias->size(0) == x.size(1) && bias->is_contiguous(),
                 "bias must be a contiguous [N] tensor");
     TORCH_CHECK(bias->scalar_type() == x.scalar_type() && bias->device() == x.device(),
                 "bias must have x's dtype and device");
   }
-    const int64_t M = x.size(0), N = x.size(1);
-  auto y = torch::empty({M, N}, x.options());
+  const int64_t M = x.size(0), N = x.size(1);
+  auto y = out ? *out : torch::empty({M, N}, x.options());
   auto pre = torch::empty({save_pre ? M : 0, save_pre ? N : 0}, x.options());
   if (M == 0 || N == 0) return {y, pre};
   FUSELAB_DISPATCH_FLOATS(x.scalar_type(), "bias_act_forward", [&] {
@@ -241,18 +251,19 @@ std::vector<torch::Tensor> bias_act_forward(torch::Tensor x, std::optional<torch
     scalar_t* yp = y.data_ptr<scalar_t>();
     scalar_t* pp = save_pre ? pre.data_ptr<scalar_t>() : nullptr;
     const int64_t srm = residual ? residual->stride(0) : 0;
-    const bool vec = N % VW == 0 && x.stride(0) % VW == 0 && srm % VW == 0 && aligned16(xp) && aligned16(rp) &&
-                     aligned16(bp) && aligned16(yp) && aligned16(pp);
+    const int64_t sym = y.stride(0);
+    const bool vec = N % VW == 0 && x.stride(0) % VW == 0 && srm % VW == 0 && sym % VW == 0 && aligned16(xp) &&
+                     aligned16(rp) && aligned16(bp) && aligned16(yp) && aligned16(pp);
     const int threads = 256;
     const int64_t work = vec ? M * (N / VW) : M * N;
     const int64_t blocks = std::max<int64_t>(1, std::min<int64_t>((work + threads - 1) / threads, num_sms(x.get_device()) * 8));
     FUSELAB_DISPATCH_ACT(activation, {
       if (vec) {
         bias_act_fwd_kernel<scalar_t, ACT, VW><<<blocks, threads, 0, stream>>>(
-            xp, rp, bp, yp, pp, M, N, x.stride(0), srm, N, static_cast<A>(alpha));
+            xp, rp, bp, yp, pp, M, N, x.stride(0), srm, sym, static_cast<A>(alpha));
       } else {
         bias_act_fwd_kernel<scalar_t, ACT, 1><<<blocks, threads, 0, stream>>>(
-            xp, rp, bp, yp, pp, M, N, x.stride(0), srm, N, static_cast<A>(alpha));
+            xp, rp, bp, yp, pp, M, N, x.stride(0), srm, sym, static_cast<A>(alpha));
       }
     })
     check_launch();
@@ -261,7 +272,8 @@ std::vector<torch::Tensor> bias_act_forward(torch::Tensor x, std::optional<torch
 }
 
 template <typename scalar_t, int ACT, int V>
-static void launch_bwd(const torch::Tensor& grad, const scalar_t* sp, int64_t ssm, scalar_t* dxp, scalar_t* drp,
+static void launch_bwd(const torch::Tensor& grad, const scalar_t* sp, int64_t ssm, const scalar_t* shp, scalar_t* dxp,
+                       scalar_t* drp,
                        torch::Tensor* partial, bool want_bias, double alpha, cudaStream_t stream) {
   using A = at::opmath_type<scalar_t>;
   const int64_t M = grad.size(0), N = grad.size(1);
@@ -280,12 +292,14 @@ static void launch_bwd(const torch::Tensor& grad, const scalar_t* sp, int64_t ss
   const dim3 block(tx, ty);
   const size_t smem = want_bias ? sizeof(A) * tx * ty * V : 0;
   bias_act_bwd_kernel<scalar_t, ACT, V><<<grid, block, smem, stream>>>(
-      grad.data_ptr<scalar_t>(), sp, dxp, drp, pp, M, N, grad.stride(0), ssm, static_cast<A>(alpha));
+      grad.data_ptr<scalar_t>(), sp, shp, dxp, drp, pp, M, N, grad.stride(0), ssm, static_cast<A>(alpha));
   check_launch();
 }
 
-// returns {grad_x, grad_residual, grad_bias}; each empty unless wanted
-std::vector<torch::Tensor> bias_act_backward(torch::Tensor grad, std::optional<torch::Tensor> saved, double alpha,
+// returns {grad_x, grad_residual, grad_bias}; each empty unless wanted. shift (optional, [N]): the saved tensor is
+// the pre-activation less this vector (FusedLinear saves the matmul output h and its bias: z = h + bias)
+std::vector<torch::Tensor> bias_act_backward(torch::Tensor grad, std::optional<torch::Tensor> saved,
+                                             std::optional<torch::Tensor> shift, double alpha,
                                              int64_t activation, bool want_x, bool want_residual, bool want_bias,
                                              int64_t stream_handle) {
   const cudaStream_t stream = reinterpret_cast<cudaStream_t>(stream_handle);
@@ -293,7 +307,13 @@ std::vector<torch::Tensor> bias_act_backward(torch::Tensor grad, std::optional<t
   TORCH_CHECK(grad.size(1) <= 1 || grad.stride(1) == 1, "grad must have a unit inner stride");
   TORCH_CHECK(activation == kNone || saved.has_value(), "bias_act_backward: this activation needs the saved tensor");
   if (saved) check_rows(*saved, grad, "saved");
-    const int64_t M = grad.size(0), N = grad.size(1);
+  if (shift) {
+    TORCH_CHECK(saved && shift->dim() == 1 && shift->size(0) == grad.size(1) && shift->is_contiguous(),
+                "shift must be a contiguous [N] tensor, given with saved");
+    TORCH_CHECK(shift->scalar_type() == grad.scalar_type() && shift->device() == grad.device(),
+                "shift must have grad's dtype and device");
+  }
+  const int64_t M = grad.size(0), N = grad.size(1);
   auto empty = torch::empty({0}, grad.options());
   auto gx = want_x ? torch::empty({M, N}, grad.options()) : empty;
   auto gr = want_residual ? torch::empty({M, N}, grad.options()) : empty;
@@ -307,15 +327,16 @@ std::vector<torch::Tensor> bias_act_backward(torch::Tensor grad, std::optional<t
     constexpr int VW = 16 / sizeof(scalar_t);
     const scalar_t* sp = saved ? saved->data_ptr<scalar_t>() : nullptr;
     const int64_t ssm = saved ? saved->stride(0) : 0;
+    const scalar_t* shp = shift ? shift->data_ptr<scalar_t>() : nullptr;
     scalar_t* dxp = want_x ? gx.data_ptr<scalar_t>() : nullptr;
     scalar_t* drp = want_residual ? gr.data_ptr<scalar_t>() : nullptr;
     const bool vec = N % VW == 0 && grad.stride(0) % VW == 0 && ssm % VW == 0 && aligned16(grad.data_ptr()) &&
-                     aligned16(sp) && aligned16(dxp) && aligned16(drp);
+                     aligned16(sp) && aligned16(shp) && aligned16(dxp) && aligned16(drp);
     FUSELAB_DISPATCH_ACT(activation, {
       if (vec) {
-        launch_bwd<scalar_t, ACT, VW>(grad, sp, ssm, dxp, drp, &partial, want_bias, alpha, stream);
+        launch_bwd<scalar_t, ACT, VW>(grad, sp, ssm, shp, dxp, drp, &partial, want_bias, alpha, stream);
       } else {
-        launch_bwd<scalar_t, ACT, 1>(grad, sp, ssm, dxp, drp, &partial, want_bias, alpha, stream);
+        launch_bwd<scalar_t, ACT, 1>(grad, sp, ssm, shp, dxp, drp, &partial, want_bias, alpha, stream);
       }
     })
   });

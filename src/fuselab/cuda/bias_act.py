@@ -20,20 +20,25 @@ from fuselab.reference.bias_act import SAVED
 
 from ._build import load
 
+#: the host functions of bias_act.cu and fused_linear.cu, built into one extension
 _DECLARATIONS = """
 #include <optional>
 #include <vector>
 std::vector<torch::Tensor> bias_act_forward(torch::Tensor x, std::optional<torch::Tensor> bias,
-    std::optional<torch::Tensor> residual, double alpha, int64_t activation, bool save_pre, int64_t stream_handle);
-std::vector<torch::Tensor> bias_act_backward(torch::Tensor grad, std::optional<torch::Tensor> saved, double alpha,
-    int64_t activation, bool want_x, bool want_residual, bool want_bias, int64_t stream_handle);
+    std::optional<torch::Tensor> residual, double alpha, int64_t activation, bool save_pre,
+    std::optional<torch::Tensor> out, int64_t stream_handle);
+std::vector<torch::Tensor> bias_act_backward(torch::Tensor grad, std::optional<torch::Tensor> saved,
+    std::optional<torch::Tensor> shift, double alpha, int64_t activation, bool want_x, bool want_residual,
+    bool want_bias, int64_t stream_handle);
+torch::Tensor fused_linear(torch::Tensor x, torch::Tensor weight, std::optional<torch::Tensor> bias,
+    int64_t activation);
 """
 
 _CUDA_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 
 
 def _extension():
-    return load("fuselab_bias_act", "bias_act.cu", _DECLARATIONS, ("bias_act_forward", "bias_act_backward"))
+    return load("fuselab_bias_act", _DECLARATIONS, ("bias_act_forward", "bias_act_backward", "fused_linear"))
 
 
 def _unit_rows(t: torch.Tensor) -> torch.Tensor:
@@ -58,7 +63,7 @@ class _BiasActCuda(torch.autograd.Function):
         r2 = None if residual is None else _unit_rows(residual.to(x.dtype))
         b = None if bias is None else bias.to(x.dtype).contiguous()
         with torch.cuda.device(x.device):
-            y, pre = _extension().bias_act_forward(x2, b, r2, alpha, ACT_IDS[activation], save_pre,
+            y, pre = _extension().bias_act_forward(x2, b, r2, alpha, ACT_IDS[activation], save_pre, None,
                                                    _stream(x.device))
         if needs_grad:
             if kind == "output":
@@ -79,8 +84,8 @@ class _BiasActCuda(torch.autograd.Function):
         g2 = _unit_rows(grad)
         s2 = None if saved is None else _unit_rows(saved)
         with torch.cuda.device(grad.device):
-            gx, gr, gb = _extension().bias_act_backward(g2, s2, ctx.alpha, ACT_IDS[ctx.activation], want_x, want_r,
-                                                        want_b, _stream(grad.device))
+            gx, gr, gb = _extension().bias_act_backward(g2, s2, None, ctx.alpha, ACT_IDS[ctx.activation], want_x,
+                                                        want_r, want_b, _stream(grad.device))
         return (gx.view(shape) if want_x else None,
                 gb.to(bias_dtype) if want_b else None,
                 gr.view(shape).to(residual_dtype) if want_r else None,

@@ -20,12 +20,7 @@ DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 
 
 def _extension() -> ModuleType:
-    return load(
-        "fuselab_square",
-        "square.cu",
-        "void square_out(torch::Tensor x, torch::Tensor y, int64_t stream);",
-        ("square_out",),
-    )
+    return load("fuselab_square", "void square_out(torch::Tensor x, torch::Tensor y, int64_t stream);", ("square_out",))
 
 
 def _validate(x: torch.Tensor, name: str = "x") -> None:

@@ -1,8 +1,9 @@
 """Benchmark suite: one training step of a 4-layer MLP (DLRM's bottom MLP 13-512-256-64-16, relu after each layer).
 
-Providers: eager (``F.linear`` = ``nn.Linear``, then ``torch.relu``), torch.compile of that code, and fuselab
+Providers: eager (``F.linear`` = ``nn.Linear``, then ``torch.relu``), torch.compile of that code, fuselab
 (``fuselab.nn.fused_linear``, the functional ``FusedLinear``: cuBLAS matmul without bias + one fused
-bias/relu kernel forward, and one fused kernel backward that also reduces the bias gradient).
+bias/relu kernel forward, and one fused kernel backward that also reduces the bias gradient), and cuda
+(``FusedLinear(backend="cuda")``: the same steps as one C++ autograd node per layer, with the CUDA C++ kernels).
 
 Inputs: ``(x, W1, b1, W2, b2, W3, b3, W4, b4)``, gradients for the weights and biases (``x`` is data).
 Reference: the eager code in float64. Check: a provider passes when its distance to that reference is within the
@@ -25,7 +26,7 @@ import torch
 import torch.nn.functional as F
 
 from fuselab.bench import providers
-from fuselab.bench.spec import DTYPES, BenchCase, CaseQuery, OpSpec
+from fuselab.bench.spec import DTYPES, BenchCase, CaseQuery, OpSpec, Provider
 
 LAYERS: tuple[int, ...] = (13, 512, 256, 64, 16)
 GPU_BATCH = 65536
@@ -96,6 +97,14 @@ def mlp_fuselab(x: torch.Tensor, *params: torch.Tensor) -> torch.Tensor:
     return x
 
 
+def mlp_cuda(x: torch.Tensor, *params: torch.Tensor) -> torch.Tensor:
+    from fuselab.cuda.fused_linear import fused_linear  # compiles with nvcc on first use
+
+    for k in range(0, len(params), 2):
+        x = fused_linear(x, params[k], params[k + 1], "relu")
+    return x
+
+
 SPEC = OpSpec(
     name="mlp",
     summary="training step of the 13-512-256-64-16 relu MLP: eager vs torch.compile vs fuselab FusedLinear",
@@ -106,6 +115,8 @@ SPEC = OpSpec(
         providers.eager(mlp_eager, description="nn.Linear (F.linear) + torch.relu per layer"),
         providers.compiled(mlp_eager),
         providers.fuselab(mlp_fuselab, description="fuselab.nn.FusedLinear: matmul + fused bias/relu (fwd, bwd)"),
+        Provider(name="cuda", build=lambda case: mlp_cuda, cuda_only=True,
+                 description='FusedLinear(backend="cuda"): one C++ autograd node per layer, CUDA C++ epilogue'),
     ),
     grad_args=lambda case: tuple(range(1, 1 + 2 * (len(case.params["layers"]) - 1))),
     tolerance_vs_eager=True,
