@@ -370,6 +370,7 @@ def test_cuda_fused_linear_strided_frozen_and_inplace_gpu(activation):
     w.grad = b.grad = None
     check(x, w, b, activation, torch.float32, make_grad=transposed)
     frozen = torch.randn(33, 13, device="cuda")
+    b.grad = None
     check(torch.randn(7, 13, device="cuda", requires_grad=True), frozen, b, activation, torch.float32)
     y = _cuda_fused_linear(torch.randn(2, 5, 13, device="cuda"), w, b, activation)
     if activation == "relu":  # the output is saved: modifying it in place is caught by the version check

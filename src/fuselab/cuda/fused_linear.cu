@@ -65,9 +65,9 @@ torch::Tensor unit_rows(const torch::Tensor& t) {
 }
 
 struct FusedLinearFunction : public torch::autograd::Function<FusedLinearFunction> {
-  // bias may be an undefined tensor (no bias)
+  // bias: an optional, not an undefined tensor (apply records a tensor argument's device, dtype, ...)
   static torch::Tensor forward(AutogradContext* ctx, const torch::Tensor& x, const torch::Tensor& weight,
-                               const torch::Tensor& bias, int64_t activation) {
+                               const std::optional<torch::Tensor>& bias, int64_t activation) {
     const c10::DeviceGuard guard(x.device());
     const torch::Tensor x2 = rows(x);
     // y in x's leading shape, not a view made here: a view returned by a custom Function forbids in-place ops
@@ -78,19 +78,20 @@ struct FusedLinearFunction : public torch::autograd::Function<FusedLinearFunctio
     // the epilogue runs in place on the matmul output unless the backward needs it (silu, gelu, gelu_tanh)
     const bool keep_h = activation != kNone && !saves_output(activation);
     const torch::Tensor h = keep_h ? at::mm(x2, weight.t()) : at::mm_out(y2, x2, weight.t());
-    if (activation != kNone || bias.defined()) {
-      bias_act_forward(h, maybe(bias), std::nullopt, 1.0, activation, false, y2, current_stream(x.device()));
+    if (activation != kNone || bias) {
+      bias_act_forward(h, bias, std::nullopt, 1.0, activation, false, y2, current_stream(x.device()));
     }
     torch::Tensor saved, shift;
     if (saves_output(activation)) {
-      saved = y2;
+      saved = y;  // the output itself: a view of it made here would fail autograd's view checks in the backward
     } else if (keep_h) {
       saved = h;
-      shift = bias;
+      shift = bias.value_or(torch::Tensor());
     }
     const bool want_x = x.requires_grad(), want_w = weight.requires_grad();
     ctx->save_for_backward({want_w ? x : torch::Tensor(), want_x ? weight : torch::Tensor(), saved, shift});
     ctx->saved_data["activation"] = activation;
+    ctx->saved_data["has_bias"] = bias.has_value();
     ctx->saved_data["x_sizes"] = x.sizes().vec();
     return y;
   }
@@ -99,13 +100,16 @@ struct FusedLinearFunction : public torch::autograd::Function<FusedLinearFunctio
     const variable_list saved = ctx->get_saved_variables();
     const torch::Tensor &x = saved[0], &weight = saved[1], &s = saved[2], &shift = saved[3];
     const int64_t activation = ctx->saved_data["activation"].toInt();
-    const bool want_x = ctx->needs_input_grad(0), want_w = ctx->needs_input_grad(1), want_b = ctx->needs_input_grad(2);
+    // edges: x, weight, and bias when given (a None bias is no edge)
+    const bool want_x = ctx->needs_input_grad(0), want_w = ctx->needs_input_grad(1);
+    const bool want_b = ctx->saved_data["has_bias"].toBool() && ctx->needs_input_grad(2);
     const torch::Tensor g = unit_rows(grads[0]);
     const c10::DeviceGuard guard(g.device());
     torch::Tensor dz = g, grad_b, grad_x, grad_w;
     const bool want_dz = activation != kNone && (want_x || want_w);
     if (want_dz || want_b) {
-      std::vector<torch::Tensor> out = bias_act_backward(g, maybe(s), maybe(shift), 1.0, activation, want_dz, false,
+      const torch::Tensor s2 = s.defined() ? unit_rows(s) : s;  // the output y is saved in its own shape
+      std::vector<torch::Tensor> out = bias_act_backward(g, maybe(s2), maybe(shift), 1.0, activation, want_dz, false,
                                                          want_b, current_stream(g.device()));
       if (want_dz) dz = out[0];
       if (want_b) grad_b = out[2];
@@ -125,5 +129,6 @@ torch::Tensor fused_linear(torch::Tensor x, torch::Tensor weight, std::optional<
   namespace impl = fused_linear_impl;
   TORCH_CHECK(activation >= impl::kNone && activation <= impl::kGeluTanh, "fused_linear: unknown activation id ",
               activation);
-  return impl::FusedLinearFunction::apply(x, weight, bias.value_or(torch::Tensor()), activation);
+  if (bias && !bias->defined()) bias.reset();
+  return impl::FusedLinearFunction::apply(x, weight, bias, activation);
 }
