@@ -400,3 +400,21 @@ def test_fused_linear_cuda_backend_trains_like_auto_gpu():
         grads.append([p.grad.clone() for layer in layers for p in layer.parameters()])
     for g_auto, g_cuda in zip(*grads):
         assert_close(g_cuda, g_auto.double(), torch.float32, "parameter grad")
+
+
+@pytest.mark.gpu
+def test_cuda_fused_linear_errors_gpu():
+    # the C++ checks fail first; the wrapper then names the argument
+    w = torch.randn(8, 4, device="cuda")
+    with pytest.raises(RuntimeError, match="needs CUDA tensors"):
+        _cuda_fused_linear(torch.randn(2, 4), w.cpu(), None, "relu")
+    with pytest.raises(ValueError, match="weight must be on x's device"):
+        _cuda_fused_linear(torch.randn(2, 4), w, None, "relu")
+    with pytest.raises(TypeError, match="x must be float32"):
+        _cuda_fused_linear(torch.randn(2, 4, device="cuda", dtype=torch.float64), w.double(), None, "none")
+    with pytest.raises(TypeError, match="bias must have x's dtype"):
+        _cuda_fused_linear(torch.randn(2, 4, device="cuda"), w, torch.randn(8, device="cuda").half(), "relu")
+    with pytest.raises(ValueError, match="x must be"):
+        _cuda_fused_linear(torch.randn(2, 5, device="cuda"), w, None, "none")
+    with pytest.raises(ValueError, match="activation must be one of"):
+        _cuda_fused_linear(torch.randn(2, 4, device="cuda"), w, None, "swish")

@@ -7,8 +7,8 @@
 //
 // forward : read x, residual (M*N), bias (N); write y (M*N) [+ pre-activation z (M*N) for the backward]
 // backward: read grad, saved (M*N); write grad_x, grad_residual (M*N, those wanted) + per-block column
-//           partial sums [grid_m, N] of dz (fixed-order reduction in shared memory, no atomics); the host sums
-//           the small partial buffer with at::sum: the bias gradient is deterministic.
+//           partial sums [grid_m, N] of dz (fixed-order reduction in shared memory, no atomics), then a second
+//           small kernel sums the partial rows in order: the bias gradient is deterministic.
 
 #include <torch/extension.h>
 
@@ -179,6 +179,30 @@ __global__ void bias_act_bwd_kernel(const T* __restrict__ g,      // [M, N], row
   }
 }
 
+// out[n] = sum over r of partial[r, n], cast to T. Block (32, 8): 32 columns, 8 row lanes; lane ty sums rows
+// ty, ty + 8, ... in order, then lane 0 adds the 8 lane sums in order: the same bits on every run.
+template <typename T>
+__global__ void column_sum_kernel(const at::opmath_type<T>* __restrict__ partial,  // [R, N] contiguous
+                                  T* __restrict__ out,                              // [N]
+                                  int64_t R, int64_t N) {
+  using A = at::opmath_type<T>;
+  __shared__ A lanes[8][32];
+  const int64_t col = static_cast<int64_t>(blockIdx.x) * 32 + threadIdx.x;
+  A acc = A(0);
+  if (col < N) {
+#pragma unroll 4
+    for (int64_t r = threadIdx.y; r < R; r += 8) acc += partial[r * N + col];
+  }
+  lanes[threadIdx.y][threadIdx.x] = acc;
+  __syncthreads();
+  if (threadIdx.y == 0 && col < N) {
+    A total = A(0);
+#pragma unroll
+    for (int ty = 0; ty < 8; ++ty) total += lanes[ty][threadIdx.x];
+    out[col] = static_cast<T>(total);
+  }
+}
+
 #define FUSELAB_DISPATCH_ACT(act, ...)                              \
   switch (act) {                                                    \
     case kNone: { constexpr int ACT = kNone; __VA_ARGS__ break; }   \
@@ -240,7 +264,7 @@ std::vector<torch::Tensor> bias_act_forward(torch::Tensor x, std::optional<torch
   }
   const int64_t M = x.size(0), N = x.size(1);
   auto y = out ? *out : torch::empty({M, N}, x.options());
-  auto pre = torch::empty({save_pre ? M : 0, save_pre ? N : 0}, x.options());
+  auto pre = save_pre ? torch::empty({M, N}, x.options()) : torch::Tensor();  // undefined (None) unless asked
   if (M == 0 || N == 0) return {y, pre};
   FUSELAB_DISPATCH_FLOATS(x.scalar_type(), "bias_act_forward", [&] {
     using A = at::opmath_type<scalar_t>;
@@ -296,7 +320,7 @@ static void launch_bwd(const torch::Tensor& grad, const scalar_t* sp, int64_t ss
   check_launch();
 }
 
-// returns {grad_x, grad_residual, grad_bias}; each empty unless wanted. shift (optional, [N]): the saved tensor is
+// returns {grad_x, grad_residual, grad_bias}; each undefined (None) unless wanted. shift (optional, [N]): the saved tensor is
 // the pre-activation less this vector (FusedLinear saves the matmul output h and its bias: z = h + bias)
 std::vector<torch::Tensor> bias_act_backward(torch::Tensor grad, std::optional<torch::Tensor> saved,
                                              std::optional<torch::Tensor> shift, double alpha,
@@ -314,10 +338,10 @@ std::vector<torch::Tensor> bias_act_backward(torch::Tensor grad, std::optional<t
                 "shift must have grad's dtype and device");
   }
   const int64_t M = grad.size(0), N = grad.size(1);
-  auto empty = torch::empty({0}, grad.options());
-  auto gx = want_x ? torch::empty({M, N}, grad.options()) : empty;
-  auto gr = want_residual ? torch::empty({M, N}, grad.options()) : empty;
-  torch::Tensor gb = empty;
+  // outputs not wanted stay undefined (None in Python): no allocation, no host time
+  auto gx = want_x ? torch::empty({M, N}, grad.options()) : torch::Tensor();
+  auto gr = want_residual ? torch::empty({M, N}, grad.options()) : torch::Tensor();
+  torch::Tensor gb;
   if (M == 0 || N == 0) {
     if (want_bias) gb = torch::zeros({N}, grad.options());
     return {gx, gr, gb};
@@ -339,7 +363,13 @@ std::vector<torch::Tensor> bias_act_backward(torch::Tensor grad, std::optional<t
         launch_bwd<scalar_t, ACT, 1>(grad, sp, ssm, shp, dxp, drp, &partial, want_bias, alpha, stream);
       }
     })
+    if (want_bias) {  // one launch, where partial.sum(0).to(dtype) was two ATen ops (~60 us of host on the H100 box)
+      gb = torch::empty({N}, grad.options());
+      const dim3 block(32, 8);
+      column_sum_kernel<scalar_t><<<static_cast<unsigned>((N + 31) / 32), block, 0, stream>>>(
+          partial.data_ptr<at::opmath_type<scalar_t>>(), gb.data_ptr<scalar_t>(), partial.size(0), N);
+      check_launch();
+    }
   });
-  if (want_bias) gb = partial.sum(0).to(grad.scalar_type());  // fixed-order reduction of a small buffer
   return {gx, gr, gb};
 }

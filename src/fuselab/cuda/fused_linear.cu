@@ -122,13 +122,22 @@ struct FusedLinearFunction : public torch::autograd::Function<FusedLinearFunctio
 
 }  // namespace fused_linear_impl
 
-// y = act(x @ weight^T + bias); bias may be None. The Python wrapper (fuselab.cuda.fused_linear) validates:
-// CUDA tensors of one float dtype, x (..., K) with K = weight.size(1), bias (N,).
+// y = act(x @ weight^T + bias); bias may be None. Validated here (cheap); on a failed check the Python wrapper
+// (fuselab.cuda.fused_linear) names the argument in a TypeError/ValueError.
 torch::Tensor fused_linear(torch::Tensor x, torch::Tensor weight, std::optional<torch::Tensor> bias,
                            int64_t activation) {
   namespace impl = fused_linear_impl;
   TORCH_CHECK(activation >= impl::kNone && activation <= impl::kGeluTanh, "fused_linear: unknown activation id ",
               activation);
+  const auto dtype = x.scalar_type();
+  TORCH_CHECK(x.is_cuda() && (dtype == at::kFloat || dtype == at::kHalf || dtype == at::kBFloat16),
+              "fused_linear: x must be a float32/float16/bfloat16 CUDA tensor");
+  TORCH_CHECK(x.dim() >= 1 && weight.dim() == 2 && x.size(-1) == weight.size(1) && weight.scalar_type() == dtype &&
+                  weight.device() == x.device(),
+              "fused_linear: weight must be (out_features, in_features) with x's dtype and device");
+  TORCH_CHECK(!bias || (bias->dim() == 1 && bias->size(0) == weight.size(0) && bias->scalar_type() == dtype &&
+                        bias->device() == x.device()),
+              "fused_linear: bias must be (out_features,) with x's dtype and device");
   if (bias && !bias->defined()) bias.reset();
   return impl::FusedLinearFunction::apply(x, weight, bias, activation);
 }

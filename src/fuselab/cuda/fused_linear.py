@@ -20,6 +20,7 @@ from fuselab.ops.bias_act import ACTIVATIONS
 
 
 def _check(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, activation: str) -> None:
+    """The TypeError/ValueError/RuntimeError that names what is wrong, run after the C++ checks failed."""
     for name, t in (("x", x), ("weight", weight), ("bias", bias)):
         if t is not None and not isinstance(t, torch.Tensor):
             raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
@@ -57,5 +58,10 @@ def fused_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | Non
     ``ValueError`` for shapes that do not match, tensors on different devices, an unknown activation;
     ``RuntimeError`` for tensors not on CUDA, or without a CUDA device / when the extension does not build.
     """
-    _check(x, weight, bias, activation)
-    return _extension().fused_linear(x, weight, bias, ACT_IDS[activation])
+    # validated in C++ (host time: this runs per layer per step); a failed check is explained here
+    act = ACT_IDS.get(activation, -1) if isinstance(activation, str) else -1
+    try:
+        return _extension().fused_linear(x, weight, bias, act)
+    except (RuntimeError, TypeError):
+        _check(x, weight, bias, activation)
+        raise
