@@ -334,3 +334,20 @@ def test_cuda_backend_strided_gpu():
     b = torch.randn(256, device="cuda")
     y = cuda_bias_act(x, b, residual=r, alpha=2.0, activation="gelu")
     assert_close(y, ref.bias_act(x.double(), b.double(), r.double(), 2.0, "gelu"), torch.float32, "y")
+
+
+@pytest.mark.gpu
+def test_cuda_extension_raises_on_bad_arguments_gpu():
+    # the extension's own checks raise (a check whose message c10 assembled from parts once crashed the process)
+    from fuselab.cuda.bias_act import _extension
+
+    ext = _extension()
+    x = torch.randn(4, 8, device="cuda")
+    with pytest.raises(RuntimeError, match="saved must be"):
+        ext.bias_act_backward(x, torch.randn(3, 8, device="cuda"), None, 1.0, 1, True, False, True, 0)
+    with pytest.raises(RuntimeError, match="residual must"):
+        ext.bias_act_forward(x, None, torch.randn(4, 7, device="cuda"), 1.0, 1, False, None, 0)
+    with pytest.raises(RuntimeError, match="unknown activation id"):
+        ext.bias_act_forward(x, None, None, 1.0, 99, False, None, 0)
+    with pytest.raises(RuntimeError, match="unknown activation id"):
+        ext.fused_linear(x, torch.randn(2, 8, device="cuda"), None, -1)

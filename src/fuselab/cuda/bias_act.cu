@@ -212,7 +212,7 @@ __global__ void column_sum_kernel(const at::opmath_type<T>* __restrict__ partial
     case kSilu: { constexpr int ACT = kSilu; __VA_ARGS__ break; }   \
     case kGelu: { constexpr int ACT = kGelu; __VA_ARGS__ break; }   \
     case kGeluTanh: { constexpr int ACT = kGeluTanh; __VA_ARGS__ break; } \
-    default: TORCH_CHECK(false, "bias_act: unknown activation id ", act); \
+    default: TORCH_CHECK(false, "bias_act: unknown activation id"); \
   }
 
 // float32, float16, bfloat16 (float64 is not built: it would add a third of the compile time for no user)
@@ -223,12 +223,13 @@ __global__ void column_sum_kernel(const at::opmath_type<T>* __restrict__ partial
 
 bool aligned16(const void* p) { return p == nullptr || reinterpret_cast<uintptr_t>(p) % 16 == 0; }
 
-void check_rows(const torch::Tensor& t, const torch::Tensor& x, const char* name) {
-  TORCH_CHECK(t.dim() == 2 && t.sizes() == x.sizes(), name, " must be [M, N] like x");
-  TORCH_CHECK(t.size(1) <= 1 || t.stride(1) == 1, name, " must have a unit inner stride");
-  TORCH_CHECK(t.scalar_type() == x.scalar_type(), name, " must have x's dtype");
-  TORCH_CHECK(t.device() == x.device(), name, " must be on x's device");
-}
+// Error messages in these sources are single string literals: a message TORCH_CHECK assembles from several
+// parts (c10::str) crashed the process, instead of raising, in extensions built on the GPU machine.
+#define FUSELAB_CHECK_ROWS(t, x, NAME)                                                                  \
+  TORCH_CHECK((t).dim() == 2 && (t).sizes() == (x).sizes(), NAME " must be [M, N] like x");            \
+  TORCH_CHECK((t).size(1) <= 1 || (t).stride(1) == 1, NAME " must have a unit inner stride");          \
+  TORCH_CHECK((t).scalar_type() == (x).scalar_type(), NAME " must have x's dtype");                    \
+  TORCH_CHECK((t).device() == (x).device(), NAME " must be on x's device")
 
 int num_sms(int device) {
   int sms = 0;
@@ -239,7 +240,7 @@ int num_sms(int device) {
 
 void check_launch() {
   const cudaError_t err = cudaGetLastError();
-  TORCH_CHECK(err == cudaSuccess, "bias_act: kernel launch failed: ", cudaGetErrorString(err));
+  TORCH_CHECK(err == cudaSuccess, cudaGetErrorString(err));  // one message part (see FUSELAB_CHECK_ROWS)
 }
 
 }  // namespace
@@ -254,8 +255,12 @@ std::vector<torch::Tensor> bias_act_forward(torch::Tensor x, std::optional<torch
   const cudaStream_t stream = reinterpret_cast<cudaStream_t>(stream_handle);
   TORCH_CHECK(x.is_cuda() && x.dim() == 2, "x must be a 2-D CUDA tensor");
   TORCH_CHECK(x.size(1) <= 1 || x.stride(1) == 1, "x must have a unit inner stride");
-  if (residual) check_rows(*residual, x, "residual");
-  if (out) check_rows(*out, x, "out");
+  if (residual) {
+    FUSELAB_CHECK_ROWS(*residual, x, "residual");
+  }
+  if (out) {
+    FUSELAB_CHECK_ROWS(*out, x, "out");
+  }
   if (bias) {
     TORCH_CHECK(bias->dim() == 1 && bias->size(0) == x.size(1) && bias->is_contiguous(),
                 "bias must be a contiguous [N] tensor");
@@ -330,7 +335,9 @@ std::vector<torch::Tensor> bias_act_backward(torch::Tensor grad, std::optional<t
   TORCH_CHECK(grad.is_cuda() && grad.dim() == 2, "grad must be a 2-D CUDA tensor");
   TORCH_CHECK(grad.size(1) <= 1 || grad.stride(1) == 1, "grad must have a unit inner stride");
   TORCH_CHECK(activation == kNone || saved.has_value(), "bias_act_backward: this activation needs the saved tensor");
-  if (saved) check_rows(*saved, grad, "saved");
+  if (saved) {
+    FUSELAB_CHECK_ROWS(*saved, grad, "saved");
+  }
   if (shift) {
     TORCH_CHECK(saved && shift->dim() == 1 && shift->size(0) == grad.size(1) && shift->is_contiguous(),
                 "shift must be a contiguous [N] tensor, given with saved");

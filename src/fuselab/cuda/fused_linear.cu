@@ -127,8 +127,8 @@ struct FusedLinearFunction : public torch::autograd::Function<FusedLinearFunctio
 torch::Tensor fused_linear(torch::Tensor x, torch::Tensor weight, std::optional<torch::Tensor> bias,
                            int64_t activation) {
   namespace impl = fused_linear_impl;
-  TORCH_CHECK(activation >= impl::kNone && activation <= impl::kGeluTanh, "fused_linear: unknown activation id ",
-              activation);
+  // single-literal messages: see FUSELAB_CHECK_ROWS in bias_act.cu
+  TORCH_CHECK(activation >= impl::kNone && activation <= impl::kGeluTanh, "fused_linear: unknown activation id");
   const auto dtype = x.scalar_type();
   TORCH_CHECK(x.is_cuda() && (dtype == at::kFloat || dtype == at::kHalf || dtype == at::kBFloat16),
               "fused_linear: x must be a float32/float16/bfloat16 CUDA tensor");

@@ -58,8 +58,10 @@ def fused_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | Non
     ``ValueError`` for shapes that do not match, tensors on different devices, an unknown activation;
     ``RuntimeError`` for tensors not on CUDA, or without a CUDA device / when the extension does not build.
     """
-    # validated in C++ (host time: this runs per layer per step); a failed check is explained here
-    act = ACT_IDS.get(activation, -1) if isinstance(activation, str) else -1
+    # tensors are validated in C++ (host time: this runs per layer per step); a failed check is explained here
+    act = ACT_IDS.get(activation) if isinstance(activation, str) else None
+    if act is None:
+        _check(x, weight, bias, activation)
     try:
         return _extension().fused_linear(x, weight, bias, act)
     except (RuntimeError, TypeError):
