@@ -86,38 +86,55 @@ __device__ __forceinline__ A act_grad(A s) {
   }
 }
 
-// grid-stride over the M * (N / V) vectors of the output
+// rows of the forward tile each thread loads before it computes (their loads are in flight together)
+constexpr int kFwdRows = 4;
+
+// block (TX, TY), TX * TY = 256: thread (tx, ty) owns column vector blockIdx.x * TX + tx and rows
+// row0 + k, k < kFwdRows, row0 = (blockIdx.y * TY + ty) * kFwdRows, striding over the rows by the grid.
+// No index division; a warp spans several rows when N / V < 32.
 template <typename T, int ACT, int V>
 __global__ void bias_act_fwd_kernel(const T* __restrict__ x,     // [M, N], row stride sxm
                                     const T* __restrict__ res,   // [M, N], row stride srm, or nullptr
                                     const T* __restrict__ bias,  // [N], or nullptr
-                                    T* __restrict__ y,           // [M, N], row stride sym
+                                    T* __restrict__ y,           // [M, N], row stride sym (may be x itself)
                                     T* __restrict__ pre,         // [M, N] contiguous, or nullptr
                                     int64_t M, int64_t N, int64_t sxm, int64_t srm, int64_t sym,
                                     at::opmath_type<T> alpha) {
   using A = at::opmath_type<T>;
-  const int64_t nvec = N / V;
-  const int64_t total = M * nvec;
-  const int64_t step = static_cast<int64_t>(gridDim.x) * blockDim.x;
-  for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < total; i += step) {
-    const int64_t row = i / nvec;
-    const int64_t col = (i - row * nvec) * V;
-    const Vec<T, V> xv = load_vec<T, V>(x + row * sxm + col);
-    Vec<T, V> rv, bv, yv, zv;
-    if (res != nullptr) rv = load_vec<T, V>(res + row * srm + col);
-    if (bias != nullptr) bv = load_vec<T, V>(bias + col);
+  const int64_t cv = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (cv >= N / V) return;
+  const int64_t col = cv * V;
+  Vec<T, V> bv;
+  if (bias != nullptr) bv = load_vec<T, V>(bias + col);
+  const int64_t row_step = static_cast<int64_t>(gridDim.y) * blockDim.y * kFwdRows;
+  for (int64_t row0 = (static_cast<int64_t>(blockIdx.y) * blockDim.y + threadIdx.y) * kFwdRows; row0 < M;
+       row0 += row_step) {
+    Vec<T, V> xv[kFwdRows], rv[kFwdRows];
 #pragma unroll
-    for (int k = 0; k < V; ++k) {
-      A z = static_cast<A>(xv.v[k]);
-      if (res != nullptr) z += alpha * static_cast<A>(rv.v[k]);
-      if (bias != nullptr) z += static_cast<A>(bv.v[k]);
-      zv.v[k] = static_cast<T>(z);
-      yv.v[k] = static_cast<T>(act_fwd<ACT>(z));
+    for (int r = 0; r < kFwdRows; ++r) {
+      if (row0 + r < M) {
+        xv[r] = load_vec<T, V>(x + (row0 + r) * sxm + col);
+        if (res != nullptr) rv[r] = load_vec<T, V>(res + (row0 + r) * srm + col);
+      }
     }
-    store_vec<T, V>(y + row * sym + col, yv);
-    if (pre != nullptr) store_vec<T, V>(pre + row * N + col, zv);
+#pragma unroll
+    for (int r = 0; r < kFwdRows; ++r) {
+      if (row0 + r >= M) break;
+      Vec<T, V> yv, zv;
+#pragma unroll
+      for (int k = 0; k < V; ++k) {
+        A z = static_cast<A>(xv[r].v[k]);
+        if (res != nullptr) z += alpha * static_cast<A>(rv[r].v[k]);
+        if (bias != nullptr) z += static_cast<A>(bv.v[k]);
+        zv.v[k] = static_cast<T>(z);
+        yv.v[k] = static_cast<T>(act_fwd<ACT>(z));
+      }
+      store_vec<T, V>(y + (row0 + r) * sym + col, yv);
+      if (pre != nullptr) store_vec<T, V>(pre + (row0 + r) * N + col, zv);
+    }
   }
 }
+
 
 // block (TX, TY): thread (tx, ty) owns column vector blockIdx.y * TX + tx and walks rows
 // blockIdx.x * TY + ty, stepping gridDim.x * TY; its dz column sums stay in registers, then the block
@@ -221,6 +238,12 @@ __global__ void column_sum_kernel(const at::opmath_type<T>* __restrict__ partial
                                       AT_DISPATCH_CASE(at::kHalf, __VA_ARGS__)           \
                                           AT_DISPATCH_CASE(at::kBFloat16, __VA_ARGS__))
 
+int64_t next_pow2(int64_t n) {
+  int64_t p = 1;
+  while (p < n) p <<= 1;
+  return p;
+}
+
 bool aligned16(const void* p) { return p == nullptr || reinterpret_cast<uintptr_t>(p) % 16 == 0; }
 
 // Error messages in these sources are single string literals: a message TORCH_CHECK assembles from several
@@ -283,15 +306,18 @@ std::vector<torch::Tensor> bias_act_forward(torch::Tensor x, std::optional<torch
     const int64_t sym = y.stride(0);
     const bool vec = N % VW == 0 && x.stride(0) % VW == 0 && srm % VW == 0 && sym % VW == 0 && aligned16(xp) &&
                      aligned16(rp) && aligned16(bp) && aligned16(yp) && aligned16(pp);
-    const int threads = 256;
-    const int64_t work = vec ? M * (N / VW) : M * N;
-    const int64_t blocks = std::max<int64_t>(1, std::min<int64_t>((work + threads - 1) / threads, num_sms(x.get_device()) * 8));
+    const int64_t nvec = vec ? N / VW : N;
+    const int tx = static_cast<int>(std::min<int64_t>(256, next_pow2(nvec)));
+    const int ty = 256 / tx;
+    const int64_t row_blocks = (M + int64_t(ty) * kFwdRows - 1) / (int64_t(ty) * kFwdRows);
+    const dim3 grid(static_cast<unsigned>((nvec + tx - 1) / tx), static_cast<unsigned>(std::min<int64_t>(row_blocks, 65535)));
+    const dim3 block(tx, ty);
     FUSELAB_DISPATCH_ACT(activation, {
       if (vec) {
-        bias_act_fwd_kernel<scalar_t, ACT, VW><<<blocks, threads, 0, stream>>>(
+        bias_act_fwd_kernel<scalar_t, ACT, VW><<<grid, block, 0, stream>>>(
             xp, rp, bp, yp, pp, M, N, x.stride(0), srm, sym, static_cast<A>(alpha));
       } else {
-        bias_act_fwd_kernel<scalar_t, ACT, 1><<<blocks, threads, 0, stream>>>(
+        bias_act_fwd_kernel<scalar_t, ACT, 1><<<grid, block, 0, stream>>>(
             xp, rp, bp, yp, pp, M, N, x.stride(0), srm, sym, static_cast<A>(alpha));
       }
     })
