@@ -11,6 +11,7 @@
 #   sweep       benchmarks/sweeps/reduce_sweep.py (the reduction planner's knobs)
 #   graphs      fuselab bench --cuda-graph: rope, bias_act, mlp fwd+bwd and reduce (into cuda_graph/)
 #   mlpgraph    fuselab bench mlp --cuda-graph only (into cuda_graph/)
+#   bagraph     fuselab bench bias_act --mode fwd+bwd --cuda-graph only (into cuda_graph/)
 #   ropetiles   benchmarks/sweeps/rope_tiles.py (RoPE tile/warps vs a copy of the same bytes, into probes/)
 #   profiles    fuselab profile: bias_act gelu_tanh (eager, torch.compile, fuselab, cuda), rope decode, reduce dim=0
 set -uo pipefail
@@ -47,6 +48,8 @@ for stage in "$@"; do
         --providers eager torch.compile torchscript liger fuselab cuda
       run fuselab bench reduce --cuda-graph --plot ;;
     mlpgraph) run fuselab bench mlp --mode fwd+bwd --cuda-graph --plot ;;
+    bagraph) run fuselab bench bias_act --mode fwd+bwd --cuda-graph --plot \
+      --providers eager torch.compile torchscript fuselab cuda ;;
     ropetiles) run python3 benchmarks/sweeps/rope_tiles.py > "$RES/probes/rope_tiles.txt" ;;
     sweep) run python3 benchmarks/sweeps/reduce_sweep.py --out "$RES/reduce_sweep.json" ;;
     profiles)
