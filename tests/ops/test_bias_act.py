@@ -78,19 +78,6 @@ def test_odd_shapes(triton_backend, device, m, n, dtype):
            0.5, "gelu_tanh")
 
 
-@pytest.mark.parametrize("even_tiles", [True, False], ids=["unmasked", "masked"])
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
-def test_tile_multiple_shapes(triton_backend, device, monkeypatch, dtype, even_tiles):
-    # M and N multiples of the forward tile: the unmasked kernel variant (and, switched off, the masked one)
-    monkeypatch.setattr(kernels, "EVEN_TILES", even_tiles)
-    m, n = 64, 256
-    (_, _), block_m, block_n, _ = kernels._fwd_plan(m, n, dtype.itemsize, 4)
-    assert m % block_m == 0 and n % block_n == 0
-    x = torch.randn(m, n, dtype=dtype, device=device)
-    _check(x, torch.randn(n, dtype=dtype, device=device), torch.randn(m, n, dtype=dtype, device=device),
-           0.5, "silu")
-
-
 def test_one_dim_input(triton_backend, device):
     _check(torch.randn(33, device=device), torch.randn(33, device=device), torch.randn(33, device=device),
            1.0, "silu")

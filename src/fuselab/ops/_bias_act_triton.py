@@ -41,26 +41,6 @@ MAX_WARPS = 8
 #: than "evict_first" here (the kernels write as much as they read). The bias row is reused by every tile of a
 #: program and is loaded with "evict_last".
 STREAM_EVICTION = ""
-#: forward tiles without masks when M and N are multiples of the tile (the sweep benchmarks/sweeps/bias_act_even.py
-#: turns it off to measure what the masks cost)
-EVEN_TILES = True
-
-
-@triton.jit
-def _load(ptr, mask, EVEN: tl.constexpr, EVICT: tl.constexpr):
-    """``ptr``'s tile: unmasked when EVEN (every lane in bounds), else masked with 0 for the lanes out of bounds."""
-    if EVEN:
-        return tl.load(ptr, eviction_policy=EVICT)
-    else:
-        return tl.load(ptr, mask=mask, other=0.0, eviction_policy=EVICT)
-
-
-@triton.jit
-def _store(ptr, value, mask, EVEN: tl.constexpr):
-    if EVEN:
-        tl.store(ptr, value)
-    else:
-        tl.store(ptr, value, mask=mask)
 
 
 @triton.jit
@@ -132,7 +112,6 @@ def _bias_act_fwd_kernel(
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
     EVICT: tl.constexpr,  # eviction policy of the x / residual loads
-    EVEN: tl.constexpr,  # M % BLOCK_M == 0 and N % BLOCK_N == 0: no masks
 ):
     # bytes: read x, residual (M·N each) + bias (N), write y (M·N) [+ z (M·N)]
     pid_m = tl.program_id(0)
@@ -150,16 +129,18 @@ def _bias_act_fwd_kernel(
         if INT64:
             rows = rows.to(tl.int64)
         mask = (rows < M)[:, None] & col_mask[None, :]
-        z = _load(X + rows[:, None] * stride_xm + cols[None, :] * stride_xn, mask, EVEN, EVICT).to(ACC)
+        z = tl.load(X + rows[:, None] * stride_xm + cols[None, :] * stride_xn, mask=mask, other=0.0,
+                    eviction_policy=EVICT).to(ACC)
         if HAS_RESIDUAL:
-            r = _load(R + rows[:, None] * stride_rm + cols[None, :] * stride_rn, mask, EVEN, EVICT)
+            r = tl.load(R + rows[:, None] * stride_rm + cols[None, :] * stride_rn, mask=mask, other=0.0,
+                        eviction_policy=EVICT)
             z = z + alpha * r.to(ACC)
         if HAS_BIAS:
             z = z + b[None, :]
         if SAVE_PRE:
-            _store(Z + rows[:, None] * N + cols[None, :], z.to(Z.dtype.element_ty), mask, EVEN)
+            tl.store(Z + rows[:, None] * N + cols[None, :], z.to(Z.dtype.element_ty), mask=mask)
         y = _act(z, ACTIVATION)
-        _store(Y + rows[:, None] * stride_ym + cols[None, :] * stride_yn, y.to(Y.dtype.element_ty), mask, EVEN)
+        tl.store(Y + rows[:, None] * stride_ym + cols[None, :] * stride_yn, y.to(Y.dtype.element_ty), mask=mask)
 
 
 @triton.jit
@@ -308,12 +289,11 @@ def bias_act_fwd_(
     int64 = needs_int64(x, residual, out, pre) or M * N > INT32_MAX
     tensors = (x, r, bias if bias is not None else x, out, pre if pre is not None else out)
     scalars = (float(alpha), M, N, *x.stride(), *r.stride(), bias.stride(0) if bias is not None else 0, *out.stride())
-    even = EVEN_TILES and M % block_m == 0 and N % block_n == 0
-    flags = (ACT_IDS[activation], residual is not None, bias is not None, pre is not None, x.dtype, int64, even)
+    flags = (ACT_IDS[activation], residual is not None, bias is not None, pre is not None, x.dtype, int64)
     launch(_bias_act_fwd_kernel, (flags, block_m, block_n, num_warps, STREAM_EVICTION), grid, tensors, scalars,
            lambda: dict(ACTIVATION=flags[0], HAS_RESIDUAL=flags[1], HAS_BIAS=flags[2], SAVE_PRE=flags[3],
                         ACC=_acc_dtype(x.dtype), INT64=int64, BLOCK_M=block_m, BLOCK_N=block_n,
-                        EVICT=STREAM_EVICTION, EVEN=even, num_warps=num_warps), dynamic=1)
+                        EVICT=STREAM_EVICTION, num_warps=num_warps), dynamic=1)
 
 
 def bias_act_bwd_(
