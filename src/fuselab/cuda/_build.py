@@ -56,7 +56,7 @@ def load(name: str, cpp_declarations: str, functions: tuple[str, ...]) -> Module
             cpp_sources=cpp_declarations,
             cuda_sources=_sources(name),
             functions=list(functions),
-            extra_cuda_cflags=["-O3", "-lineinfo"],
+            extra_cuda_cflags=["-O3", "-lineinfo", "--ftz=true"],  # ftz: no denormal fix-ups around ex2/rcp
             verbose=False,
         )
     except (RuntimeError, ImportError, OSError) as exc:
