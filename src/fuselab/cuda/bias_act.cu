@@ -16,6 +16,7 @@
 #include <cuda_runtime.h>
 
 #include <algorithm>
+#include <atomic>
 #include <optional>
 #include <vector>
 
@@ -254,10 +255,17 @@ bool aligned16(const void* p) { return p == nullptr || reinterpret_cast<uintptr_
   TORCH_CHECK((t).scalar_type() == (x).scalar_type(), NAME " must have x's dtype");                    \
   TORCH_CHECK((t).device() == (x).device(), NAME " must be on x's device")
 
+// multiprocessors of a device, asked once per device (every launch plans its grid with it)
 int num_sms(int device) {
+  static std::atomic<int> cached[64];
+  if (device >= 0 && device < 64) {
+    const int sms = cached[device].load(std::memory_order_relaxed);
+    if (sms > 0) return sms;
+  }
   int sms = 0;
   TORCH_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device) == cudaSuccess,
               "bias_act: cudaDeviceGetAttribute failed");
+  if (device >= 0 && device < 64) cached[device].store(sms, std::memory_order_relaxed);
   return sms;
 }
 

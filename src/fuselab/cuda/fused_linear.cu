@@ -70,16 +70,22 @@ struct FusedLinearFunction : public torch::autograd::Function<FusedLinearFunctio
                                const std::optional<torch::Tensor>& bias, int64_t activation) {
     const c10::DeviceGuard guard(x.device());
     const torch::Tensor x2 = rows(x);
-    // y in x's leading shape, not a view made here: a view returned by a custom Function forbids in-place ops
-    std::vector<int64_t> out_sizes = x.sizes().vec();
-    out_sizes.back() = weight.size(0);
-    const torch::Tensor y = at::empty(out_sizes, x.options());
-    torch::Tensor y2 = y.view({x2.size(0), weight.size(0)});
     // the epilogue runs in place on the matmul output unless the backward needs it (silu, gelu, gelu_tanh)
     const bool keep_h = activation != kNone && !saves_output(activation);
-    const torch::Tensor h = keep_h ? at::mm(x2, weight.t()) : at::mm_out(y2, x2, weight.t());
-    if (activation != kNone || bias) {
-      bias_act_forward(h, bias, std::nullopt, 1.0, activation, false, y2, current_stream(x.device()));
+    const bool epilogue = activation != kNone || bias.has_value();
+    const int64_t stream = current_stream(x.device());
+    torch::Tensor h, y;
+    if (x.dim() == 2) {  // the common case: y is the matmul output itself (or the epilogue's fresh output)
+      h = at::mm(x2, weight.t());
+      y = keep_h ? bias_act_forward(h, bias, std::nullopt, 1.0, activation, false, std::nullopt, stream)[0] : h;
+      if (epilogue && !keep_h) bias_act_forward(h, bias, std::nullopt, 1.0, activation, false, h, stream);
+    } else {  // y in x's leading shape, not a view made here: a Function's view output forbids in-place ops
+      std::vector<int64_t> out_sizes = x.sizes().vec();
+      out_sizes.back() = weight.size(0);
+      y = at::empty(out_sizes, x.options());
+      torch::Tensor y2 = y.view({x2.size(0), weight.size(0)});
+      h = keep_h ? at::mm(x2, weight.t()) : at::mm_out(y2, x2, weight.t());
+      if (epilogue) bias_act_forward(h, bias, std::nullopt, 1.0, activation, false, y2, stream);
     }
     torch::Tensor saved, shift;
     if (saves_output(activation)) {
