@@ -37,6 +37,8 @@ FWD_PROGRAMS_PER_SM = 256
 BWD_PROGRAMS_PER_SM = 4
 BWD_COL_BYTES = 512
 MAX_WARPS = 8
+#: 16-byte vectors per thread per tensor in a forward tile (it sets num_warps from the tile bytes)
+FWD_VECTORS_PER_THREAD = 4
 #: eviction hint of the streamed (read-once) loads; "" is Triton's default, which measured as fast or faster
 #: than "evict_first" here (the kernels write as much as they read). The bias row is reused by every tile of a
 #: program and is loaded with "evict_last".
@@ -218,13 +220,13 @@ def _acc_dtype(dtype: torch.dtype):
     return tl.float64 if dtype == torch.float64 else tl.float32
 
 
-def _tile(M: int, N: int, elem_size: int, tile_bytes: int, col_bytes: int) -> tuple[int, int, int]:
+def _tile(M: int, N: int, elem_size: int, tile_bytes: int, col_bytes: int, vectors: int = 4) -> tuple[int, int, int]:
     """(BLOCK_M, BLOCK_N, num_warps): a ``tile_bytes`` tile per tensor, rows of at most ``col_bytes``."""
     tile_elems = max(16, tile_bytes // elem_size)
     block_n = min(next_power_of_2(N), tile_elems, max(16, col_bytes // elem_size))
     block_m = max(1, min(tile_elems // block_n, next_power_of_2(M)))
-    # 16-byte vectors: one warp covers 32 * 16 bytes; aim for ~4 vectors per thread per tensor
-    warps = (block_m * block_n * elem_size) // (32 * 16 * 4)
+    # 16-byte vectors: one warp covers 32 * 16 bytes; aim for ~`vectors` vectors per thread per tensor
+    warps = (block_m * block_n * elem_size) // (32 * 16 * vectors)
     num_warps = max(1, min(MAX_WARPS, next_power_of_2(max(1, warps))))
     return block_m, block_n, num_warps
 
@@ -238,7 +240,7 @@ def _grid(M: int, N: int, block_m: int, block_n: int, sms: int, per_sm: int) -> 
 @functools.lru_cache(maxsize=1024)
 def _fwd_plan(M: int, N: int, elem_size: int, sms: int) -> tuple[tuple[int, int], int, int, int]:
     """(grid, BLOCK_M, BLOCK_N, num_warps) of the forward kernel (cached: launch plans cost host time)."""
-    block_m, block_n, num_warps = _tile(M, N, elem_size, FWD_TILE_BYTES, FWD_TILE_BYTES)
+    block_m, block_n, num_warps = _tile(M, N, elem_size, FWD_TILE_BYTES, FWD_TILE_BYTES, FWD_VECTORS_PER_THREAD)
     return _grid(M, N, block_m, block_n, sms, FWD_PROGRAMS_PER_SM), block_m, block_n, num_warps
 
 
