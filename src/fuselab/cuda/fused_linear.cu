@@ -1,6 +1,7 @@
 // fuselab CUDA backend of FusedLinear: y = act(x @ W^T + b) as one C++ autograd node.
 //
-// forward : h = x2 @ W^T (cuBLAS, no bias), then the fused epilogue kernel of bias_act.cu: y = act(h + b).
+// forward : h = x2 @ W^T (cuBLAS, no bias), then the fused epilogue kernel of bias_act.cu: y = act(h + b), in place
+//           on h (a fresh y where the backward keeps h: silu, gelu, gelu_tanh).
 //           read x (M*K), W (N*K), b (N); write h (M*N); read h, write y (M*N).
 // backward: the fused backward kernel of bias_act.cu (dz = grad * act'(saved), and the bias gradient as
 //           per-block column partial sums, one pass over grad), then grad_x = dz @ W and grad_W = dz^T @ x2.
