@@ -23,18 +23,12 @@ from torch import nn
 from torch.autograd.function import once_differentiable
 
 from fuselab.backend import use_triton
-from fuselab.ops.bias_act import ACTIVATIONS, bias_act
+from fuselab.ops.bias_act import ACTIVATIONS, bias_act, check_activation
 from fuselab.reference.bias_act import SAVED
 
 _FAST_DTYPES = (torch.float32, torch.bfloat16, torch.float16, torch.float64)
 #: FusedLinear backends: "auto" follows FUSELAB_BACKEND (Triton on CUDA, PyTorch elsewhere); "cuda" is the C++ node
 LINEAR_BACKENDS = ("auto", "cuda")
-
-
-def _check_activation(activation: str) -> str:
-    if not isinstance(activation, str) or activation not in ACTIVATIONS:
-        raise ValueError(f"activation must be one of {', '.join(ACTIVATIONS)}, got {activation!r}")
-    return activation
 
 
 def _any_requires_grad(*tensors: torch.Tensor | None) -> bool:
@@ -183,7 +177,7 @@ class FusedLinear(nn.Module):
             raise ValueError(f"in_features and out_features must be positive, got {in_features}, {out_features}")
         self.in_features = in_features
         self.out_features = out_features
-        self.activation = _check_activation(activation)
+        self.activation = check_activation(activation)
         self.backend = _check_backend(backend)
         self.weight = nn.Parameter(torch.empty(out_features, in_features, device=device, dtype=dtype))
         self.bias = nn.Parameter(torch.empty(out_features, device=device, dtype=dtype)) if bias else None
@@ -202,7 +196,7 @@ class FusedLinear(nn.Module):
         layer = cls.__new__(cls)
         nn.Module.__init__(layer)
         layer.in_features, layer.out_features = linear.in_features, linear.out_features
-        layer.activation = _check_activation(activation)
+        layer.activation = check_activation(activation)
         layer.backend = _check_backend(backend)
         layer.weight = linear.weight
         layer.bias = linear.bias
@@ -245,7 +239,7 @@ class LoRALinear(nn.Module):
         self.rank = rank
         self.alpha = float(alpha)
         self.scaling = self.alpha / rank
-        self.activation = _check_activation(activation)
+        self.activation = check_activation(activation)
         if freeze_base:
             base.requires_grad_(False)
         w = base.weight

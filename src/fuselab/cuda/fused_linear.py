@@ -16,14 +16,15 @@ import torch
 
 from fuselab.cuda.bias_act import _CUDA_DTYPES, _extension
 from fuselab.ops._bias_act_triton import ACT_IDS
-from fuselab.ops.bias_act import ACTIVATIONS
+from fuselab.ops._validate import require_tensor
+from fuselab.ops.bias_act import check_activation
 
 
 def _check(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, activation: str) -> None:
     """The TypeError/ValueError/RuntimeError that names what is wrong, run after the C++ checks failed."""
     for name, t in (("x", x), ("weight", weight), ("bias", bias)):
-        if t is not None and not isinstance(t, torch.Tensor):
-            raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
+        if t is not None:
+            require_tensor(name, t)
     if x.dtype not in _CUDA_DTYPES:
         raise TypeError(f"x must be float32, float16 or bfloat16 for the CUDA backend, got {x.dtype}")
     for name, t in (("weight", weight), ("bias", bias)):
@@ -34,8 +35,7 @@ def _check(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, act
                          f"{tuple(x.shape)} and weight {tuple(weight.shape)}")
     if bias is not None and (bias.dim() != 1 or bias.shape[0] != weight.shape[0]):
         raise ValueError(f"bias must be ({weight.shape[0]},) (out_features), got {tuple(bias.shape)}")
-    if activation not in ACTIVATIONS:
-        raise ValueError(f"activation must be one of {', '.join(ACTIVATIONS)}, got {activation!r}")
+    check_activation(activation)
     for name, t in (("weight", weight), ("bias", bias)):
         if t is not None and t.device != x.device:
             raise ValueError(f"{name} must be on x's device {x.device}, got {t.device}")

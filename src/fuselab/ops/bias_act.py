@@ -26,11 +26,17 @@ ACTIVATIONS: tuple[str, ...] = ref.ACTIVATIONS
 __all__ = ["ACTIVATIONS", "bias_act"]
 
 
+def check_activation(activation: str) -> str:
+    """``activation`` if it names one of :data:`ACTIVATIONS`; else ``ValueError`` listing them."""
+    if not isinstance(activation, str) or activation not in ACTIVATIONS:
+        raise ValueError(f"activation must be one of {', '.join(ACTIVATIONS)}, got {activation!r}")
+    return activation
+
+
 def _check(x, bias, residual, alpha, activation) -> None:
     require_tensor("x", x)
     require_float("x", x)
-    if not isinstance(activation, str) or activation not in ACTIVATIONS:
-        raise ValueError(f"activation must be one of {', '.join(ACTIVATIONS)}, got {activation!r}")
+    check_activation(activation)
     if isinstance(alpha, bool) or not isinstance(alpha, (int, float)):
         raise TypeError(f"alpha must be a Python float, got {type(alpha).__name__}")
     if x.dim() == 0:
