@@ -19,11 +19,13 @@ import sys
 import threading
 
 import torch
-import torch.nn.functional as F
 from autograd_host import host_us  # benchmarks/sweeps/autograd_host.py
 from triton.testing import do_bench, do_bench_cudagraph
 
-LAYERS = (13, 512, 256, 64, 16)
+# the lab's MLP suite: its layers and its three step functions (eager, Triton FusedLinear, C++ node)
+from fuselab.bench.suites.mlp import LAYERS, mlp_cuda, mlp_eager, mlp_fuselab
+
+PROVIDERS = {"eager": mlp_eager, "fuselab": mlp_fuselab, "cuda": mlp_cuda}
 
 
 def params(dtype: torch.dtype) -> list[torch.Tensor]:
@@ -34,28 +36,6 @@ def params(dtype: torch.dtype) -> list[torch.Tensor]:
     return out
 
 
-def providers():
-    from fuselab.cuda.fused_linear import fused_linear as cuda_fused_linear
-    from fuselab.nn import fused_linear
-
-    def eager(x, p):
-        for k in range(0, len(p), 2):
-            x = torch.relu(F.linear(x, p[k], p[k + 1]))
-        return x
-
-    def fuselab(x, p):
-        for k in range(0, len(p), 2):
-            x = fused_linear(x, p[k], p[k + 1], "relu")
-        return x
-
-    def cuda(x, p):
-        for k in range(0, len(p), 2):
-            x = cuda_fused_linear(x, p[k], p[k + 1], "relu")
-        return x
-
-    return {"eager": eager, "fuselab": fuselab, "cuda": cuda}
-
-
 def step_fn(mlp, batch: int, dtype: torch.dtype):
     p = params(dtype)
     x = torch.randn(batch, LAYERS[0], device="cuda", dtype=dtype)
@@ -64,22 +44,21 @@ def step_fn(mlp, batch: int, dtype: torch.dtype):
     def step():
         for t in p:
             t.grad = None
-        mlp(x, p).backward(g)
+        mlp(x, *p).backward(g)
 
     return step, p
 
 
 def replay_step(mlp, x: torch.Tensor, p: list[torch.Tensor], g: torch.Tensor) -> None:
-    mlp(x, p).backward(g)
+    mlp(x, *p).backward(g)
 
 
 def main() -> None:
     print(f"python {sys.version.split()[0]} torch {torch.__version__}; threads {threading.active_count()}",
           flush=True)
     dtype = torch.bfloat16
-    mlps = providers()
     print(f"{'provider':10} {'host us/step (B=256)':>22} {'wall us (B=65536)':>18} {'graph us (B=65536)':>19}")
-    for name, mlp in mlps.items():
+    for name, mlp in PROVIDERS.items():
         small, _ = step_fn(mlp, 256, dtype)
         host = host_us(small)
         big, p = step_fn(mlp, 65536, dtype)
@@ -95,7 +74,7 @@ def main() -> None:
             graph = float("nan")
         print(f"{name:10} {host:22.1f} {wall:18.1f} {graph:19.1f}", flush=True)
     for label, name in (("C++-node", "cuda"), ("eager", "eager")):
-        profile_steps(label, mlps[name], dtype)
+        profile_steps(label, PROVIDERS[name], dtype)
 
 
 def profile_steps(label: str, mlp, dtype: torch.dtype) -> None:
