@@ -136,7 +136,6 @@ __global__ void bias_act_fwd_kernel(const T* __restrict__ x,     // [M, N], row 
   }
 }
 
-
 // block (TX, TY): thread (tx, ty) owns column vector blockIdx.y * TX + tx and walks rows
 // blockIdx.x * TY + ty, stepping gridDim.x * TY; its dz column sums stay in registers, then the block
 // reduces over ty in a fixed order into partial[blockIdx.x, :]
@@ -276,7 +275,7 @@ void check_launch() {
 
 }  // namespace
 
-// returns {y, pre}; pre is empty unless save_pre. out (optional, [M, N] with a unit inner stride, any row stride)
+// returns {y, pre}; pre is undefined (None) unless save_pre. out (optional, [M, N] with a unit inner stride, any row stride)
 // receives y; it may be x itself (each element is read, then written, by one thread)
 std::vector<torch::Tensor> bias_act_forward(torch::Tensor x, std::optional<torch::Tensor> bias,
                                             std::optional<torch::Tensor> residual, double alpha,
@@ -336,8 +335,7 @@ std::vector<torch::Tensor> bias_act_forward(torch::Tensor x, std::optional<torch
 
 template <typename scalar_t, int ACT, int V>
 static void launch_bwd(const torch::Tensor& grad, const scalar_t* sp, int64_t ssm, const scalar_t* shp, scalar_t* dxp,
-                       scalar_t* drp,
-                       torch::Tensor* partial, bool want_bias, double alpha, cudaStream_t stream) {
+                       scalar_t* drp, torch::Tensor* partial, bool want_bias, double alpha, cudaStream_t stream) {
   using A = at::opmath_type<scalar_t>;
   const int64_t M = grad.size(0), N = grad.size(1);
   const int64_t nvec = N / V;
@@ -359,8 +357,8 @@ static void launch_bwd(const torch::Tensor& grad, const scalar_t* sp, int64_t ss
   check_launch();
 }
 
-// returns {grad_x, grad_residual, grad_bias}; each undefined (None) unless wanted. shift (optional, [N]): the saved tensor is
-// the pre-activation less this vector (FusedLinear saves the matmul output h and its bias: z = h + bias)
+// returns {grad_x, grad_residual, grad_bias}; each undefined (None) unless wanted. shift (optional, [N]): the saved
+// tensor is the pre-activation less this vector (FusedLinear saves the matmul output h and its bias: z = h + bias)
 std::vector<torch::Tensor> bias_act_backward(torch::Tensor grad, std::optional<torch::Tensor> saved,
                                              std::optional<torch::Tensor> shift, double alpha,
                                              int64_t activation, bool want_x, bool want_residual, bool want_bias,
