@@ -223,6 +223,35 @@ def test_no_grad_fast_path_matches_autograd_path(triton_backend, device):
     assert torch.equal(fast, slow.detach())
 
 
+@pytest.mark.parametrize(("activation", "has_residual"), [("relu", True), ("gelu_tanh", False), ("gelu_tanh", True),
+                                                        ("none", True)])
+def test_prepared_backward(triton_backend, device, monkeypatch, activation, has_residual):
+    """Repeated eager backwards of one layout go through the launch an earlier one prepared (``_again``); a
+    gradient of another layout, or a saved ``x`` at another alignment, takes the general path; all match float64."""
+    from fuselab.ops import bias_act as module
+
+    calls = []
+    again = module._again
+    monkeypatch.setattr(module, "_again", lambda *args: calls.append(1) or again(*args))
+    m, n = 6, 40
+
+    def run(x, grad_fn=None):
+        residual = torch.randn(m, n, device=device) if has_residual else None
+        _check(x, torch.randn(n, device=device), residual, 0.5, activation, grad_fn)
+
+    for _ in range(3):
+        run(torch.randn(m, n, device=device))
+    assert len(calls) >= 2  # the first backward of this layout may have prepared it
+    before = len(calls)
+    run(torch.randn(m, n, device=device), grad_fn=lambda y: (y * torch.ones_like(y).t().contiguous().t()).sum())
+    run(torch.randn(m, n, device=device), grad_fn=lambda y: y[:, ::2].sum())  # a strided upstream gradient
+    run(torch.randn(m * n + 1, device=device)[1:].view(m, n))  # x at another 16-byte alignment
+    if activation == "gelu_tanh" and not has_residual:  # x itself is saved: its alignment is in the key
+        assert len(calls) == before + 1
+    run(torch.randn(m, n, device=device))
+    assert len(calls) >= before + 1
+
+
 # ---------------------------------------------------------------- bad inputs
 
 

@@ -21,8 +21,8 @@ import torch
 import triton
 import triton.language as tl
 
-from fuselab.ops._launch import INT32_MAX, cdiv, launch, needs_int64, next_power_of_2, sm_count
-from fuselab.ops._tickets import final_sum_rows, last_to_arrive, sum_partials, ticket_counters
+from fuselab.ops._launch import INT32_MAX, cdiv, launch, needs_int64, next_power_of_2, relaunch, sm_count
+from fuselab.ops._tickets import final_sum_rows, last_to_arrive, scratch, sum_partials, ticket_counters
 
 #: activation name -> constexpr id used by the kernels (order of fuselab.ACTIVATIONS)
 ACT_IDS: dict[str, int] = {"none": 0, "relu": 1, "relu2": 2, "sigmoid": 3, "silu": 4, "gelu": 5, "gelu_tanh": 6}
@@ -265,8 +265,9 @@ def bwd_partial_rows(M: int, N: int, dtype: torch.dtype, device: torch.device) -
 
 
 def bias_grad_partials(M: int, N: int, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
-    """A fresh ``partial`` buffer for :func:`bias_act_bwd_`: ``[bwd_partial_rows(...), N]`` in :func:`partial_dtype`."""
-    return torch.empty(bwd_partial_rows(M, N, dtype, device), N, dtype=partial_dtype(dtype), device=device)
+    """A ``partial`` buffer for one :func:`bias_act_bwd_` launch on the current stream: ``[bwd_partial_rows(...), N]``
+    in :func:`partial_dtype`, scratch that later launches on the stream reuse (:func:`fuselab.ops._tickets.scratch`)."""
+    return scratch(device, (bwd_partial_rows(M, N, dtype, device), N), partial_dtype(dtype))
 
 
 def bias_act_fwd_(
@@ -308,13 +309,15 @@ def bias_act_bwd_(
     grad_residual: torch.Tensor | None,
     partial: torch.Tensor | None,
     grad_bias: torch.Tensor | None,
-) -> None:
+) -> tuple | None:
     """dz = grad * act'(saved [+ shift]); grad_x = dz, grad_residual = alpha*dz, grad_bias = dz summed over rows.
 
     grad, saved: ``[M, N]`` any strides; grad_x, grad_residual: contiguous ``[M, N]`` or None (not wanted);
     partial: contiguous fp32 ``[bwd_partial_rows(M, N, grad.dtype, device), N]`` and grad_bias ``[N]``, both
     or neither. ``saved`` is unused (may be None) for activation "none". ``shift`` ``[N]`` (or None) is added
     to ``saved`` to rebuild the pre-activation ``x + bias`` when ``x`` was saved instead of ``z``.
+
+    Returns a record of the launch for :func:`bias_act_bwd_again` (None when there was nothing to launch).
     """
     M, N = grad.shape
     if (partial is None) != (grad_bias is None):
@@ -322,7 +325,7 @@ def bias_act_bwd_(
     if M == 0 or N == 0:
         if grad_bias is not None:
             grad_bias.zero_()
-        return
+        return None
     for t in (grad_x, grad_residual):
         assert t is None or t.is_contiguous()
     grid, block_m, block_n, num_warps, block_p = _bwd_plan(M, N, grad.element_size(), sm_count(grad.device))
@@ -340,8 +343,27 @@ def bias_act_bwd_(
                grad_bias.stride(0) if has_bias else 0)
     flags = (ACT_IDS[activation], shift is not None, grad_x is not None, grad_residual is not None,
              has_bias, grad.dtype, int64)
-    launch(_bias_act_bwd_kernel, (flags, block_m, block_n, num_warps, block_p, STREAM_EVICTION), grid, tensors,
-           scalars, lambda: dict(ACTIVATION=flags[0], HAS_SHIFT=flags[1], WRITE_DX=flags[2], WRITE_DR=flags[3],
-                                 HAS_BIAS=has_bias, ACC=_acc_dtype(grad.dtype), INT64=int64, BLOCK_M=block_m,
-                                 BLOCK_N=block_n, BLOCK_P=block_p, EVICT=STREAM_EVICTION, num_warps=num_warps),
-           dynamic=1)
+    entry = launch(_bias_act_bwd_kernel, (flags, block_m, block_n, num_warps, block_p, STREAM_EVICTION), grid,
+                   tensors, scalars, lambda: dict(ACTIVATION=flags[0], HAS_SHIFT=flags[1], WRITE_DX=flags[2],
+                                                  WRITE_DR=flags[3], HAS_BIAS=has_bias, ACC=_acc_dtype(grad.dtype),
+                                                  INT64=int64, BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_P=block_p,
+                                                  EVICT=STREAM_EVICTION, num_warps=num_warps), dynamic=1)
+    return entry, grid, scalars[1:], (grid[0], N), partial_dtype(grad.dtype) if has_bias else None
+
+
+def bias_act_bwd_again(record: tuple, grad: torch.Tensor, saved: torch.Tensor | None, shift: torch.Tensor | None,
+                       alpha: float, grad_x: torch.Tensor | None, grad_residual: torch.Tensor | None,
+                       grad_bias: torch.Tensor | None) -> None:
+    """The launch that :func:`bias_act_bwd_` returned ``record`` for, with new tensors and ``alpha``: no plan, no
+    checks. The caller guarantees the same dtypes, 16-byte alignment and memory layout (sizes and strides) as
+    that launch's tensors, and the same outputs wanted; tensors may have any number of dims with that layout.
+    ``partial`` is scratch (:func:`bias_grad_partials`)."""
+    entry, grid, rest, partial_shape, partial_type = record
+    if partial_type is not None:
+        device = grad.device
+        partial, counters = scratch(device, partial_shape, partial_type), ticket_counters(device, grid[1])
+    else:
+        partial = counters = grad
+    relaunch(entry, grid, (grad, saved if saved is not None else grad, shift if shift is not None else grad,
+                           grad_x if grad_x is not None else grad, grad_residual if grad_residual is not None else grad,
+                           partial, grad_bias if grad_bias is not None else grad, counters), (alpha, *rest))

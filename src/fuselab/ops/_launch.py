@@ -50,8 +50,9 @@ def needs_int64(*tensors: torch.Tensor | None) -> bool:
 _COMPILED: dict[tuple, tuple] = {}
 
 
+@functools.cache
 def _runtime_knobs():
-    """Triton's runtime knobs (launch hooks), or None on versions without ``triton.knobs``."""
+    """Triton's runtime knobs (launch hooks: read on every launch), or None on versions without ``triton.knobs``."""
     import triton
 
     return getattr(getattr(triton, "knobs", None), "runtime", None)
@@ -73,7 +74,7 @@ def _scalar_class(a) -> object:
 
 
 def launch(kernel, key: Hashable, grid: tuple[int, ...], tensors: tuple[torch.Tensor, ...], scalars: tuple,
-           constexprs: dict[str, Any] | Callable[[], dict[str, Any]], *, dynamic: int = 0) -> None:
+           constexprs: dict[str, Any] | Callable[[], dict[str, Any]], *, dynamic: int = 0) -> tuple | None:
     """``kernel[grid](*tensors, *scalars, **constexprs)`` with less host time per call on GPUs.
 
     ``JITFunction.run`` binds and specializes every argument on every call (17-29 µs per launch on the
@@ -91,11 +92,15 @@ def launch(kernel, key: Hashable, grid: tuple[int, ...], tensors: tuple[torch.Te
     (building the dict on every call is host time wasted on a cache hit). Launch hooks (profilers) are
     honoured as ``JITFunction.run`` does. Under the interpreter, or on a Triton without ``triton.knobs``,
     it is the plain launch.
+
+    Returns the signature's entry for :func:`relaunch` (a plain launch again under the interpreter).
     """
     knobs = _runtime_knobs()
     if not tensors[0].is_cuda or knobs is None:
-        kernel[grid](*tensors, *scalars, **(constexprs() if callable(constexprs) else constexprs))
-        return
+        if callable(constexprs):
+            constexprs = constexprs()
+        kernel[grid](*tensors, *scalars, **constexprs)
+        return kernel, constexprs, None
     device = torch.cuda.current_device()
     signature = (id(kernel), key, device, tuple([(t.dtype, t.data_ptr() & 15 == 0) for t in tensors]),
                  tuple([_scalar_class(a) for a in scalars[:dynamic]]) if dynamic else None,
@@ -108,9 +113,25 @@ def launch(kernel, key: Hashable, grid: tuple[int, ...], tensors: tuple[torch.Te
         tail = tuple(constexprs[name] for name in kernel.arg_names[len(tensors) + len(scalars):])
         if len(_COMPILED) > 8192:
             _COMPILED.clear()
-        _COMPILED[signature] = (compiled, tail)
+        _COMPILED[signature] = hit = (compiled, tail, device)
+        return hit
+    _run(hit, grid, tensors, scalars, knobs)
+    return hit
+
+
+def relaunch(entry: tuple, grid: tuple[int, ...], tensors: tuple[torch.Tensor, ...], scalars: tuple) -> None:
+    """Launch again what :func:`launch` returned ``entry`` for, skipping its signature: the caller guarantees
+    the same signature (tensor dtypes and 16-byte alignment, the non-dynamic scalars' values, the device).
+    For launches prepared once and repeated in a hot path (a backward that runs on the autograd engine's
+    thread, where every Python step costs several times its main-thread time)."""
+    if entry[2] is None:  # interpreter, or a Triton without knobs: the plain launch
+        entry[0][grid](*tensors, *scalars, **entry[1])
         return
-    compiled, tail = hit
+    _run(entry, grid, tensors, scalars, _runtime_knobs())
+
+
+def _run(entry: tuple, grid: tuple[int, ...], tensors: tuple, scalars: tuple, knobs) -> None:
+    compiled, tail, device = entry
     stream = torch._C._cuda_getCurrentRawStream(device)
     grid_y = grid[1] if len(grid) > 1 else 1
     grid_z = grid[2] if len(grid) > 2 else 1

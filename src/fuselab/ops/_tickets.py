@@ -8,7 +8,8 @@ program came last) and resets the counter to zero for the next launch. Integer a
 
 Counters live in a zeroed int32 buffer per (device, stream), created once and left zeroed by every kernel. While
 a CUDA graph is being captured each call gets fresh zeros instead (a memset node in the graph), so a graph never
-shares counters with eager launches.
+shares counters with eager launches. The partials themselves can live in a scratch buffer per (device, stream,
+shape) (:func:`scratch`): launches on one stream run one after the other, so each may reuse the last one's.
 """
 
 from __future__ import annotations
@@ -26,6 +27,9 @@ MIN_COUNTERS = 1024
 FINAL_SUM_ELEMS = 8192
 
 _COUNTERS: dict[tuple[int, int], torch.Tensor] = {}
+_SCRATCH: dict[tuple, torch.Tensor] = {}
+#: distinct scratch buffers kept before the cache is emptied (each is a few MB at most)
+MAX_SCRATCH = 64
 
 
 def ticket_counters(device: torch.device, n: int) -> torch.Tensor:
@@ -41,6 +45,24 @@ def ticket_counters(device: torch.device, n: int) -> torch.Tensor:
         counters = torch.zeros(max(n, MIN_COUNTERS), dtype=torch.int32, device=device)
         _COUNTERS[key] = counters
     return counters
+
+
+def scratch(device: torch.device, shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
+    """An uninitialized buffer for one launch's partials on the current stream of ``device``.
+
+    Reused by every later request of the same shape and dtype on that stream: launches on one stream run in
+    order, so a kernel that writes the partials before it reads them may share it. Fresh while a CUDA graph is
+    being captured (a graph keeps its own) and off CUDA. Saves an allocation per call in hot paths."""
+    if device.type != "cuda" or torch.cuda.is_current_stream_capturing():
+        return torch.empty(shape, dtype=dtype, device=device)
+    index = device.index if device.index is not None else torch.cuda.current_device()
+    key = (index, torch._C._cuda_getCurrentRawStream(index), shape, dtype)
+    buffer = _SCRATCH.get(key)
+    if buffer is None:
+        if len(_SCRATCH) >= MAX_SCRATCH:
+            _SCRATCH.clear()
+        buffer = _SCRATCH[key] = torch.empty(shape, dtype=dtype, device=device)
+    return buffer
 
 
 @triton.jit
