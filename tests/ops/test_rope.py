@@ -154,6 +154,33 @@ def test_inplace_autograd(triton_backend, device):
     assert_close(grads[0][1], grads[1][1], torch.float32, "grad k (in place)")
 
 
+def test_prepared_backward(triton_backend, poisoned, device, monkeypatch):
+    """Repeated eager backwards of one layout repeat the launch an earlier one prepared; gradients of another
+    layout (or only grad_q) take the general path. All match float64."""
+    calls = []
+    relaunch = rope_mod.rope_relaunch
+    monkeypatch.setattr(rope_mod, "rope_relaunch", lambda *args: calls.append(1) or relaunch(*args))
+    cos, sin = fuselab.rope_cos_sin(9, 24, device=device)
+    for _ in range(3):
+        check(make("bshd", 2, 9, 3, 24, device=device), make("bshd", 2, 9, 1, 24, device=device), cos, sin)
+    assert len(calls) >= 2
+    before = len(calls)
+    q = make("bshd", 2, 9, 3, 24, device=device).requires_grad_(True)
+    k = make("bshd", 2, 9, 1, 24, device=device).requires_grad_(True)
+    qo, ko = fuselab.apply_rope(q, k, cos, sin)
+    gq = make("bshd", 2, 9, 3, 24, device=device, strided=True)  # another layout
+    torch.autograd.backward([qo, ko], [gq, torch.ones_like(ko)])
+    q64, k64 = q.detach().double().requires_grad_(True), k.detach().double().requires_grad_(True)
+    qr, kr = ref.apply_rope(q64, k64, cos.double(), sin.double())
+    torch.autograd.backward([qr, kr], [gq.double(), torch.ones_like(kr)])
+    assert len(calls) == before
+    assert_close(q.grad, q64.grad, torch.float32, "grad q (strided upstream gradient)")
+    assert_close(k.grad, k64.grad, torch.float32, "grad k")
+    for _ in range(2):  # the strided backward prepared its own layout: the next one prepares this one again
+        check(make("bshd", 2, 9, 3, 24, device=device), make("bshd", 2, 9, 1, 24, device=device), cos, sin)
+    assert len(calls) == before + 1
+
+
 @pytest.mark.parametrize("shape", ["bs", "1s"])
 def test_positions(triton_backend, poisoned, device, shape):
     b, s = 3, 6

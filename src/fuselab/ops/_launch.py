@@ -100,7 +100,7 @@ def launch(kernel, key: Hashable, grid: tuple[int, ...], tensors: tuple[torch.Te
         if callable(constexprs):
             constexprs = constexprs()
         kernel[grid](*tensors, *scalars, **constexprs)
-        return kernel, constexprs, None
+        return kernel, tuple(constexprs.items()), None  # hashable, as the compiled entries
     device = torch.cuda.current_device()
     signature = (id(kernel), key, device, tuple([(t.dtype, t.data_ptr() & 15 == 0) for t in tensors]),
                  tuple([_scalar_class(a) for a in scalars[:dynamic]]) if dynamic else None,
@@ -125,7 +125,7 @@ def relaunch(entry: tuple, grid: tuple[int, ...], tensors: tuple[torch.Tensor, .
     For launches prepared once and repeated in a hot path (a backward that runs on the autograd engine's
     thread, where every Python step costs several times its main-thread time)."""
     if entry[2] is None:  # interpreter, or a Triton without knobs: the plain launch
-        entry[0][grid](*tensors, *scalars, **entry[1])
+        entry[0][grid](*tensors, *scalars, **dict(entry[1]))
         return
     _run(entry, grid, tensors, scalars, _runtime_knobs())
 

@@ -21,7 +21,7 @@ from fuselab.reference import rope as _ref
 
 from ._validate import require_float, require_same_device, require_tensor
 from .rope_angles import inv_freq_on, rope_cos_sin, rope_frequencies
-from .rope_kernel import LAYOUTS, rope_launch
+from .rope_kernel import LAYOUTS, rope_launch, rope_relaunch
 
 __all__ = ["LAYOUTS", "apply_rope", "rope_cos_sin", "rope_frequencies"]
 
@@ -86,7 +86,12 @@ class _RopeFunction(torch.autograd.Function):
     """Rotation under eager autograd, straight to the launcher (in place: q and k are marked dirty). The
     custom-op dispatcher and its autograd wrapper cost tens of microseconds of host time per call, which
     starved the GPU in forward+backward; ``torch.compile`` still traces ``fuselab::rope`` / ``fuselab::rope_``
-    (no graph break)."""
+    (no graph break).
+
+    The backward runs on the autograd engine's thread, where each Python step costs several times its
+    main-thread time. A backward whose forward launch was the same (same compiled entry: layout, shapes,
+    strides, dtypes, tables) and whose gradients have the layout an earlier such backward saw repeats that
+    backward's launch (:data:`_PREPARED`, :func:`~fuselab.ops.rope_kernel.rope_relaunch`): no plan, no key."""
 
     @staticmethod
     def forward(ctx, q, k, cos, sin, inv_freq, positions, offsets, cu_seqlens, params, inplace):
@@ -94,34 +99,60 @@ class _RopeFunction(torch.autograd.Function):
         if inplace:
             q_out, k_out = q, k
             ctx.mark_dirty(*((q,) if k is None else (q, k)))
-            rope_launch(q, k, q, k, *tables, **params)
+            record = rope_launch(q, k, q, k, *tables, **params)
         else:
-            q_out, k_out = _rotated(q, k, tables, params)
+            q_out, k_out, record = _rotated(q, k, tables, params)
         ctx.has_k = k is not None
         ctx.params = params
         ctx.save_for_backward(cos, sin, inv_freq, positions, offsets, cu_seqlens)
+        ctx.entry = None if record is None or torch.compiler.is_compiling() else record[0]
+        ctx.prepared = _PREPARED.get(ctx.entry)
         return q_out, k_out
 
     @staticmethod
     def backward(ctx, grad_q, grad_k):
-        dq, dk = _rotate_back(ctx, grad_q, grad_k)
+        grad_k = grad_k if ctx.has_k else None
+        prepared = ctx.prepared
+        if prepared is not None and grad_q is not None and _layout(grad_q, grad_k) == prepared[1]:
+            dq, dk = _empty_like(grad_q), (_empty_like(grad_k) if grad_k is not None else None)
+            params = ctx.params
+            rope_relaunch(prepared[0], grad_q, grad_k, dq, dk, *ctx.saved_tensors, params["offset"], params["mscale"])
+        else:
+            dq, dk, record = _rotate_back(ctx, grad_q, grad_k)
+            if ctx.entry is not None and record is not None and grad_q is not None:
+                if len(_PREPARED) > 1024:
+                    _PREPARED.clear()
+                _PREPARED[ctx.entry] = (record, _layout(grad_q, grad_k))
         return dq, dk, None, None, None, None, None, None, None, None
 
 
+#: backward launches by the forward's launch entry (see :class:`_RopeFunction`): (record of
+#: :func:`~fuselab.ops.rope_kernel.rope_launch`, the gradients' layout it was made for)
+_PREPARED: dict[tuple | None, tuple] = {}
+
+
+def _layout(grad_q: torch.Tensor, grad_k: torch.Tensor | None) -> tuple:
+    """What a prepared backward launch assumes of its gradients: dtype, strides, storage offset, alignment."""
+    q = (grad_q.dtype, grad_q.stride(), grad_q.storage_offset(), grad_q.data_ptr() & 15)
+    if grad_k is None:
+        return q
+    return (*q, grad_k.dtype, grad_k.stride(), grad_k.storage_offset(), grad_k.data_ptr() & 15)
+
+
 def _rotated(q: torch.Tensor, k: torch.Tensor | None, tables: tuple, params: dict) -> tuple:
-    """``q`` and ``k`` (or None) rotated into fresh tensors, one launch."""
+    """``q`` and ``k`` (or None) rotated into fresh tensors, one launch: (q_out, k_out, launch record)."""
     q_out = _empty_like(q)
     k_out = _empty_like(k) if k is not None else None
-    rope_launch(q, k, q_out, k_out, *tables, **params)
-    return q_out, k_out
+    return q_out, k_out, rope_launch(q, k, q_out, k_out, *tables, **params)
 
 
-def _rotate_back(ctx, grad_q, grad_k) -> tuple[torch.Tensor | None, torch.Tensor | None]:
-    """The backward: the same rotation with the conjugate sign, into fresh tensors."""
-    grad_k = grad_k if ctx.has_k else None
+def _rotate_back(ctx, grad_q, grad_k) -> tuple:
+    """The backward: the same rotation with the conjugate sign, into fresh tensors: (dq, dk, launch record)."""
     params = {**ctx.params, "conj": not ctx.params["conj"]}
     if grad_q is None:  # only k_out was used: rotate k alone (the launcher's q slot takes it)
-        return None, (None if grad_k is None else _rotated(grad_k, None, ctx.saved_tensors, params)[0])
+        if grad_k is None:
+            return None, None, None
+        return None, _rotated(grad_k, None, ctx.saved_tensors, params)[0], None
     return _rotated(grad_q, grad_k, ctx.saved_tensors, params)
 
 
@@ -326,7 +357,7 @@ def run_rope(q: torch.Tensor, k: torch.Tensor | None, cos: torch.Tensor | None, 
     if compiling:
         q_out, k_out = _rope_op(q, k, *args, layout, half, interleaved, False, offset, mscale)
         return q_out, (k_out if k is not None else None)
-    return _rotated(q, k, args, params)
+    return _rotated(q, k, args, params)[:2]
 
 
 # ---------------------------------------------------------------------------------------------- fast path

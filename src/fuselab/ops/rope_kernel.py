@@ -20,7 +20,7 @@ import triton.language as tl
 
 from fuselab.backend import interpreter_enabled
 
-from ._launch import INT32_MAX, cdiv, launch, max_element_offset, next_power_of_2, sm_count
+from ._launch import INT32_MAX, cdiv, launch, max_element_offset, next_power_of_2, relaunch, sm_count
 
 LAYOUTS = ("bshd", "sbhd", "bhsd", "thd")
 
@@ -195,13 +195,15 @@ def _config(n_tokens: int, hq: int, hk: int, half: int, n_pass: int, sms: int, i
 def rope_launch(q: torch.Tensor, k: torch.Tensor | None, q_out: torch.Tensor, k_out: torch.Tensor | None,
                 cos: torch.Tensor | None, sin: torch.Tensor | None, inv_freq: torch.Tensor | None,
                 positions: torch.Tensor | None, offsets: torch.Tensor | None, cu_seqlens: torch.Tensor | None, *,
-                layout: str, half: int, interleaved: bool, conj: bool, offset: int = 0, mscale: float = 1.0) -> None:
+                layout: str, half: int, interleaved: bool, conj: bool, offset: int = 0,
+                mscale: float = 1.0) -> tuple | None:
     """Rotate q (and k) into q_out (and k_out); outputs may be the inputs (in place).
 
     Inputs must already be validated (:func:`fuselab.ops.rope.apply_rope` does it). ``cos``/``sin``
     are 2-D ``(R, half)`` or 3-D ``(BC, R, half)`` tables (BC 1 or batch); when None, ``inv_freq``
     (``(half,)`` fp32) and ``mscale`` give the angles. ``positions`` is (B, S) (thd: (1, T) or (T,)),
     ``offsets`` (B,) per batch row (thd: per sequence). Positions outside the table are clamped.
+    Returns a record of the launch for :func:`rope_relaunch` (None when there was nothing to launch).
     """
     has_k = k is not None
     kk, ko = (k, k_out) if has_k else (q, q_out)
@@ -222,15 +224,33 @@ def rope_launch(q: torch.Tensor, k: torch.Tensor | None, q_out: torch.Tensor, k_
         _PLANS[key] = plan
     grid, ints, constexprs, constexprs64, extent = plan
     if grid is None:
-        return
+        return None
     base = max(q.storage_offset(), kk.storage_offset(), q_out.storage_offset(), ko.storage_offset())
     wide = extent + base > INT32_MAX
-    tensors = (q, kk, q_out, ko, cos if cos is not None else q, sin if sin is not None else q,
-               inv_freq if inv_freq is not None else q, positions if positions is not None else q,
-               offsets if offsets is not None else q, cu_seqlens if cu_seqlens is not None else q)
+    tensors = _tensors(q, kk, q_out, ko, cos, sin, inv_freq, positions, offsets, cu_seqlens)
     # offset and mscale may change every call (decoding): keyed by class; the plan's ints by value
-    launch(_rope_kernel, (key, wide), grid, tensors, (int(offset), float(mscale), *ints),
-           constexprs64 if wide else constexprs, dynamic=2)
+    entry = launch(_rope_kernel, (key, wide), grid, tensors, (int(offset), float(mscale), *ints),
+                   constexprs64 if wide else constexprs, dynamic=2)
+    return entry, grid, ints
+
+
+def _tensors(q, kk, q_out, ko, cos, sin, inv_freq, positions, offsets, cu_seqlens) -> tuple:
+    """The kernel's tensor arguments; absent ones take q's place (never read)."""
+    return (q, kk, q_out, ko, cos if cos is not None else q, sin if sin is not None else q,
+            inv_freq if inv_freq is not None else q, positions if positions is not None else q,
+            offsets if offsets is not None else q, cu_seqlens if cu_seqlens is not None else q)
+
+
+def rope_relaunch(record: tuple, q: torch.Tensor, k: torch.Tensor | None, q_out: torch.Tensor,
+                  k_out: torch.Tensor | None, cos, sin, inv_freq, positions, offsets, cu_seqlens, offset: int,
+                  mscale: float) -> None:
+    """The launch :func:`rope_launch` returned ``record`` for, with new q/k and outputs: no plan, no key. The
+    caller guarantees the same dtypes, shapes, strides, storage offsets and 16-byte alignment as that launch's
+    tensors (the tables are the same tensors) and the same ``offset``/``mscale`` classes."""
+    entry, grid, ints = record
+    kk, ko = (k, k_out) if k is not None else (q, q_out)
+    relaunch(entry, grid, _tensors(q, kk, q_out, ko, cos, sin, inv_freq, positions, offsets, cu_seqlens),
+             (int(offset), float(mscale), *ints))
 
 
 #: launch plans: (layout, shapes, strides, flags) -> (grid, int args, constexprs, 64-bit constexprs, extent)
