@@ -61,7 +61,7 @@ def main() -> None:
             reduce_ops._PLANNED.clear()  # plans are cached per shape: replan with this PROGRAMS_PER_SM
             for (shape, dtype, dim), (x, _) in zip(CASES, inputs):
                 t = do_bench(functools.partial(mean, x, dim), return_mode="median") * 1e3
-                compiled = [c for c, _ in _launch._COMPILED.values()][-1]
+                compiled = [entry[0] for entry in _launch._COMPILED.values()][-1]
                 plan = _reduce_triton.plan_reduction(*_plan_args(x, dim))
                 gbps = x.numel() * x.element_size() / t / 1e6
                 print(f"per_sm={per_sm} maxnreg={maxnreg or '-':<3} mean {'all' if dim is None else dim:>3} "

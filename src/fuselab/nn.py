@@ -23,6 +23,7 @@ from torch import nn
 from torch.autograd.function import once_differentiable
 
 from fuselab.backend import use_triton
+from fuselab.ops._launch import keep, layout
 from fuselab.ops.bias_act import ACTIVATIONS, bias_act, check_activation
 from fuselab.reference.bias_act import SAVED
 
@@ -112,14 +113,13 @@ class _FusedLinearFunction(torch.autograd.Function):
         if torch.is_grad_enabled():  # create_graph=True: first-order grads, an error if differentiated again
             return _backward_once(ctx, grad_y)
         prepared = ctx.prepared
-        if (prepared is not None and grad_y.dtype == ctx.key[1] and grad_y.stride() == prepared[1]
-                and grad_y.data_ptr() & 15 == 0):
+        if prepared is not None and layout(grad_y) == prepared[1]:
             return _again(ctx, grad_y, prepared[0])
         return _backward(ctx, grad_y)
 
 
 #: backward launches prepared by :func:`_backward` for :func:`_again`: ``ctx.key`` -> (launch record of
-#: :func:`fuselab.ops._bias_act_triton.bias_act_bwd_`, the gradient's strides)
+#: :func:`fuselab.ops._bias_act_triton.bias_act_bwd_`, the gradient's :func:`~fuselab.ops._launch.layout`)
 _PREPARED: dict[tuple | None, tuple] = {}
 
 
@@ -160,9 +160,7 @@ def _backward(ctx, grad_y: torch.Tensor) -> tuple[torch.Tensor | None, ...]:
         record = k.bias_act_bwd_(g, saved, shift, 1.0, ctx.activation, dz, None, partial, grad_b)
     if (record is not None and ctx.key is not None and grad_y.dtype == ctx.key[1] and grad_y.is_contiguous()
             and grad_y.stride() == (n, 1) and grad_y.data_ptr() & 15 == 0):
-        if len(_PREPARED) > 1024:
-            _PREPARED.clear()
-        _PREPARED[ctx.key] = (record, grad_y.stride())
+        keep(_PREPARED, ctx.key, (record, layout(grad_y)))
     grad_x = None
     if want_x:
         grad_x = dz.mm(weight)

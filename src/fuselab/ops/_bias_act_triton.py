@@ -31,6 +31,8 @@ ACT_IDS: dict[str, int] = {"none": 0, "relu": 1, "relu2": 2, "sigmoid": 3, "silu
 #: tensor tile, programs per SM, widest backward column block (bytes of one row segment). H100 sweep: the forward
 #: is best with one tile per program (up to 256 per SM; 0.92-1.01 of copy bandwidth vs 0.91-0.97 at 16); the
 #: backward with few programs that accumulate their bias partials over many tiles, and 8 KiB tiles.
+#: (A sweep that changes them must also empty the launches prepared by eager backwards, which keep the plan they
+#: were made with: fuselab.ops.bias_act._PREPARED and fuselab.nn._PREPARED.)
 FWD_TILE_BYTES = 16384
 BWD_TILE_BYTES = 8192
 FWD_PROGRAMS_PER_SM = 256

@@ -130,6 +130,23 @@ def relaunch(entry: tuple, grid: tuple[int, ...], tensors: tuple[torch.Tensor, .
     _run(entry, grid, tensors, scalars, _runtime_knobs())
 
 
+#: entries a prepared-launch cache (:func:`keep`) holds before it is emptied (a run that meets ever new shapes)
+MAX_PREPARED = 1024
+
+
+def layout(t: torch.Tensor) -> tuple:
+    """What a launch repeated by :func:`relaunch` assumes of a tensor it is given anew (a gradient): dtype,
+    strides, storage offset and 16-byte alignment equal to those of the tensor it was prepared with."""
+    return t.dtype, t.stride(), t.storage_offset(), t.data_ptr() & 15
+
+
+def keep(cache: dict, key: Hashable, value: tuple) -> None:
+    """``cache[key] = value`` for a prepared launch, emptying ``cache`` first when it holds :data:`MAX_PREPARED`."""
+    if len(cache) >= MAX_PREPARED:
+        cache.clear()
+    cache[key] = value
+
+
 def _run(entry: tuple, grid: tuple[int, ...], tensors: tuple, scalars: tuple, knobs) -> None:
     compiled, tail, device = entry
     stream = torch._C._cuda_getCurrentRawStream(device)

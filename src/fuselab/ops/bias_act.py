@@ -20,6 +20,7 @@ import functools
 import torch
 
 from fuselab.backend import use_triton
+from fuselab.ops._launch import keep, layout
 from fuselab.ops._validate import require_float, require_same_device, require_tensor
 from fuselab.reference import bias_act as ref
 
@@ -148,9 +149,7 @@ def _backward(grad, saved, shift, alpha: float, activation: str, x_dtype, residu
                            None if gx is None else gx.view(-1, n), None if gr is None else gr.view(-1, n), partial, gb)
     if (prepare_key is not None and record is not None and grad.is_contiguous() and g2.stride() == (n, 1)
             and grad.data_ptr() & 15 == 0 and (saved is None or saved.dim() == 2 or saved.is_contiguous())):
-        if len(_PREPARED) > 1024:
-            _PREPARED.clear()
-        _PREPARED[prepare_key] = (record, grad.stride())
+        keep(_PREPARED, prepare_key, (record, layout(grad)))
     return tuple(empty() if t is None else t for t in (gx, gr, gb))
 
 
@@ -227,7 +226,7 @@ torch.library.register_autograd("fuselab::bias_act_fwd", _autograd_backward, set
 
 
 #: backward launches prepared by the eager autograd path: key (:func:`_prepared_key`) -> (launch record of
-#: :func:`fuselab.ops._bias_act_triton.bias_act_bwd_`, the gradient's expected strides)
+#: :func:`fuselab.ops._bias_act_triton.bias_act_bwd_`, the gradient's :func:`~fuselab.ops._launch.layout`)
 _PREPARED: dict[tuple, tuple] = {}
 
 
@@ -268,8 +267,7 @@ class _BiasActFunction(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad_y):
         prepared = ctx.prepared
-        if (prepared is not None and grad_y.dtype == ctx.dtypes[0] and grad_y.stride() == prepared[1]
-                and grad_y.data_ptr() & 15 == 0):
+        if prepared is not None and layout(grad_y) == prepared[1]:
             return _again(ctx, grad_y, prepared[0])
         return _input_grads(ctx, grad_y, functools.partial(_backward, prepare_key=ctx.key))
 

@@ -19,6 +19,7 @@ import torch
 from fuselab.backend import ENV_VAR, use_triton
 from fuselab.reference import rope as _ref
 
+from ._launch import keep, layout
 from ._validate import require_float, require_same_device, require_tensor
 from .rope_angles import inv_freq_on, rope_cos_sin, rope_frequencies
 from .rope_kernel import LAYOUTS, rope_launch, rope_relaunch
@@ -113,16 +114,14 @@ class _RopeFunction(torch.autograd.Function):
     def backward(ctx, grad_q, grad_k):
         grad_k = grad_k if ctx.has_k else None
         prepared = ctx.prepared
-        if prepared is not None and grad_q is not None and _layout(grad_q, grad_k) == prepared[1]:
+        if prepared is not None and grad_q is not None and _layouts(grad_q, grad_k) == prepared[1]:
             dq, dk = _empty_like(grad_q), (_empty_like(grad_k) if grad_k is not None else None)
             params = ctx.params
             rope_relaunch(prepared[0], grad_q, grad_k, dq, dk, *ctx.saved_tensors, params["offset"], params["mscale"])
         else:
             dq, dk, record = _rotate_back(ctx, grad_q, grad_k)
             if ctx.entry is not None and record is not None and grad_q is not None:
-                if len(_PREPARED) > 1024:
-                    _PREPARED.clear()
-                _PREPARED[ctx.entry] = (record, _layout(grad_q, grad_k))
+                keep(_PREPARED, ctx.entry, (record, _layouts(grad_q, grad_k)))
         return dq, dk, None, None, None, None, None, None, None, None
 
 
@@ -131,12 +130,9 @@ class _RopeFunction(torch.autograd.Function):
 _PREPARED: dict[tuple | None, tuple] = {}
 
 
-def _layout(grad_q: torch.Tensor, grad_k: torch.Tensor | None) -> tuple:
-    """What a prepared backward launch assumes of its gradients: dtype, strides, storage offset, alignment."""
-    q = (grad_q.dtype, grad_q.stride(), grad_q.storage_offset(), grad_q.data_ptr() & 15)
-    if grad_k is None:
-        return q
-    return (*q, grad_k.dtype, grad_k.stride(), grad_k.storage_offset(), grad_k.data_ptr() & 15)
+def _layouts(grad_q: torch.Tensor, grad_k: torch.Tensor | None) -> tuple:
+    """What a prepared backward launch assumes of its gradients (:func:`~fuselab.ops._launch.layout`)."""
+    return layout(grad_q), None if grad_k is None else layout(grad_k)
 
 
 def _rotated(q: torch.Tensor, k: torch.Tensor | None, tables: tuple, params: dict) -> tuple:
