@@ -13,6 +13,8 @@
 #   mlpgraph    fuselab bench mlp --cuda-graph only (into cuda_graph/)
 #   bagraph     fuselab bench bias_act --mode fwd+bwd --cuda-graph only (into cuda_graph/)
 #   ropetiles   benchmarks/sweeps/rope_tiles.py (RoPE tile/warps vs a copy of the same bytes, into probes/)
+#   host        host time per call: RoPE decode by provider, fuselab's eager paths, the bias_act step's launch
+#               windows, the MLP step (benchmarks/sweeps/*.py, into probes/ and host_overhead.txt)
 #   profiles    fuselab profile: bias_act gelu_tanh (eager, torch.compile, fuselab, cuda), rope decode, reduce dim=0
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -51,6 +53,12 @@ for stage in "$@"; do
     bagraph) run fuselab bench bias_act --mode fwd+bwd --cuda-graph --plot \
       --providers eager torch.compile torchscript fuselab cuda ;;
     ropetiles) run python3 benchmarks/sweeps/rope_tiles.py > "$RES/probes/rope_tiles.txt" ;;
+    host)
+      mkdir -p "$RES/probes"
+      run python3 benchmarks/sweeps/decode_host.py > "$RES/probes/decode_host.txt"
+      run python3 benchmarks/sweeps/host_overhead.py > "$RES/host_overhead.txt"
+      run python3 benchmarks/sweeps/bias_act_gaps.py > "$RES/probes/bias_act_gaps.txt"
+      run python3 benchmarks/sweeps/mlp_host.py > "$RES/probes/mlp_host.txt" ;;
     sweep) run python3 benchmarks/sweeps/reduce_sweep.py --out "$RES/reduce_sweep.json" ;;
     profiles)
       for p in eager torch.compile fuselab cuda; do profile bias_act "$p" bf16 fwd "bias_act_gelu_tanh_$p" \

@@ -10,7 +10,7 @@ forward kernel hides that one)?
 
 Each timed step repeats do_bench's loop by hand: flush, start event, reset grads, forward, ``backward``, end
 event. The launchers are wrapped to stamp the host clock when they are called (Triton: ``launch`` and, for a
-prepared backward, ``relaunch``). Per provider and case: median
+prepared launch, ``relaunch``). Per provider and case: median
 host µs from the step's start to the forward launch, to the backward launch, to the end of ``backward``, and the
 GPU µs between the events.
 """
@@ -44,7 +44,7 @@ def _wrap_launchers() -> None:
     from fuselab.ops import _bias_act_triton as bt
 
     bt.launch = _stamp(bt.launch)
-    bt.relaunch = _stamp(bt.relaunch)  # the prepared backward (bias_act_bwd_again)
+    bt.relaunch = _stamp(bt.relaunch)  # prepared launches (bias_act_fwd_again, bias_act_bwd_again)
     ext = cuda_mod._extension()
 
     class Stamped:

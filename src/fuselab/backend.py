@@ -62,6 +62,14 @@ def use_triton(device: torch.device | str) -> bool:
     return False
 
 
+def triton_for(t: torch.Tensor) -> bool:
+    """:func:`use_triton` for the device of tensor ``t``, the common case (a CUDA tensor, ``FUSELAB_BACKEND``
+    unset) decided first without building a ``torch.device``: ops call it on every eager call."""
+    if t.is_cuda and os.environ.get(ENV_VAR) is None:
+        return True
+    return use_triton(t.device)
+
+
 @contextlib.contextmanager
 def forced(backend: str) -> Iterator[None]:
     """Temporarily set ``FUSELAB_BACKEND`` (the lab uses it to pin a provider's path)."""

@@ -252,6 +252,65 @@ def test_prepared_backward(triton_backend, device, monkeypatch, activation, has_
     assert len(calls) >= before + 1
 
 
+@pytest.mark.parametrize("needs_grad", [False, True])
+@pytest.mark.parametrize(("activation", "has_residual"), [("relu", True), ("gelu_tanh", True), ("silu", False)])
+def test_prepared_forward(triton_backend, device, monkeypatch, activation, has_residual, needs_grad):
+    """Repeated eager calls of one layout go through the launch an earlier checked call kept (``_forward_again``),
+    with and without autograd; every result and gradient matches float64; an operand at another alignment, a
+    3-D x and a residual that must be copied into rows take the general path."""
+    from fuselab.ops import bias_act as module
+
+    monkeypatch.setattr(module, "_FORWARDS", {})  # launches kept by earlier tests
+    calls = []
+    again = module._forward_again
+    monkeypatch.setattr(module, "_forward_again", lambda *args: calls.append(1) or again(*args))
+    m, n = 6, 40
+
+    def run(x, residual=None):
+        bias = torch.randn(n, device=device)
+        if residual is None and has_residual:
+            residual = torch.randn(x.shape, device=device)
+        if needs_grad:
+            _check(x, bias, residual, 0.5, activation)
+            return
+        y = fuselab.bias_act(x, bias, residual=residual, alpha=0.5, activation=activation)
+        y64 = ref.bias_act(x.double(), bias.double(), None if residual is None else residual.double(), 0.5,
+                           activation)
+        assert_close(y, y64, x.dtype, "y")
+
+    for _ in range(3):
+        run(torch.randn(m, n, device=device))
+    assert len(calls) == 2  # the first call kept the launch
+    run(torch.randn(m * n + 1, device=device)[1:].view(m, n))  # x at another 16-byte alignment
+    run(torch.randn(2, 3, n, device=device))  # 3-D x: its own key
+    run(torch.randn(2, 3, n, device=device))
+    assert len(calls) == 3
+    if has_residual:  # rows that cannot be viewed: copied, so never kept
+        for _ in range(2):
+            run(torch.randn(2, 3, n, device=device), torch.randn(3, 2, n, device=device).transpose(0, 1))
+        assert len(calls) == 3
+    with fuselab.backend.forced("torch"):  # the backend switch is read on every call, cache or not
+        monkeypatch.setattr(module, "_forward", None)  # the Triton launcher must not run
+        run(torch.randn(m, n, device=device))
+    assert len(calls) == 3
+
+
+def test_prepared_forward_still_checks(triton_backend, device):
+    """A call that differs from a kept one only in what the checks reject still raises, naming the argument."""
+    x = torch.randn(4, 8, device=device)
+    fuselab.bias_act(x, torch.randn(8, device=device), residual=torch.randn(4, 8, device=device))
+    fuselab.bias_act(x, torch.randn(8, device=device), residual=torch.randn(4, 8, device=device))
+    with pytest.raises(ValueError, match="bias"):
+        fuselab.bias_act(x, torch.randn(9, device=device), residual=torch.randn(4, 8, device=device))
+    with pytest.raises(ValueError, match="residual"):
+        fuselab.bias_act(x, torch.randn(8, device=device), residual=torch.randn(5, 8, device=device))
+    with pytest.raises(TypeError, match="alpha"):
+        fuselab.bias_act(x, torch.randn(8, device=device), residual=torch.randn(4, 8, device=device), alpha=True)
+    with pytest.raises(ValueError, match="activation"):
+        fuselab.bias_act(x, torch.randn(8, device=device), residual=torch.randn(4, 8, device=device),
+                         activation=["relu"])
+
+
 # ---------------------------------------------------------------- bad inputs
 
 

@@ -172,6 +172,24 @@ def test_run_to_run_bitwise(triton_backend, device, shape, dim):
         assert torch.equal(first.view(torch.int32), again.view(torch.int32))
 
 
+def test_planned_calls_and_shared_scratch(triton_backend, device, monkeypatch):
+    """Repeated eager calls reuse their plan (no validation, no planning); split reductions of one workspace
+    size share a per-stream scratch buffer, and each result still matches float64, interleaved."""
+    from fuselab.ops import reduce as module
+
+    monkeypatch.setattr(module, "_PLANNED", {})
+    plans = []
+    plan_call = module._plan_call
+    monkeypatch.setattr(module, "_plan_call", lambda *args: plans.append(1) or plan_call(*args))
+    xs = [torch.randn(1023, 1023, device=device) for _ in range(3)]
+    for x in xs:  # a split plan (its workspace comes from scratch) on fresh values each call
+        for dim, op in ((0, "sum"), (None, "mean")):
+            _check(x, dim, False, op)
+    assert len(plans) == 2  # one per (dim, op): later calls of the layout skipped planning
+    with pytest.raises(ValueError, match="dim"):
+        fuselab.sum(xs[0], 2)  # a new key: validated, and rejected
+
+
 def test_split_plans_are_exercised(device):
     """The determinism/size tests above cover both kernels with a second stage (split > 1)."""
     cases = [((2**20 + 3,), (0,)), ((1023, 1023), (0,)), ((9, 50_001), (1,)), ((3000, 7), (0,))]

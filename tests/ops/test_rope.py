@@ -157,6 +157,7 @@ def test_inplace_autograd(triton_backend, device):
 def test_prepared_backward(triton_backend, poisoned, device, monkeypatch):
     """Repeated eager backwards of one layout repeat the launch an earlier one prepared; gradients of another
     layout (or only grad_q) take the general path. All match float64."""
+    monkeypatch.setattr(rope_mod, "_call_key", lambda *args: None)  # forwards launch anew: count backwards only
     calls = []
     relaunch = rope_mod.rope_relaunch
     monkeypatch.setattr(rope_mod, "rope_relaunch", lambda *args: calls.append(1) or relaunch(*args))
@@ -179,6 +180,45 @@ def test_prepared_backward(triton_backend, poisoned, device, monkeypatch):
     for _ in range(2):  # the strided backward prepared its own layout: the next one prepares this one again
         check(make("bshd", 2, 9, 3, 24, device=device), make("bshd", 2, 9, 1, 24, device=device), cos, sin)
     assert len(calls) == before + 1
+
+
+@pytest.mark.parametrize("inplace", [False, True])
+@pytest.mark.parametrize("tables", [True, False], ids=["tables", "angles"])
+def test_prepared_forward(triton_backend, poisoned, device, monkeypatch, tables, inplace):
+    """Repeated eager calls of one layout (decoding: int offsets that change every step) repeat the launch an
+    earlier checked call kept, with or without autograd; all match float64. Another stride, another offset class
+    or an offset past the table's end takes the general path, which checks and raises as before."""
+    monkeypatch.setattr(rope_mod, "_CALLS", {})  # launches kept by earlier tests
+    monkeypatch.setattr(rope_mod, "_PREPARED", {})
+    calls = []
+    relaunch = rope_mod.rope_relaunch
+    monkeypatch.setattr(rope_mod, "rope_relaunch", lambda *args: calls.append(1) or relaunch(*args))
+    cos, sin = fuselab.rope_cos_sin(40, 16, device=device) if tables else (None, None)
+
+    def step(offset, grads=False, strided=False):
+        q = make("bshd", 3, 1, 4, 24, device=device, strided=strided)
+        k = make("bshd", 3, 1, 2, 24, device=device, strided=strided)
+        kw = dict(seqlen_offsets=offset, rotary_dim=None if tables else 16, inplace=inplace)
+        check(q, k, cos, sin, grads=grads, **kw)
+
+    for offset in (3, 5, 7):  # one specialization class (int32, not 1, not a multiple of 16)
+        step(offset)
+    assert len(calls) == 2  # the first call kept its launch
+    step(9, strided=True)  # another layout: the general path
+    assert len(calls) == 2
+    step(1)  # offset 1: another class, its own launch
+    step(1)
+    assert len(calls) == 3
+    if tables:
+        with pytest.raises(ValueError, match="seqlen_offsets"):
+            fuselab.apply_rope(make("bshd", 3, 1, 4, 24, device=device), None, cos, sin, seqlen_offsets=40)
+    if not inplace:  # (in place on leaves that require grad is an error)
+        step(11, grads=True)  # autograd through the kept launch; its backward prepares its own
+        step(13, grads=True)
+        assert len(calls) == 3 + 3
+    with fuselab.backend.forced("torch"):
+        monkeypatch.setattr(rope_mod, "_run", None)  # the Triton path must not run
+        step(15)
 
 
 @pytest.mark.parametrize("shape", ["bs", "1s"])

@@ -32,7 +32,7 @@ ACT_IDS: dict[str, int] = {"none": 0, "relu": 1, "relu2": 2, "sigmoid": 3, "silu
 #: is best with one tile per program (up to 256 per SM; 0.92-1.01 of copy bandwidth vs 0.91-0.97 at 16); the
 #: backward with few programs that accumulate their bias partials over many tiles, and 8 KiB tiles.
 #: (A sweep that changes them must also empty the launches prepared by eager backwards, which keep the plan they
-#: were made with: fuselab.ops.bias_act._PREPARED and fuselab.nn._PREPARED.)
+#: were made with: fuselab.ops.bias_act._FORWARDS and _PREPARED, fuselab.nn._PREPARED.)
 FWD_TILE_BYTES = 16384
 BWD_TILE_BYTES = 8192
 FWD_PROGRAMS_PER_SM = 256
@@ -280,14 +280,15 @@ def bias_act_fwd_(
     pre: torch.Tensor | None,
     alpha: float,
     activation: str,
-) -> None:
+) -> tuple | None:
     """``out = act(x + alpha*residual + bias)``; also ``pre = x + alpha*residual + bias`` when given.
 
     x, residual, out: ``[M, N]`` (any strides; ``out`` may be ``x`` for in place); pre: contiguous ``[M, N]``.
+    Returns a record of the launch for :func:`bias_act_fwd_again` (None when there was nothing to launch).
     """
     M, N = x.shape
     if M == 0 or N == 0:
-        return
+        return None
     assert pre is None or pre.is_contiguous()
     grid, block_m, block_n, num_warps = _fwd_plan(M, N, x.element_size(), sm_count(x.device))
     r = residual if residual is not None else x
@@ -295,10 +296,22 @@ def bias_act_fwd_(
     tensors = (x, r, bias if bias is not None else x, out, pre if pre is not None else out)
     scalars = (float(alpha), M, N, *x.stride(), *r.stride(), bias.stride(0) if bias is not None else 0, *out.stride())
     flags = (ACT_IDS[activation], residual is not None, bias is not None, pre is not None, x.dtype, int64)
-    launch(_bias_act_fwd_kernel, (flags, block_m, block_n, num_warps, STREAM_EVICTION), grid, tensors, scalars,
-           lambda: dict(ACTIVATION=flags[0], HAS_RESIDUAL=flags[1], HAS_BIAS=flags[2], SAVE_PRE=flags[3],
-                        ACC=_acc_dtype(x.dtype), INT64=int64, BLOCK_M=block_m, BLOCK_N=block_n,
-                        EVICT=STREAM_EVICTION, num_warps=num_warps), dynamic=1)
+    entry = launch(_bias_act_fwd_kernel, (flags, block_m, block_n, num_warps, STREAM_EVICTION), grid, tensors,
+                   scalars, lambda: dict(ACTIVATION=flags[0], HAS_RESIDUAL=flags[1], HAS_BIAS=flags[2],
+                                         SAVE_PRE=flags[3], ACC=_acc_dtype(x.dtype), INT64=int64, BLOCK_M=block_m,
+                                         BLOCK_N=block_n, EVICT=STREAM_EVICTION, num_warps=num_warps), dynamic=1)
+    return entry, grid, scalars[1:]
+
+
+def bias_act_fwd_again(record: tuple, x: torch.Tensor, bias: torch.Tensor | None, residual: torch.Tensor | None,
+                       out: torch.Tensor, pre: torch.Tensor | None, alpha: float) -> None:
+    """The launch that :func:`bias_act_fwd_` returned ``record`` for, with new tensors and ``alpha``: no plan, no
+    checks. The caller guarantees the same dtypes, 16-byte alignment, memory layout (sizes, strides, storage
+    offsets) and operands (bias, residual, pre given or not) as that launch's; tensors may have any number of
+    dims with that layout (only their addresses are passed)."""
+    entry, grid, rest = record
+    relaunch(entry, grid, (x, residual if residual is not None else x, bias if bias is not None else x, out,
+                           pre if pre is not None else out), (alpha, *rest))
 
 
 def bias_act_bwd_(

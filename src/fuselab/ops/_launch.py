@@ -69,7 +69,8 @@ def _int_class(a: int) -> int:
     return (a == 1) + 2 * (a % 16 == 0) + 4 * (-(2**31) <= a < 2**31)
 
 
-def _scalar_class(a) -> object:
+def scalar_class(a) -> object:
+    """What Triton specializes a scalar argument on: :func:`_int_class` for ints, else the type."""
     return _int_class(a) if type(a) is int else type(a)
 
 
@@ -103,7 +104,7 @@ def launch(kernel, key: Hashable, grid: tuple[int, ...], tensors: tuple[torch.Te
         return kernel, tuple(constexprs.items()), None  # hashable, as the compiled entries
     device = torch.cuda.current_device()
     signature = (id(kernel), key, device, tuple([(t.dtype, t.data_ptr() & 15 == 0) for t in tensors]),
-                 tuple([_scalar_class(a) for a in scalars[:dynamic]]) if dynamic else None,
+                 tuple([scalar_class(a) for a in scalars[:dynamic]]) if dynamic else None,
                  scalars[dynamic:] if dynamic else scalars)
     hit = _COMPILED.get(signature)
     if hit is None:
@@ -138,6 +139,12 @@ def layout(t: torch.Tensor) -> tuple:
     """What a launch repeated by :func:`relaunch` assumes of a tensor it is given anew (a gradient): dtype,
     strides, storage offset and 16-byte alignment equal to those of the tensor it was prepared with."""
     return t.dtype, t.stride(), t.storage_offset(), t.data_ptr() & 15
+
+
+def operand(t: torch.Tensor) -> tuple:
+    """What a launch kept for later calls (by the ops' call keys) assumes of an operand: shape, device, dtype,
+    strides, storage offset and 16-byte alignment (what the checks, the plan and Triton's specialization read)."""
+    return t.shape, t.device, t.dtype, t.stride(), t.storage_offset(), t.data_ptr() & 15
 
 
 def keep(cache: dict, key: Hashable, value: tuple) -> None:

@@ -19,8 +19,8 @@ import functools
 
 import torch
 
-from fuselab.backend import use_triton
-from fuselab.ops._launch import keep, layout
+from fuselab.backend import triton_for, use_triton
+from fuselab.ops._launch import keep, layout, operand
 from fuselab.ops._validate import require_float, require_same_device, require_tensor
 from fuselab.reference import bias_act as ref
 
@@ -73,17 +73,23 @@ def _needs_pre(activation: str, residual) -> bool:
     return ref.SAVED[activation] == "pre" and residual is not None
 
 
-def _forward(x, bias, residual, alpha: float, activation: str,
-             save_pre: bool) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """Allocating forward: (y contiguous like x, z when ``save_pre`` else None)."""
+def _forward(x, bias, residual, alpha: float, activation: str, save_pre: bool,
+             key: tuple | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """Allocating forward: (y contiguous like x, z when ``save_pre`` else None).
+
+    ``key`` (:func:`_call_key`, eager calls): keep the launch under it for :func:`_forward_again`, unless an
+    operand had to be copied into rows (the launch then read the copy, not the caller's tensor)."""
     y = torch.empty(x.shape, dtype=x.dtype, device=x.device)
     pre = torch.empty(x.shape, dtype=x.dtype, device=x.device) if save_pre else None
     if use_triton(x.device):
         from fuselab.ops._bias_act_triton import bias_act_fwd_
 
         n = x.shape[-1]
-        bias_act_fwd_(_rows(x), bias, None if residual is None else _rows(residual), y.view(-1, n),
-                      pre.view(-1, n) if save_pre else None, alpha, activation)
+        x2, r2 = _rows(x), None if residual is None else _rows(residual)
+        record = bias_act_fwd_(x2, bias, r2, y.view(-1, n), pre.view(-1, n) if save_pre else None, alpha, activation)
+        if (key is not None and record is not None and x2.data_ptr() == x.data_ptr()
+                and (residual is None or r2.data_ptr() == residual.data_ptr())):
+            keep(_FORWARDS, key, record)
         return y, pre
     with torch.no_grad():
         acc = ref.compute_dtype(x.dtype)
@@ -95,6 +101,31 @@ def _forward(x, bias, residual, alpha: float, activation: str,
         y.copy_(ref.activation(z, activation))
         if save_pre:
             pre.copy_(z)
+    return y, pre
+
+
+#: forward launches of eager calls, by :func:`_call_key`: the launch record of
+#: :func:`fuselab.ops._bias_act_triton.bias_act_fwd_`, kept by calls that passed the checks on the Triton path
+_FORWARDS: dict[tuple, tuple] = {}
+
+
+def _call_key(x, bias, residual, alpha, activation: str, needs_grad: bool) -> tuple:
+    """Everything an eager call's checks and forward launch depend on besides tensor values: each operand's
+    shape, strides, dtype, device, storage offset and 16-byte alignment, ``alpha``'s type, the activation and
+    whether autograd records the call (it decides whether z is written). A call whose key a checked call
+    kept skips the checks, the plan and the launch signature. Raises AttributeError/TypeError for
+    non-tensor operands or an unhashable activation (the checks then name the argument)."""
+    return (operand(x), type(alpha), activation, needs_grad, None if bias is None else operand(bias),
+            None if residual is None else operand(residual))
+
+
+def _forward_again(record: tuple, x, bias, residual, alpha: float, save_pre: bool) -> tuple:
+    """:func:`_forward` through the launch a call of the same :func:`_call_key` kept: (y, z or None)."""
+    from fuselab.ops._bias_act_triton import bias_act_fwd_again
+
+    y = x.new_empty(x.shape)
+    pre = x.new_empty(x.shape) if save_pre else None
+    bias_act_fwd_again(record, x, bias, residual, y, pre, alpha)
     return y, pre
 
 
@@ -225,19 +256,9 @@ def _autograd_backward(ctx, grad_y, grad_pre):
 torch.library.register_autograd("fuselab::bias_act_fwd", _autograd_backward, setup_context=_setup_context)
 
 
-#: backward launches prepared by the eager autograd path: key (:func:`_prepared_key`) -> (launch record of
+#: backward launches prepared by the eager autograd path: (:func:`_call_key`, needs_input_grad) -> (launch record of
 #: :func:`fuselab.ops._bias_act_triton.bias_act_bwd_`, the gradient's :func:`~fuselab.ops._launch.layout`)
 _PREPARED: dict[tuple, tuple] = {}
-
-
-def _prepared_key(ctx, x: torch.Tensor, y: torch.Tensor, bias, save_pre: bool) -> tuple:
-    """Everything a backward launch depends on besides its gradient (expected laid out like ``y``), known in the
-    forward: shapes, dtypes, activation, which gradients, and, when the backward reads user memory (``x`` and
-    ``bias``, kept to rebuild z), their strides and alignment."""
-    user = ()
-    if ref.SAVED[ctx.activation] == "pre" and not save_pre:
-        user = tuple((t.stride(), t.data_ptr() & 15) for t in (x, bias) if t is not None)
-    return y.shape, y.dtype, y.get_device(), ctx.activation, ctx.dtypes, ctx.present, ctx.needs_input_grad[:3], user
 
 
 class _BiasActFunction(torch.autograd.Function):
@@ -253,12 +274,16 @@ class _BiasActFunction(torch.autograd.Function):
     prepares the launch for next time."""
 
     @staticmethod
-    def forward(ctx, x, bias, residual, alpha, activation, save_pre):
+    def forward(ctx, x, bias, residual, alpha, activation, save_pre, key, record):
         # ctx in forward (not a separate setup_context): Function.apply then skips binding default
         # arguments through inspect.signature, tens of microseconds per call
-        y, pre = _forward(x, bias, residual, alpha, activation, save_pre)
+        if record is not None:
+            y, pre = _forward_again(record, x, bias, residual, alpha, save_pre)
+        else:
+            y, pre = _forward(x, bias, residual, alpha, activation, save_pre, key)
         _setup_context(ctx, (x, bias, residual, alpha, activation, save_pre), (y, pre))
-        ctx.key = key = _prepared_key(ctx, x, y, bias, save_pre)
+        # the call key covers what the backward launch depends on besides its gradient (expected laid out like y)
+        ctx.key = key = None if key is None else (key, ctx.needs_input_grad[:3])
         ctx.prepared = _PREPARED.get(key)
         want_x, want_b, want_r = ctx.needs_input_grad[:3]
         ctx.wants = (want_x, want_b and bias is not None, want_r and residual is not None)
@@ -269,7 +294,7 @@ class _BiasActFunction(torch.autograd.Function):
         prepared = ctx.prepared
         if prepared is not None and layout(grad_y) == prepared[1]:
             return _again(ctx, grad_y, prepared[0])
-        return _input_grads(ctx, grad_y, functools.partial(_backward, prepare_key=ctx.key))
+        return *_input_grads(ctx, grad_y, functools.partial(_backward, prepare_key=ctx.key)), None, None
 
 
 def _again(ctx, grad_y, record) -> tuple:
@@ -287,7 +312,7 @@ def _again(ctx, grad_y, record) -> tuple:
     gb = torch.empty(grad_y.shape[-1], dtype=bias_dtype, device=grad_y.device) if want_b else None
     bias_act_bwd_again(record, grad_y, saved_tensors[0] if saved_tensors else None,
                        saved_tensors[1] if len(saved_tensors) > 1 else None, ctx.alpha, gx, gr, gb)
-    return gx, gb, gr, None, None, None
+    return gx, gb, gr, None, None, None, None, None
 
 
 @torch.library.custom_op("fuselab::bias_act_", mutates_args=("x",))
@@ -339,6 +364,20 @@ def bias_act(
             (the message lists the valid ones); tensors on different devices; ``inplace=True`` when ``x``
             requires grad, or when grad mode is on and ``bias``/``residual`` require grad.
     """
+    key = None
+    if not inplace and not torch.compiler.is_compiling():
+        try:
+            needs_grad = _requires_grad(x, bias, residual)
+            key = _call_key(x, bias, residual, alpha, activation, needs_grad)
+            record = _FORWARDS.get(key)
+        except (AttributeError, TypeError):  # not a tensor, an unhashable activation: _check names it
+            key = record = None
+        if record is not None and triton_for(x):  # a call of this layout passed the checks below before
+            alpha = float(alpha)
+            if not needs_grad:
+                return _forward_again(record, x, bias, residual, alpha, False)[0]
+            return _BiasActFunction.apply(x, bias, residual, alpha, activation,
+                                          _needs_pre(activation, residual), key, record)
     _check(x, bias, residual, alpha, activation)
     alpha = float(alpha)
     if inplace:
@@ -358,6 +397,6 @@ def bias_act(
         if not use_triton(x.device):
             return ref.bias_act(x, bias, residual, alpha, activation)
         if not needs_grad:  # no autograd, no dispatcher: straight to the launcher
-            return _forward(x, bias, residual, alpha, activation, False)[0]
-        return _BiasActFunction.apply(x, bias, residual, alpha, activation, save_pre)
+            return _forward(x, bias, residual, alpha, activation, False, key)[0]
+        return _BiasActFunction.apply(x, bias, residual, alpha, activation, save_pre, key, None)
     return torch.ops.fuselab.bias_act_fwd(x, bias, residual, alpha, activation, save_pre)[0]

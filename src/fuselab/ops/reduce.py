@@ -10,11 +10,11 @@ op :func:`_reduce_alloc` -> ``torch.library.custom_op`` ``fuselab::reduce`` with
 from __future__ import annotations
 
 import math
-import os
 
 import torch
 
-from fuselab.backend import ENV_VAR, use_triton
+from fuselab.backend import triton_for, use_triton
+from fuselab.ops._tickets import scratch
 from fuselab.reference import reduce as ref
 
 __all__ = ["mean", "sum"]
@@ -39,7 +39,7 @@ def _run_planned(src: torch.Tensor, dims: tuple[int, ...], planned: tuple, is_me
     out_shape, out_dtype, plan, acc = planned
     out = torch.empty(out_shape, dtype=out_dtype, device=src.device)
     n = kernels.workspace_numel(plan)
-    workspace = torch.empty(n, dtype=acc, device=src.device) if n else None
+    workspace = scratch(src.device, (n,), acc) if n else None  # written before it is read: per-stream scratch
     kernels.reduce_into(src, dims, out, workspace, plan=plan, is_mean=is_mean)
     return out
 
@@ -91,7 +91,8 @@ def broadcast_grad(grad: torch.Tensor, x_shape, x_dtype: torch.dtype, dims: tupl
     return grad.expand(x_shape)
 
 
-#: eager CUDA calls already validated and planned: (shape, strides, dtype, device, dim, keepdim, dtype, op)
+#: eager calls on the Triton path already validated and planned:
+#: (shape, strides, dtype, device, dim, keepdim, dtype, op)
 #: -> (output shape, output dtype, plan, accumulation dtype). Only inputs the kernels read in place.
 _PLANNED: dict[tuple, tuple] = {}
 
@@ -100,7 +101,7 @@ def _planned_call(x: torch.Tensor, dim: Dim, keepdim: bool, dtype: torch.dtype |
     """The host-side fast path of an eager, no-grad CUDA call seen before: no validation or planning again
     (a dict lookup instead of tens of microseconds). Returns the result for a call seen before, the cache key
     for an eligible new call (the caller stores its plan under it), or None when not eligible."""
-    if not (type(x) is torch.Tensor and x.is_cuda and x.is_floating_point()) or os.environ.get(ENV_VAR) is not None:
+    if not (type(x) is torch.Tensor and x.is_floating_point()) or not triton_for(x):
         return None  # integer/bool inputs are converted first (a copy the plan cannot stand for)
     if (x.requires_grad and torch.is_grad_enabled()) or torch.compiler.is_compiling():
         return None

@@ -8,27 +8,23 @@ grad through :class:`_RopeFunction`; ``torch.compile`` always sees the custom
 ops (no graph break). The semantics are documented in ``docs/rope.md``.
 """
 
-import itertools
-import os
-import weakref
 from collections.abc import Mapping
 from typing import Any
 
 import torch
 
-from fuselab.backend import ENV_VAR, use_triton
+from fuselab.backend import triton_for
 from fuselab.reference import rope as _ref
 
-from ._launch import keep, layout
-from ._validate import require_float, require_same_device, require_tensor
+from ._launch import keep, operand, scalar_class
+from ._launch import layout as tensor_layout
+from ._validate import require_tensor
 from .rope_angles import inv_freq_on, rope_cos_sin, rope_frequencies
+from .rope_checks import dims, validate
 from .rope_kernel import LAYOUTS, rope_launch, rope_relaunch
 
 __all__ = ["LAYOUTS", "apply_rope", "rope_cos_sin", "rope_frequencies"]
 
-SHAPES = {"bshd": "(batch, seq, heads, head_dim)", "sbhd": "(seq, batch, heads, head_dim)",
-          "bhsd": "(batch, heads, seq, head_dim)", "thd": "(total_tokens, heads, head_dim)"}
-_INT_DTYPES = (torch.int32, torch.int64)
 #: output allocator (tests swap in a poisoning one so unwritten elements show up as NaN)
 _empty_like = torch.empty_like
 
@@ -95,17 +91,22 @@ class _RopeFunction(torch.autograd.Function):
     backward's launch (:data:`_PREPARED`, :func:`~fuselab.ops.rope_kernel.rope_relaunch`): no plan, no key."""
 
     @staticmethod
-    def forward(ctx, q, k, cos, sin, inv_freq, positions, offsets, cu_seqlens, params, inplace):
+    def forward(ctx, q, k, cos, sin, inv_freq, positions, offsets, cu_seqlens, params, inplace, record):
+        # record: the forward launch of an earlier call of this layout (apply_rope's _call_key), or None
         tables = (cos, sin, inv_freq, positions, offsets, cu_seqlens)
         if inplace:
             q_out, k_out = q, k
             ctx.mark_dirty(*((q,) if k is None else (q, k)))
-            record = rope_launch(q, k, q, k, *tables, **params)
+            if record is not None:
+                rope_relaunch(record, q, k, q, k, *tables, params["offset"], params["mscale"])
+            else:
+                record = rope_launch(q, k, q, k, *tables, **params)
         else:
-            q_out, k_out, record = _rotated(q, k, tables, params)
+            q_out, k_out, record = _rotated(q, k, tables, params, record)
         ctx.has_k = k is not None
         ctx.params = params
         ctx.save_for_backward(cos, sin, inv_freq, positions, offsets, cu_seqlens)
+        ctx.record = record  # read back through the outputs' grad_fn (this ctx) by _run
         ctx.entry = None if record is None or torch.compiler.is_compiling() else record[0]
         ctx.prepared = _PREPARED.get(ctx.entry)
         return q_out, k_out
@@ -122,7 +123,7 @@ class _RopeFunction(torch.autograd.Function):
             dq, dk, record = _rotate_back(ctx, grad_q, grad_k)
             if ctx.entry is not None and record is not None and grad_q is not None:
                 keep(_PREPARED, ctx.entry, (record, _layouts(grad_q, grad_k)))
-        return dq, dk, None, None, None, None, None, None, None, None
+        return dq, dk, None, None, None, None, None, None, None, None, None
 
 
 #: backward launches by the forward's launch entry (see :class:`_RopeFunction`): (record of
@@ -132,13 +133,18 @@ _PREPARED: dict[tuple | None, tuple] = {}
 
 def _layouts(grad_q: torch.Tensor, grad_k: torch.Tensor | None) -> tuple:
     """What a prepared backward launch assumes of its gradients (:func:`~fuselab.ops._launch.layout`)."""
-    return layout(grad_q), None if grad_k is None else layout(grad_k)
+    return tensor_layout(grad_q), None if grad_k is None else tensor_layout(grad_k)
 
 
-def _rotated(q: torch.Tensor, k: torch.Tensor | None, tables: tuple, params: dict) -> tuple:
-    """``q`` and ``k`` (or None) rotated into fresh tensors, one launch: (q_out, k_out, launch record)."""
+def _rotated(q: torch.Tensor, k: torch.Tensor | None, tables: tuple, params: dict,
+             record: tuple | None = None) -> tuple:
+    """``q`` and ``k`` (or None) rotated into fresh tensors, one launch: (q_out, k_out, launch record). ``record``:
+    repeat that launch (same layout of every operand, outputs laid out by ``empty_like`` alike) instead."""
     q_out = _empty_like(q)
     k_out = _empty_like(k) if k is not None else None
+    if record is not None:
+        rope_relaunch(record, q, k, q_out, k_out, *tables, params["offset"], params["mscale"])
+        return q_out, k_out, record
     return q_out, k_out, rope_launch(q, k, q_out, k_out, *tables, **params)
 
 
@@ -150,138 +156,6 @@ def _rotate_back(ctx, grad_q, grad_k) -> tuple:
             return None, None, None
         return None, _rotated(grad_k, None, ctx.saved_tensors, params)[0], None
     return _rotated(grad_q, grad_k, ctx.saved_tensors, params)
-
-
-# ---------------------------------------------------------------------------------------------- validation
-def _dims(t: torch.Tensor, layout: str) -> tuple[int, int, int, int]:
-    """(batch, seq, heads, head_dim) of ``t`` in ``layout`` (thd: batch 1, seq = tokens)."""
-    s = t.shape
-    if layout == "bshd":
-        return s[0], s[1], s[2], s[3]
-    if layout == "sbhd":
-        return s[1], s[0], s[2], s[3]
-    if layout == "bhsd":
-        return s[0], s[2], s[1], s[3]
-    return 1, s[0], s[1], s[2]
-
-
-_CU_CHECKED: dict[int, tuple] = {}  # id(cu_seqlens) -> (weakref, version, longest sequence)
-
-
-def _check_cu_seqlens(cu: torch.Tensor, n_tokens: int) -> int:
-    """Validate cu_seqlens values once per tensor version (one host sync on CUDA); returns the longest sequence."""
-    hit = _CU_CHECKED.get(id(cu))
-    if hit is not None and hit[0]() is cu and hit[1] == cu._version:
-        return hit[2]
-    values = cu.tolist()
-    if values[0] != 0:
-        raise ValueError(f"cu_seqlens must start at 0, got {values[0]}")
-    lengths = [b - a for a, b in itertools.pairwise(values)]
-    if min(lengths) < 0:
-        raise ValueError(f"cu_seqlens must be non-decreasing, got {values[:8]}{'...' if len(values) > 8 else ''}")
-    if values[-1] != n_tokens:
-        raise ValueError(f"cu_seqlens must end at total_tokens = q.shape[0] = {n_tokens}, got {values[-1]}")
-    if len(_CU_CHECKED) > 64:
-        _CU_CHECKED.clear()
-    _CU_CHECKED[id(cu)] = (weakref.ref(cu), cu._version, max(lengths))
-    return max(lengths)
-
-
-def _validate(q, k, cos, sin, layout, positions, seqlen_offsets, cu_seqlens, max_seqlen, rotary_dim,
-              check_positions) -> tuple[int, torch.Tensor | None, int]:
-    """All argument checks; returns (half, offsets tensor or None, scalar offset)."""
-    if layout not in LAYOUTS:
-        raise ValueError(f"layout must be one of {', '.join(LAYOUTS)}, got {layout!r}")
-    require_float("q", q)
-    ndim = 3 if layout == "thd" else 4
-    if q.dim() != ndim:
-        raise ValueError(f"q must have {ndim} dims {SHAPES[layout]} for layout={layout!r}, got shape {tuple(q.shape)}")
-    batch, seqlen, _, head_dim = _dims(q, layout)
-    if k is not None:
-        require_float("k", k)
-        if k.dim() != ndim:
-            raise ValueError(f"k must have {ndim} dims {SHAPES[layout]} for layout={layout!r}, "
-                             f"got shape {tuple(k.shape)}")
-        kb, ks, _, kd = _dims(k, layout)
-        if (kb, ks, kd) != (batch, seqlen, head_dim):
-            raise ValueError(f"k must match q in batch, seq and head_dim {SHAPES[layout]}: q has shape "
-                             f"{tuple(q.shape)}, k has shape {tuple(k.shape)}")
-    if (cos is None) != (sin is None):
-        raise ValueError("cos and sin must both be tensors (seqlen_ro, rotary_dim // 2) or both None")
-    if cos is not None:
-        require_float("cos", cos)
-        require_float("sin", sin)
-        if cos.dim() != 2:
-            raise ValueError(f"cos must have shape (seqlen_ro, rotary_dim // 2), got {tuple(cos.shape)}")
-        if sin.shape != cos.shape:
-            raise ValueError(f"sin must have the shape of cos {tuple(cos.shape)}, got {tuple(sin.shape)}")
-        half = cos.shape[1]
-        if rotary_dim is not None and rotary_dim != 2 * half:
-            raise ValueError(f"rotary_dim={rotary_dim} disagrees with cos: 2 * cos.shape[-1] = {2 * half}")
-        if cos.shape[0] == 0 or half == 0:
-            raise ValueError(f"cos must be non-empty (seqlen_ro, rotary_dim // 2), got {tuple(cos.shape)}")
-    else:
-        rdim = head_dim if rotary_dim is None else rotary_dim
-        if isinstance(rdim, bool) or not isinstance(rdim, int) or rdim <= 0 or rdim % 2:
-            raise ValueError(f"rotary_dim must be a positive even int, got {rdim!r}")
-        half = rdim // 2
-    if 2 * half > head_dim:
-        raise ValueError(f"rotary_dim ({2 * half}) must be <= head_dim ({head_dim}) for q of shape {tuple(q.shape)}")
-    offsets = seqlen_offsets if isinstance(seqlen_offsets, torch.Tensor) else None
-    if offsets is None and (isinstance(seqlen_offsets, bool) or not isinstance(seqlen_offsets, int)):
-        raise TypeError(f"seqlen_offsets must be an int or an int tensor (batch,), got {type(seqlen_offsets).__name__}")
-    offset = 0 if offsets is not None else seqlen_offsets
-    if offset < 0:
-        raise ValueError(f"seqlen_offsets must be >= 0, got {offset}")
-    if positions is not None and (offsets is not None or offset != 0):
-        raise ValueError("positions and seqlen_offsets are mutually exclusive: give one of them")
-    if layout == "thd":
-        if cu_seqlens is None and positions is None:
-            raise ValueError("layout='thd' needs cu_seqlens (batch + 1,) int32, or positions (total_tokens,)")
-    elif cu_seqlens is not None or max_seqlen is not None:
-        raise ValueError(f"cu_seqlens and max_seqlen apply only to layout='thd', got layout={layout!r}")
-    n_seqs = batch
-    if cu_seqlens is not None:
-        require_tensor("cu_seqlens", cu_seqlens)
-        if cu_seqlens.dtype not in _INT_DTYPES or cu_seqlens.dim() != 1 or cu_seqlens.shape[0] < 2:
-            raise ValueError(f"cu_seqlens must be a 1-D int32/int64 tensor (batch + 1,), got "
-                             f"{cu_seqlens.dtype} of shape {tuple(cu_seqlens.shape)}")
-        n_seqs = cu_seqlens.shape[0] - 1
-    if positions is not None:
-        require_tensor("positions", positions)
-        if positions.dtype not in _INT_DTYPES:
-            raise TypeError(f"positions must be an int32/int64 tensor, got {positions.dtype}")
-        ok = positions.shape == (seqlen,) if layout == "thd" else (
-            positions.dim() == 2 and positions.shape[1] == seqlen and positions.shape[0] in (1, batch))
-        if not ok:
-            want = "(total_tokens,)" if layout == "thd" else f"(batch, seq) = ({batch}, {seqlen}) or (1, {seqlen})"
-            raise ValueError(f"positions must have shape {want}, got {tuple(positions.shape)}")
-    if offsets is not None and (offsets.dtype not in _INT_DTYPES or offsets.shape != (n_seqs,)):
-        raise ValueError(f"seqlen_offsets tensor must be int32/int64 of shape (batch,) = ({n_seqs},), got "
-                         f"{offsets.dtype} of shape {tuple(offsets.shape)}")
-    require_same_device(q=q, k=k, cos=cos, sin=sin, positions=positions, seqlen_offsets=offsets,
-                        cu_seqlens=cu_seqlens)
-    compiling = torch.compiler.is_compiling()
-    if cu_seqlens is not None and not compiling:
-        longest = _check_cu_seqlens(cu_seqlens, seqlen)
-        if max_seqlen is not None and max_seqlen < longest:
-            raise ValueError(f"max_seqlen={max_seqlen} is shorter than the longest sequence in cu_seqlens ({longest})")
-        max_seqlen = longest
-    if cos is not None:
-        rows = cos.shape[0]
-        span = max_seqlen if layout == "thd" else seqlen
-        if positions is None and offsets is None and span is not None and offset + span > rows:
-            raise ValueError(f"cos/sin have {rows} rows (seqlen_ro) but seqlen_offsets + seqlen = {offset + span}: "
-                             f"the table must have at least offset + seqlen rows")
-        host = positions if positions is not None else offsets
-        if host is not None and not compiling and (host.device.type == "cpu" or check_positions) and host.numel():
-            lo, hi = int(host.min()), int(host.max())
-            top = hi + 1 if positions is not None else hi + (max_seqlen if layout == "thd" else seqlen)
-            if lo < 0 or top > rows:
-                name = "positions" if positions is not None else "seqlen_offsets"
-                raise ValueError(f"{name} reach table row {top - 1} (min {lo}) but cos/sin have {rows} rows: "
-                                 f"need 0 <= max(position) + 1 <= seqlen_ro")
-    return half, offsets, offset
 
 
 # ---------------------------------------------------------------------------------------------- public API
@@ -311,25 +185,38 @@ def apply_rope(q: torch.Tensor, k: torch.Tensor | None, cos: torch.Tensor | None
     against the table on the host when they are on the CPU (or ``check_positions``); on CUDA, out-of-range
     rows are clamped to ``[0, seqlen_ro - 1]`` inside the kernel (never an out-of-bounds read).
     """
-    half = _fast_validate(q, k, cos, sin, layout, positions, seqlen_offsets, cu_seqlens, max_seqlen, rotary_dim,
-                          check_positions)
-    if half is None:
-        require_tensor("q", q)
-        half, offsets, offset = _validate(q, k, cos, sin, layout, positions, seqlen_offsets, cu_seqlens, max_seqlen,
-                                          rotary_dim, check_positions)
-    else:
-        offsets, offset = (seqlen_offsets, 0) if isinstance(seqlen_offsets, torch.Tensor) else (None, seqlen_offsets)
+    call = _call_key(q, k, cos, sin, layout, interleaved, inplace, positions, seqlen_offsets, cu_seqlens, max_seqlen,
+                     base, scaling, rotary_dim, check_positions)
+    prepared = _CALLS.get(call)
+    if prepared is not None and triton_for(q):  # a checked call of this layout kept its launch
+        half, limit, inv_freq, mscale, record = prepared
+        if type(seqlen_offsets) is int:
+            if seqlen_offsets < 0 or (limit is not None and seqlen_offsets > limit):
+                validate(q, k, cos, sin, layout, positions, seqlen_offsets, cu_seqlens, max_seqlen, rotary_dim,
+                         check_positions)  # raises, naming the argument
+            offsets, offset = None, seqlen_offsets
+        else:
+            offsets, offset = seqlen_offsets, 0
+        return _run(q, k, cos, sin, inv_freq, None, offsets, None, layout=layout, half=half, interleaved=interleaved,
+                    inplace=inplace, offset=offset, mscale=mscale, record=record)[:2]
+    require_tensor("q", q)
+    half, offsets, offset = validate(q, k, cos, sin, layout, positions, seqlen_offsets, cu_seqlens, max_seqlen,
+                                     rotary_dim, check_positions)
     # in-kernel angles: base and scaling are checked here (cached), once and before the backend is chosen, so
     # a bad scaling raises the same ValueError/TypeError on every path
     inv_freq, mscale = (None, 1.0) if cos is not None else rope_frequencies(2 * half, base, scaling)
-    if not _triton_for(q):
+    if not triton_for(q):
         return _ref.apply_rope(q, k, cos, sin, layout=layout, interleaved=interleaved, inplace=inplace,
                                positions=positions, seqlen_offsets=seqlen_offsets, cu_seqlens=cu_seqlens,
                                base=base, scaling=scaling, rotary_dim=2 * half)
     if cos is None:
         inv_freq = inv_freq_on(q.device, 2 * half, base, scaling)
-    return run_rope(q, k, cos, sin, inv_freq, positions, offsets, cu_seqlens, layout=layout, half=half,
-                    interleaved=interleaved, inplace=inplace, offset=offset, mscale=mscale)
+    q_out, k_out, record = _run(q, k, cos, sin, inv_freq, positions, offsets, cu_seqlens, layout=layout, half=half,
+                                interleaved=interleaved, inplace=inplace, offset=offset, mscale=mscale)
+    if call is not None and record is not None:
+        limit = None if cos is None or offsets is not None else cos.shape[0] - dims(q, layout)[1]
+        keep(_CALLS, call, (half, limit, inv_freq, mscale, record))
+    return q_out, k_out
 
 
 def run_rope(q: torch.Tensor, k: torch.Tensor | None, cos: torch.Tensor | None, sin: torch.Tensor | None,
@@ -337,72 +224,71 @@ def run_rope(q: torch.Tensor, k: torch.Tensor | None, cos: torch.Tensor | None, 
              cu_seqlens: torch.Tensor | None, *, layout: str, half: int, interleaved: bool, inplace: bool,
              offset: int, mscale: float) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Validated arguments -> the Triton path: direct launch (eager, no grad), custom op or autograd.Function."""
+    return _run(q, k, cos, sin, inv_freq, positions, offsets, cu_seqlens, layout=layout, half=half,
+                interleaved=interleaved, inplace=inplace, offset=offset, mscale=mscale)[:2]
+
+
+def _run(q, k, cos, sin, inv_freq, positions, offsets, cu_seqlens, *, layout, half, interleaved, inplace, offset,
+         mscale, record=None) -> tuple:
+    """:func:`run_rope`, also returning the forward launch's record (None under torch.compile or when nothing was
+    launched). ``record``: repeat that launch (:func:`_call_key`) instead of planning one."""
     args = (cos, sin, inv_freq, positions, offsets, cu_seqlens)
     needs_grad = torch.is_grad_enabled() and (q.requires_grad or (k is not None and k.requires_grad))
+    if record is not None and not needs_grad:  # the hot path of decoding: nothing to plan, nothing to record
+        if inplace:
+            rope_relaunch(record, q, k, q, k, *args, offset, mscale)
+            return q, k, record
+        q_out, k_out = _empty_like(q), (_empty_like(k) if k is not None else None)
+        rope_relaunch(record, q, k, q_out, k_out, *args, offset, mscale)
+        return q_out, k_out, record
     compiling = torch.compiler.is_compiling()
     params = dict(layout=layout, half=half, interleaved=interleaved, conj=False, offset=offset, mscale=mscale)
     # autograd: one Function (the in-place custom op has no autograd formula, so in place always takes it)
     if needs_grad and (inplace or not compiling):
-        return _RopeFunction.apply(q, k, *args, params, inplace)
+        q_out, k_out = _RopeFunction.apply(q, k, *args, params, inplace, record)
+        return q_out, k_out, q_out.grad_fn.record
     if inplace:
         if compiling:
             _rope_inplace_op(q, k, *args, layout, half, interleaved, False, offset, mscale)
-        else:
-            rope_launch(q, k, q, k, *args, **params)
-        return q, k
+            return q, k, None
+        return q, k, rope_launch(q, k, q, k, *args, **params)
     if compiling:
         q_out, k_out = _rope_op(q, k, *args, layout, half, interleaved, False, offset, mscale)
-        return q_out, (k_out if k is not None else None)
-    return _rotated(q, k, args, params)[:2]
+        return q_out, (k_out if k is not None else None), None
+    return _rotated(q, k, args, params)
 
 
 # ---------------------------------------------------------------------------------------------- fast path
-#: shapes/dtypes/devices -> (half, largest valid scalar offset or None); filled by full validations
-_VALIDATED: dict[tuple, tuple[int, int | None]] = {}
+#: eager calls by :func:`_call_key` -> (half, largest int offset the table allows or None, inv_freq or None,
+#: mscale, forward launch record); kept by calls that passed :func:`~fuselab.ops.rope_checks.validate`
+_CALLS: dict[tuple, tuple] = {}
 
 
-def _fast_validate(q, k, cos, sin, layout, positions, seqlen_offsets, cu_seqlens, max_seqlen, rotary_dim,
-                   check_positions) -> int | None:
-    """``half`` when these argument shapes were validated before and no value check is needed, else None.
+def _call_key(q, k, cos, sin, layout, interleaved, inplace, positions, seqlen_offsets, cu_seqlens, max_seqlen, base,
+              scaling, rotary_dim, check_positions) -> tuple | None:
+    """Everything the checks and the forward launch of an eager call depend on besides tensor values and an int
+    offset's value, or None when the call needs checks of values (positions, cu_seqlens, CPU offset tensors,
+    ``check_positions``), has a scaling dict, or is being compiled. Per operand: shape, device, dtype, strides,
+    storage offset, 16-byte alignment; an int offset by the class the launch specializes on.
 
-    Covers the hot paths (training and decoding with an int offset or CUDA offsets): a dict lookup on
-    shapes, dtypes and devices plus the scalar offset range check, instead of the full :func:`_validate`.
-    """
-    if positions is not None or cu_seqlens is not None or check_positions or torch.compiler.is_compiling():
+    A call whose key a checked call kept skips the checks, the plan and the launch signature (decoding: a
+    dict lookup instead of tens of microseconds of host time); an int offset is still checked against the
+    table."""
+    if positions is not None or cu_seqlens is not None or check_positions or scaling is not None:
+        return None
+    if type(seqlen_offsets) is int:
+        offsets = scalar_class(seqlen_offsets)
+    elif type(seqlen_offsets) is torch.Tensor and seqlen_offsets.is_cuda:
+        offsets = operand(seqlen_offsets)
+    else:
+        return None
+    if torch.compiler.is_compiling():
         return None
     try:
-        if type(seqlen_offsets) is int:
-            off_key = None
-        elif isinstance(seqlen_offsets, torch.Tensor) and seqlen_offsets.is_cuda:
-            off_key = (seqlen_offsets.shape, seqlen_offsets.dtype, seqlen_offsets.device)
-        else:
-            return None
-        key = (layout, q.shape, q.dtype, q.device, None if k is None else (k.shape, k.dtype, k.device),
-               None if cos is None else (cos.shape, cos.dtype, cos.device, sin.shape, sin.dtype, sin.device),
-               off_key, max_seqlen, rotary_dim)
-    except AttributeError:
+        key = (layout, interleaved, inplace, max_seqlen, rotary_dim, base, offsets, operand(q),
+               None if k is None else operand(k), None if cos is None else operand(cos),
+               None if sin is None else operand(sin))
+        hash(key)
+    except (AttributeError, TypeError):  # not tensors, unhashable arguments: validate names them
         return None
-    hit = _VALIDATED.get(key)
-    if hit is None:
-        half, offsets, _ = _validate(q, k, cos, sin, layout, positions, seqlen_offsets, cu_seqlens, max_seqlen,
-                                     rotary_dim, check_positions)
-        limit = None
-        if cos is not None and offsets is None:
-            limit = cos.shape[0] - _dims(q, layout)[1]
-        if len(_VALIDATED) > 1024:
-            _VALIDATED.clear()
-        _VALIDATED[key] = (half, limit)
-        return half
-    half, limit = hit
-    if off_key is None and (seqlen_offsets < 0 or (limit is not None and seqlen_offsets > limit)):
-        _validate(q, k, cos, sin, layout, positions, seqlen_offsets, cu_seqlens, max_seqlen, rotary_dim,
-                  check_positions)  # raises the full error message
-    return half
-
-
-def _triton_for(q: torch.Tensor) -> bool:
-    """:func:`fuselab.backend.use_triton` with a shortcut for the common CUDA case."""
-    backend = os.environ.get(ENV_VAR)
-    if q.is_cuda and (backend is None or backend == "auto" or backend == "triton"):
-        return True
-    return use_triton(q.device)
+    return key
