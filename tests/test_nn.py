@@ -129,24 +129,32 @@ def test_fused_linear_prepared_backward(triton_backend, device, monkeypatch, act
     takes the general path. Both match float64."""
     import fuselab.nn as module
 
-    calls = []
+    monkeypatch.setattr(module, "_FORWARDS", {})  # launches kept by earlier tests
+    calls, forwards = [], []
     again = module._again
     monkeypatch.setattr(module, "_again", lambda *args: calls.append(1) or again(*args))
+    forward_again = module._kernels().bias_act_fwd_again
+    monkeypatch.setattr(module._kernels(), "bias_act_fwd_again",
+                        lambda *args: forwards.append(1) or forward_again(*args))
 
-    def step(make_grad=torch.randn_like):
+    def step(make_grad=torch.randn_like, x_shape=(7, 13)):
         w = (torch.randn(33, 13, device=device) / 13**0.5).requires_grad_(True)
         b = torch.randn(33, device=device).requires_grad_(True) if has_bias else None
-        _check_against_linear(torch.randn(7, 13, device=device, requires_grad=True), w, b, activation,
+        _check_against_linear(torch.randn(x_shape, device=device, requires_grad=True), w, b, activation,
                               torch.float32, make_grad)
 
     for _ in range(3):
         step()
     launches = activation != "none" or has_bias  # "none" without bias has nothing to launch, nothing to prepare
     assert (len(calls) >= 2) == launches
+    assert len(forwards) == 2 * launches  # the first step kept its epilogue launch, the next two repeated it
     before = len(calls)
     step(lambda y: torch.randn(y.shape[1], y.shape[0], device=y.device).t())
     step()
     assert len(calls) == before + launches
+    step(x_shape=(2, 3, 13))  # 3-D x: its own key, kept, then repeated; no prepared backward (2-D x only)
+    step(x_shape=(2, 3, 13))
+    assert len(forwards) == 5 * launches and len(calls) == before + launches
 
 
 @pytest.mark.parametrize("activation", ["none", "relu", "silu"])

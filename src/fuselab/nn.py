@@ -22,8 +22,8 @@ import torch
 from torch import nn
 from torch.autograd.function import once_differentiable
 
-from fuselab.backend import use_triton
-from fuselab.ops._launch import keep, layout
+from fuselab.backend import triton_for
+from fuselab.ops._launch import keep, layout, operand
 from fuselab.ops.bias_act import ACTIVATIONS, bias_act, check_activation
 from fuselab.reference.bias_act import SAVED
 
@@ -66,8 +66,13 @@ def _fast_path(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
             and x.dim() >= 2 and weight.dim() == 2 and x.shape[-1] == weight.shape[1]
             and (bias is None or (bias.dtype == dtype and bias.dim() == 1 and bias.shape[0] == weight.shape[0]
                                   and bias.device == device))
-            and not torch.compiler.is_compiling() and use_triton(device)
-            and not torch.is_autocast_enabled(device.type))
+            and _eager_triton(x))
+
+
+def _eager_triton(x: torch.Tensor) -> bool:
+    """The per-call part of :func:`_fast_path`: not compiling, the Triton backend for ``x``, no autocast."""
+    return (not torch.compiler.is_compiling() and triton_for(x)
+            and not torch.is_autocast_enabled(x.device.type))
 
 
 class _FusedLinearFunction(torch.autograd.Function):
@@ -81,8 +86,9 @@ class _FusedLinearFunction(torch.autograd.Function):
     """
 
     @staticmethod
-    def forward(ctx, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
-                activation: str) -> torch.Tensor:
+    def forward(ctx, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, activation: str,
+                key: tuple | None, record: tuple | None) -> torch.Tensor:
+        # key: the call's _call_key; record: the epilogue launch an earlier call of that key kept (or None)
         # ctx in forward (no setup_context): Function.apply then skips binding defaults via inspect.signature
         x2 = x if x.dim() == 2 else x.flatten(0, -2)
         kind = SAVED[activation]
@@ -92,30 +98,45 @@ class _FusedLinearFunction(torch.autograd.Function):
             y = x.new_empty((*x.shape[:-1], weight.shape[0]))
             h = torch.mm(x2, weight.t(), out=None if kind == "pre" else y.view(x2.shape[0], y.shape[-1]))
         y2 = y if y.dim() == 2 else y.view(h.shape)
-        if bias is not None or kind != "nothing":
-            _kernels().bias_act_fwd_(h, bias, None, y2, None, 1.0, activation)
+        if record is not None:
+            _kernels().bias_act_fwd_again(record, h, bias, None, y2, None, 1.0)
+        elif bias is not None or kind != "nothing":
+            record = _kernels().bias_act_fwd_(h, bias, None, y2, None, 1.0, activation)
+            if key is not None and record is not None:
+                keep(_FORWARDS, key, record)
         # x and y, not row views made here: in-place ops on them later fail the usual version check
         want_x, want_w = ctx.needs_input_grad[:2]
         ctx.save_for_backward(x if want_w else None, weight if want_x else None,
                               h if kind == "pre" else y if kind == "output" else None,
                               bias if kind == "pre" else None)
-        ctx.activation, ctx.x_shape = activation, x.shape
-        # the backward's launch, prepared by an earlier backward of this layout (2-D x only; see _again)
-        ctx.key = None
-        if x.dim() == 2:
-            shift = () if bias is None or kind != "pre" else (bias.stride(), bias.data_ptr() & 15)
-            ctx.key = (y.shape, y.dtype, y.get_device(), activation, ctx.needs_input_grad[2], shift)
+        ctx.activation, ctx.x_shape, ctx.dtype = activation, x.shape, x.dtype
+        # the backward's launch, prepared by an earlier backward of this layout (2-D x only; see _again): the
+        # call key holds what it depends on besides its gradient (expected contiguous, laid out like y)
+        ctx.key = None if key is None or x.dim() != 2 else (key, ctx.needs_input_grad[2])
         ctx.prepared = _PREPARED.get(ctx.key)
         return y
 
     @staticmethod
     def backward(ctx, grad_y: torch.Tensor) -> tuple[torch.Tensor | None, ...]:
         if torch.is_grad_enabled():  # create_graph=True: first-order grads, an error if differentiated again
-            return _backward_once(ctx, grad_y)
+            return *_backward_once(ctx, grad_y), None, None
         prepared = ctx.prepared
         if prepared is not None and layout(grad_y) == prepared[1]:
-            return _again(ctx, grad_y, prepared[0])
-        return _backward(ctx, grad_y)
+            return *_again(ctx, grad_y, prepared[0]), None, None
+        return *_backward(ctx, grad_y), None, None
+
+
+#: epilogue launches of eager training calls, by :func:`_call_key`: the launch record of
+#: :func:`fuselab.ops._bias_act_triton.bias_act_fwd_`, kept by calls that passed :func:`_fast_path`
+_FORWARDS: dict[tuple, tuple] = {}
+
+
+def _call_key(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, activation: str) -> tuple:
+    """What :func:`_fast_path`'s checks and the epilogue launch depend on: shapes, dtypes, devices, the bias's
+    layout and the activation (the epilogue reads the fresh, contiguous matmul output, not ``x``). Raises
+    AttributeError/TypeError for non-tensors or an unhashable activation."""
+    return (x.shape, x.dtype, x.device, weight.shape, weight.dtype, weight.device,
+            None if bias is None else operand(bias), activation)
 
 
 #: backward launches prepared by :func:`_backward` for :func:`_again`: ``ctx.key`` -> (launch record of
@@ -158,7 +179,7 @@ def _backward(ctx, grad_y: torch.Tensor) -> tuple[torch.Tensor | None, ...]:
     else:
         dz = torch.empty((m, n), dtype=g.dtype, device=dev)
         record = k.bias_act_bwd_(g, saved, shift, 1.0, ctx.activation, dz, None, partial, grad_b)
-    if (record is not None and ctx.key is not None and grad_y.dtype == ctx.key[1] and grad_y.is_contiguous()
+    if (record is not None and ctx.key is not None and grad_y.dtype == ctx.dtype and grad_y.is_contiguous()
             and grad_y.stride() == (n, 1) and grad_y.data_ptr() & 15 == 0):
         keep(_PREPARED, ctx.key, (record, layout(grad_y)))
     grad_x = None
@@ -181,8 +202,17 @@ def fused_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | Non
     dtype (x of 2+ dims, no autocast) runs :class:`_FusedLinearFunction`; torch.compile traces the custom ops.
     """
     needs_grad = _any_requires_grad(x, weight, bias)
-    if needs_grad and _fast_path(x, weight, bias, activation):
-        return _FusedLinearFunction.apply(x, weight, bias, activation)
+    if needs_grad and not torch.compiler.is_compiling():
+        try:
+            key = _call_key(x, weight, bias, activation)
+            record = _FORWARDS.get(key)
+        except (AttributeError, TypeError):  # not tensors, an unhashable activation: the general path names it
+            key = record = None
+        # a kept key passed the checks of _fast_path; what may change between calls is checked again
+        if record is not None and _eager_triton(x):
+            return _FusedLinearFunction.apply(x, weight, bias, activation, key, record)
+        if _fast_path(x, weight, bias, activation):
+            return _FusedLinearFunction.apply(x, weight, bias, activation, key, None)
     h = torch.matmul(x, weight.t())
     return bias_act(h, bias, activation=activation, inplace=not needs_grad)
 

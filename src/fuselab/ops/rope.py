@@ -274,15 +274,14 @@ def _call_key(q, k, cos, sin, layout, interleaved, inplace, positions, seqlen_of
     A call whose key a checked call kept skips the checks, the plan and the launch signature (decoding: a
     dict lookup instead of tens of microseconds of host time); an int offset is still checked against the
     table."""
-    if positions is not None or cu_seqlens is not None or check_positions or scaling is not None:
+    if (positions is not None or cu_seqlens is not None or check_positions or scaling is not None
+            or torch.compiler.is_compiling()):
         return None
     if type(seqlen_offsets) is int:
         offsets = scalar_class(seqlen_offsets)
     elif type(seqlen_offsets) is torch.Tensor and seqlen_offsets.is_cuda:
         offsets = operand(seqlen_offsets)
     else:
-        return None
-    if torch.compiler.is_compiling():
         return None
     try:
         key = (layout, interleaved, inplace, max_seqlen, rotary_dim, base, offsets, operand(q),
