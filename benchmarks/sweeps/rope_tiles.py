@@ -20,7 +20,7 @@ from _timing import clean_flush, copy_gbps, dirty_flush, events_ms, graph_ms  # 
 import fuselab
 from fuselab.bench.spec import CaseQuery
 from fuselab.bench.suites import rope as suite
-from fuselab.ops import _launch, rope_kernel
+from fuselab.ops import _launch, rope, rope_kernel
 
 TILES = (2048, 4096, 8192, 16384)
 WARPS = (None, 4, 8)  # None: the planner's choice
@@ -30,8 +30,15 @@ def set_config(tile: int, warps: int | None) -> None:
     """Point the planner at ``tile``/``warps``; drop every cached plan and compiled launch."""
     rope_kernel.TILE_ELEMENTS = tile
     rope_kernel._config = _config_with(warps)
+    forget_launches()
+
+
+def forget_launches() -> None:
+    """Drop every plan, compiled launch and launch kept by eager calls (they hold the plan they were made with)."""
     rope_kernel._PLANS.clear()
     _launch._COMPILED.clear()
+    rope._CALLS.clear()
+    rope._PREPARED.clear()
 
 
 _ORIGINAL = rope_kernel._config
@@ -41,8 +48,7 @@ _SHIPPED_TILE = rope_kernel.TILE_ELEMENTS
 def restore() -> None:
     rope_kernel.TILE_ELEMENTS = _SHIPPED_TILE
     rope_kernel._config = _ORIGINAL
-    rope_kernel._PLANS.clear()
-    _launch._COMPILED.clear()
+    forget_launches()
 
 
 def _config_with(warps: int | None):
