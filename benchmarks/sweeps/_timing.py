@@ -6,24 +6,48 @@ The scripts in this folder run as ``python3 benchmarks/sweeps/NAME.py`` (this fo
 from __future__ import annotations
 
 import cProfile
+import functools
 import pstats
 import statistics
+import time
 
 import torch
 from triton.testing import do_bench
 
 REPS = 60
 GRAPH_CALLS = 10
-FLUSH = torch.empty(256 * 2**20 // 4, dtype=torch.int32, device="cuda")
+
+
+@functools.cache
+def _flush_buffer() -> torch.Tensor:
+    return torch.empty(256 * 2**20 // 4, dtype=torch.int32, device="cuda")
 
 
 def dirty_flush() -> None:
-    FLUSH.zero_()
+    _flush_buffer().zero_()
 
 
 def clean_flush() -> None:
-    FLUSH.zero_()
-    FLUSH.max()  # read it back: the dirty lines are written out now, L2 holds clean lines
+    _flush_buffer().zero_()
+    _flush_buffer().max()  # read it back: the dirty lines are written out now, L2 holds clean lines
+
+
+def host_us(fn, n: int = 400, repeats: int = 5, warmup: int = 30) -> float:
+    """Host µs per call: wall time of ``n`` back-to-back calls without synchronizing (on tensors small enough
+    that the GPU never falls behind), least of ``repeats`` means: the host is shared, and noise only ever adds
+    time. Without CUDA (a CPU check of a script) no synchronization."""
+    sync = torch.cuda.synchronize if torch.cuda.is_available() else (lambda: None)
+    for _ in range(warmup):
+        fn()
+    best = float("inf")
+    for _ in range(repeats):
+        sync()
+        t0 = time.perf_counter()
+        for _ in range(n):
+            fn()
+        best = min(best, (time.perf_counter() - t0) / n * 1e6)
+    sync()
+    return best
 
 
 def events_ms(fn, flush, reps: int = REPS) -> float:

@@ -19,22 +19,7 @@ import threading
 import time
 
 import torch
-from _timing import print_profile  # benchmarks/sweeps/_timing.py
-
-
-def host_us(fn, n: int = 200, repeats: int = 5) -> float:
-    """Least of ``repeats`` means over ``n`` calls: the host is shared, and noise only ever adds time."""
-    for _ in range(30):
-        fn()
-    best = float("inf")
-    for _ in range(repeats):
-        torch.cuda.synchronize()
-        t0 = time.perf_counter()
-        for _ in range(n):
-            fn()
-        best = min(best, (time.perf_counter() - t0) / n * 1e6)
-    torch.cuda.synchronize()
-    return best
+from _timing import host_us, print_profile  # benchmarks/sweeps/_timing.py
 
 
 class _Identity(torch.autograd.Function):
@@ -97,15 +82,15 @@ def main() -> None:
         inside[1] += 1
         return out
 
-    rows = [("eager relu(x+r+b) fwd+bwd", host_us(eager)),
-            ("autograd: clone fwd+bwd (ATen only)", host_us(clone_only)),
-            ("autograd.Function identity fwd+bwd", host_us(identity)),
-            ("fuselab bias_act fwd (grad on)", host_us(fused_fwd)),
-            ("fuselab _backward direct (main thread)", host_us(direct_backward)),
-            ("fuselab bias_act fwd+bwd", host_us(fused))]
+    rows = [("eager relu(x+r+b) fwd+bwd", host_us(eager, n=200)),
+            ("autograd: clone fwd+bwd (ATen only)", host_us(clone_only, n=200)),
+            ("autograd.Function identity fwd+bwd", host_us(identity, n=200)),
+            ("fuselab bias_act fwd (grad on)", host_us(fused_fwd, n=200)),
+            ("fuselab _backward direct (main thread)", host_us(direct_backward, n=200)),
+            ("fuselab bias_act fwd+bwd", host_us(fused, n=200))]
     ba._BiasActFunction.backward = staticmethod(timed_backward)
     inside[:] = [0.0, 0]
-    rows.append(("fuselab fwd+bwd (backward timed)", host_us(fused)))
+    rows.append(("fuselab fwd+bwd (backward timed)", host_us(fused, n=200)))
     rows.append(("  of which inside Python backward", inside[0] / max(inside[1], 1) * 1e6))
     ba._BiasActFunction.backward = staticmethod(original)
     q = torch.randn(2, 16, 16, 64, device="cuda", dtype=torch.bfloat16, requires_grad=True)
@@ -117,7 +102,7 @@ def main() -> None:
         q.grad = k.grad = None
         torch.autograd.backward(list(fuselab.apply_rope(q, k, cos, sin)), [gq, gk])
 
-    rows.append(("fuselab apply_rope fwd+bwd", host_us(rope)))
+    rows.append(("fuselab apply_rope fwd+bwd", host_us(rope, n=200)))
     for name, us in rows:
         print(f"{name:42s} {us:8.1f} us/call", flush=True)
     if "--profile" in sys.argv:  # function by function, main thread only (cProfile adds its own cost)

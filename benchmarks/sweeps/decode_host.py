@@ -7,7 +7,7 @@ offset per sequence (an int tensor on the GPU; fuselab also with a Python int). 
 
 * host: wall time of back-to-back calls without synchronizing (the GPU never falls behind: ~2 µs of work per
   call), least of 5 means over 1000 calls: the host is shared, and noise only ever adds time;
-* device: 20 calls captured in a CUDA graph, replay time / 20 (no host in it).
+* device: 10 calls captured in a CUDA graph, replay time / 10 after a clean L2 flush (no host in it).
 
 Providers are the lab's own (``fuselab.bench.suites.rope``): eager HF formula and torch.compile of it (per-token
 tables gathered once, outside the timed calls, as HF's rotary module does once per step), Liger (given those
@@ -17,48 +17,27 @@ tables), fuselab, plus an empty Triton launch of 4 arguments as the floor of any
 from __future__ import annotations
 
 import platform
-import time
 from pathlib import Path
 
 import torch
 import triton
 import triton.language as tl
+from _timing import graph_ms, host_us  # benchmarks/sweeps/_timing.py
 
 import fuselab
 from fuselab.bench.suites import rope as suite
 
 
+def device_us(fn) -> float:
+    """Device µs per call: calls captured in a CUDA graph, replay time over their number (no host in it)."""
+    return graph_ms(fn) * 1e3
+
+
+
+
 @triton.jit
 def _empty4(a, b, n, m, BLOCK: tl.constexpr):
     pass
-
-
-def host_us(fn, n: int = 1000, repeats: int = 5) -> float:
-    for _ in range(50):
-        fn()
-    best = float("inf")
-    for _ in range(repeats):
-        torch.cuda.synchronize()
-        t0 = time.perf_counter()
-        for _ in range(n):
-            fn()
-        best = min(best, (time.perf_counter() - t0) / n * 1e6)
-    torch.cuda.synchronize()
-    return best
-
-
-def device_us(fn, calls: int = 20) -> float:
-    stream = torch.cuda.Stream()
-    stream.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(stream):
-        for _ in range(3):
-            fn()
-    torch.cuda.current_stream().wait_stream(stream)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        for _ in range(calls):
-            fn()
-    return triton.testing.do_bench(graph.replay, warmup=25, rep=200) * 1e3 / calls
 
 
 def main() -> None:
@@ -95,7 +74,7 @@ def main() -> None:
     print(f"{'provider':36s} {'host us/call':>13s} {'device us/call':>15s}")
     for i, name in enumerate(order):
         fn = providers[name]
-        host = host_us(fn)
+        host = host_us(fn, n=1000)
         try:
             dev = f"{device_us(fn):15.2f}"
         except Exception as exc:  # a provider that cannot be captured (host syncs) still gets its host time

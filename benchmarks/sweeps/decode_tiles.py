@@ -4,9 +4,9 @@
 
 The decode case (B=64, S=1, 32/8 heads of 128, bf16, fp32 tables, tensor offsets) moves ~1.3 MB: its device time
 is launch latency and one chain of dependent loads, not bandwidth. ``decode_host.py`` measured 2.5 µs per call
-for fuselab and 2.0 µs for Liger (given per-token tables), in a CUDA graph of 20 calls. The planner spreads the
-64 tokens over ~2 programs per SM by splitting the heads (4 splits of 8 q heads, 2 warps). This times head splits
-x warps, each as 20 calls in a CUDA graph (replay time / 20), with the shipped plan and Liger in the same run.
+for fuselab and 2.0 µs for Liger (given per-token tables) in a CUDA graph. The planner spreads the 64 tokens over
+~2 programs per SM by splitting the heads (4 splits of 8 q heads, 2 warps). This times head splits x warps, each
+as 10 calls in a CUDA graph (replay time / 10), with the shipped plan and Liger in the same run.
 """
 
 from __future__ import annotations

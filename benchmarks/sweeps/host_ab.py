@@ -9,8 +9,7 @@ alternately against both trees, several times: the host drifts by tens of percen
 
 from __future__ import annotations
 
-import time
-
+import _timing as timing  # benchmarks/sweeps/_timing.py
 import torch
 
 import fuselab
@@ -18,24 +17,8 @@ import fuselab
 SMOKE = not torch.cuda.is_available()  # a CPU check of the script itself (interpreter): one call per case
 
 
-def _sync() -> None:
-    if not SMOKE:
-        torch.cuda.synchronize()
-
-
-def host_us(fn, n: int = 400, repeats: int = 5) -> float:
-    n, repeats, warmup = (1, 1, 1) if SMOKE else (n, repeats, 30)
-    for _ in range(warmup):
-        fn()
-    best = float("inf")
-    for _ in range(repeats):
-        _sync()
-        t0 = time.perf_counter()
-        for _ in range(n):
-            fn()
-        best = min(best, (time.perf_counter() - t0) / n * 1e6)
-    _sync()
-    return best
+def host_us(fn, n: int = 400) -> float:
+    return timing.host_us(fn, 1, 1, 1) if SMOKE else timing.host_us(fn, n)
 
 
 def main() -> None:

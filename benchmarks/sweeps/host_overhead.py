@@ -11,13 +11,12 @@ from __future__ import annotations
 
 import platform
 import sys
-import time
 from pathlib import Path
 
 import torch
 import triton
 import triton.language as tl
-from _timing import print_profile  # benchmarks/sweeps/_timing.py
+from _timing import host_us, print_profile  # benchmarks/sweeps/_timing.py
 
 
 @triton.jit
@@ -29,18 +28,6 @@ def _empty4(a, b, n, m, BLOCK: tl.constexpr):
 def _empty24(a0, a1, a2, a3, a4, a5, i0, i1, i2, i3, i4, i5, i6, i7, i8, i9, i10, i11, f0,
              C0: tl.constexpr, C1: tl.constexpr, C2: tl.constexpr, C3: tl.constexpr, C4: tl.constexpr):
     pass
-
-
-def host_us(fn, n: int = 2000) -> float:
-    for _ in range(50):
-        fn()
-    torch.cuda.synchronize()
-    t0 = time.perf_counter()
-    for _ in range(n):
-        fn()
-    t = (time.perf_counter() - t0) / n * 1e6
-    torch.cuda.synchronize()
-    return t
 
 
 def main() -> None:

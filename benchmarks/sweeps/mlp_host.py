@@ -19,7 +19,7 @@ import sys
 import threading
 
 import torch
-from autograd_host import host_us  # benchmarks/sweeps/autograd_host.py
+from _timing import host_us  # benchmarks/sweeps/_timing.py
 from triton.testing import do_bench, do_bench_cudagraph
 
 # the lab's MLP suite: its layers and its three step functions (eager, Triton FusedLinear, C++ node)
@@ -60,7 +60,7 @@ def main() -> None:
     print(f"{'provider':10} {'host us/step (B=256)':>22} {'wall us (B=65536)':>18} {'graph us (B=65536)':>19}")
     for name, mlp in PROVIDERS.items():
         small, _ = step_fn(mlp, 256, dtype)
-        host = host_us(small)
+        host = host_us(small, n=200)
         big, p = step_fn(mlp, 65536, dtype)
         wall = do_bench(big, warmup=50, rep=300) * 1e3
         # the graph replays the step into the same grad buffers: keep them allocated (no reset to None)

@@ -6,7 +6,7 @@ import weakref
 import torch
 
 from ._validate import require_float, require_same_device, require_tensor
-from .rope_kernel import LAYOUTS
+from .rope_kernel import LAYOUTS, in_layout_order
 
 SHAPES = {"bshd": "(batch, seq, heads, head_dim)", "sbhd": "(seq, batch, heads, head_dim)",
           "bhsd": "(batch, heads, seq, head_dim)", "thd": "(total_tokens, heads, head_dim)"}
@@ -15,14 +15,7 @@ _INT_DTYPES = (torch.int32, torch.int64)
 
 def dims(t: torch.Tensor, layout: str) -> tuple[int, int, int, int]:
     """(batch, seq, heads, head_dim) of ``t`` in ``layout`` (thd: batch 1, seq = tokens)."""
-    s = t.shape
-    if layout == "bshd":
-        return s[0], s[1], s[2], s[3]
-    if layout == "sbhd":
-        return s[1], s[0], s[2], s[3]
-    if layout == "bhsd":
-        return s[0], s[2], s[1], s[3]
-    return 1, s[0], s[1], s[2]
+    return in_layout_order(t.shape, layout, 1)
 
 
 _CU_CHECKED: dict[int, tuple] = {}  # id(cu_seqlens) -> (weakref, version, longest sequence)

@@ -146,16 +146,22 @@ def _rope_kernel(
                       BLOCK_T, BLOCK_HK, HALF, BLOCK_HALF, PASS, BLOCK_PASS, INTERLEAVED, COPY_PASS, INT64)
 
 
+def in_layout_order(values, layout: str, absent: int) -> tuple[int, int, int, int]:
+    """``values`` (a shape or strides, in ``layout``'s axis order) as (batch, seq, heads, head_dim); ``absent`` for
+    the batch axis that thd does not have (1 for a size, 0 for a stride)."""
+    v = values
+    if layout == "bshd":
+        return v[0], v[1], v[2], v[3]
+    if layout == "sbhd":
+        return v[1], v[0], v[2], v[3]
+    if layout == "bhsd":
+        return v[0], v[2], v[1], v[3]
+    return absent, v[0], v[1], v[2]
+
+
 def logical_strides(t: torch.Tensor, layout: str) -> tuple[int, int, int, int]:
     """Strides of ``t``'s (batch, seq, heads, head_dim) view in ``layout`` (thd: batch stride 0)."""
-    st = t.stride()
-    if layout == "bshd":
-        return st[0], st[1], st[2], st[3]
-    if layout == "sbhd":
-        return st[1], st[0], st[2], st[3]
-    if layout == "bhsd":
-        return st[0], st[2], st[1], st[3]
-    return 0, st[0], st[1], st[2]
+    return in_layout_order(t.stride(), layout, 0)
 
 
 # tile of one loop iteration, in elements (both halves of the rotary dims)
@@ -259,14 +265,8 @@ _PLANS: dict[tuple, tuple] = {}
 
 def _make_plan(q, k, kk, q_out, ko, cos, sin, positions, offsets, cu_seqlens, *, layout, half, interleaved, conj,
                inplace) -> tuple:
-    if layout == "thd":
-        n_tokens, hq, d = q.shape
-        batch, seqlen = 1, n_tokens
-    else:
-        sq = q.shape
-        batch, seqlen, hq, d = (sq[1], sq[0], sq[2], sq[3]) if layout == "sbhd" else (
-            (sq[0], sq[2], sq[1], sq[3]) if layout == "bhsd" else tuple(sq))
-        n_tokens = batch * seqlen
+    batch, seqlen, hq, d = in_layout_order(q.shape, layout, 1)
+    n_tokens = batch * seqlen
     if n_tokens == 0 or q.numel() == 0:
         return None, (), {}, {}, 0
     has_k = k is not None
