@@ -112,9 +112,8 @@ def launch(kernel, key: Hashable, grid: tuple[int, ...], tensors: tuple[torch.Te
             constexprs = constexprs()
         compiled = kernel[grid](*tensors, *scalars, **constexprs)
         tail = tuple(constexprs[name] for name in kernel.arg_names[len(tensors) + len(scalars):])
-        if len(_COMPILED) > 8192:
-            _COMPILED.clear()
-        _COMPILED[signature] = hit = (compiled, tail, device)
+        hit = (compiled, tail, device)
+        keep(_COMPILED, signature, hit, limit=8192)
         return hit
     _run(hit, grid, tensors, scalars, knobs)
     return hit
@@ -147,9 +146,11 @@ def operand(t: torch.Tensor) -> tuple:
     return t.shape, t.device, t.dtype, t.stride(), t.storage_offset(), t.data_ptr() & 15
 
 
-def keep(cache: dict, key: Hashable, value: tuple) -> None:
-    """``cache[key] = value`` for a prepared launch, emptying ``cache`` first when it holds :data:`MAX_PREPARED`."""
-    if len(cache) >= MAX_PREPARED:
+def keep(cache: dict, key: Hashable, value: Any, limit: int = MAX_PREPARED) -> None:
+    """``cache[key] = value``, emptying ``cache`` first when it holds ``limit`` entries: the bounded store of every
+    host-side cache of the ops (prepared launches, plans, compiled entries, scratch), for runs that meet ever
+    new shapes."""
+    if len(cache) >= limit:
         cache.clear()
     cache[key] = value
 

@@ -18,7 +18,7 @@ import torch
 import triton
 import triton.language as tl
 
-from ._launch import next_power_of_2
+from ._launch import keep, next_power_of_2
 
 #: smallest counter buffer kept per (device, stream)
 MIN_COUNTERS = 1024
@@ -59,9 +59,8 @@ def scratch(device: torch.device, shape: tuple[int, ...], dtype: torch.dtype) ->
     key = (index, torch._C._cuda_getCurrentRawStream(index), shape, dtype)
     buffer = _SCRATCH.get(key)
     if buffer is None:
-        if len(_SCRATCH) >= MAX_SCRATCH:
-            _SCRATCH.clear()
-        buffer = _SCRATCH[key] = torch.empty(shape, dtype=dtype, device=device)
+        buffer = torch.empty(shape, dtype=dtype, device=device)
+        keep(_SCRATCH, key, buffer, limit=MAX_SCRATCH)
     return buffer
 
 

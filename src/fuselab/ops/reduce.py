@@ -14,6 +14,7 @@ import math
 import torch
 
 from fuselab.backend import triton_for, use_triton
+from fuselab.ops._launch import keep
 from fuselab.ops._tickets import scratch
 from fuselab.reference import reduce as ref
 
@@ -98,7 +99,7 @@ _PLANNED: dict[tuple, tuple] = {}
 
 
 def _planned_call(x: torch.Tensor, dim: Dim, keepdim: bool, dtype: torch.dtype | None, op: str):
-    """The host-side fast path of an eager, no-grad CUDA call seen before: no validation or planning again
+    """The host-side fast path of an eager, no-grad call on the Triton path seen before: no validation or planning again
     (a dict lookup instead of tens of microseconds). Returns the result for a call seen before, the cache key
     for an eligible new call (the caller stores its plan under it), or None when not eligible."""
     if not (type(x) is torch.Tensor and x.is_floating_point()) or not triton_for(x):
@@ -136,9 +137,7 @@ def _dispatch(x: torch.Tensor, dim: Dim, keepdim: bool, dtype: torch.dtype | Non
         # eager without autograd: skip the custom-op dispatcher (tens of µs of host time per call)
         src, planned = _plan_call(x, dims, keepdim, out_dtype)
         if fast is not None and src is x:  # remembered only when read in place
-            if len(_PLANNED) > 1024:
-                _PLANNED.clear()
-            _PLANNED[fast] = planned
+            keep(_PLANNED, fast, planned)
         return _run_planned(src, dims, planned, op == "mean")
     return _reduce_op(x, list(dims), keepdim, op == "mean", out_dtype)
 

@@ -97,12 +97,12 @@ class _RopeFunction(torch.autograd.Function):
         if inplace:
             q_out, k_out = q, k
             ctx.mark_dirty(*((q,) if k is None else (q, k)))
-            if record is not None:
-                rope_relaunch(record, q, k, q, k, *tables, params["offset"], params["mscale"])
-            else:
-                record = rope_launch(q, k, q, k, *tables, **params)
+        if record is not None:
+            q_out, k_out = _rotate_again(record, q, k, tables, params["offset"], params["mscale"], inplace)
+        elif inplace:
+            record = rope_launch(q, k, q, k, *tables, **params)
         else:
-            q_out, k_out, record = _rotated(q, k, tables, params, record)
+            q_out, k_out, record = _rotated(q, k, tables, params)
         ctx.has_k = k is not None
         ctx.params = params
         ctx.save_for_backward(cos, sin, inv_freq, positions, offsets, cu_seqlens)
@@ -116,9 +116,9 @@ class _RopeFunction(torch.autograd.Function):
         grad_k = grad_k if ctx.has_k else None
         prepared = ctx.prepared
         if prepared is not None and grad_q is not None and _layouts(grad_q, grad_k) == prepared[1]:
-            dq, dk = _empty_like(grad_q), (_empty_like(grad_k) if grad_k is not None else None)
             params = ctx.params
-            rope_relaunch(prepared[0], grad_q, grad_k, dq, dk, *ctx.saved_tensors, params["offset"], params["mscale"])
+            dq, dk = _rotate_again(prepared[0], grad_q, grad_k, ctx.saved_tensors, params["offset"], params["mscale"],
+                                   False)
         else:
             dq, dk, record = _rotate_back(ctx, grad_q, grad_k)
             if ctx.entry is not None and record is not None and grad_q is not None:
@@ -136,16 +136,23 @@ def _layouts(grad_q: torch.Tensor, grad_k: torch.Tensor | None) -> tuple:
     return tensor_layout(grad_q), None if grad_k is None else tensor_layout(grad_k)
 
 
-def _rotated(q: torch.Tensor, k: torch.Tensor | None, tables: tuple, params: dict,
-             record: tuple | None = None) -> tuple:
-    """``q`` and ``k`` (or None) rotated into fresh tensors, one launch: (q_out, k_out, launch record). ``record``:
-    repeat that launch (same layout of every operand, outputs laid out by ``empty_like`` alike) instead."""
+def _rotated(q: torch.Tensor, k: torch.Tensor | None, tables: tuple, params: dict) -> tuple:
+    """``q`` and ``k`` (or None) rotated into fresh tensors, one launch: (q_out, k_out, launch record)."""
     q_out = _empty_like(q)
     k_out = _empty_like(k) if k is not None else None
-    if record is not None:
-        rope_relaunch(record, q, k, q_out, k_out, *tables, params["offset"], params["mscale"])
-        return q_out, k_out, record
     return q_out, k_out, rope_launch(q, k, q_out, k_out, *tables, **params)
+
+
+def _rotate_again(record: tuple, q: torch.Tensor, k: torch.Tensor | None, tables: tuple, offset: int, mscale: float,
+                  inplace: bool) -> tuple:
+    """Repeat a kept launch (:func:`~fuselab.ops.rope_kernel.rope_relaunch`) on new q and k: in place, or into fresh
+    tensors (``empty_like`` lays them out as it did for the launch that was kept). Returns (q_out, k_out)."""
+    if inplace:
+        q_out, k_out = q, k
+    else:
+        q_out, k_out = _empty_like(q), (_empty_like(k) if k is not None else None)
+    rope_relaunch(record, q, k, q_out, k_out, *tables, offset, mscale)
+    return q_out, k_out
 
 
 def _rotate_back(ctx, grad_q, grad_k) -> tuple:
@@ -235,12 +242,7 @@ def _run(q, k, cos, sin, inv_freq, positions, offsets, cu_seqlens, *, layout, ha
     args = (cos, sin, inv_freq, positions, offsets, cu_seqlens)
     needs_grad = torch.is_grad_enabled() and (q.requires_grad or (k is not None and k.requires_grad))
     if record is not None and not needs_grad:  # the hot path of decoding: nothing to plan, nothing to record
-        if inplace:
-            rope_relaunch(record, q, k, q, k, *args, offset, mscale)
-            return q, k, record
-        q_out, k_out = _empty_like(q), (_empty_like(k) if k is not None else None)
-        rope_relaunch(record, q, k, q_out, k_out, *args, offset, mscale)
-        return q_out, k_out, record
+        return *_rotate_again(record, q, k, args, offset, mscale, inplace), record
     compiling = torch.compiler.is_compiling()
     params = dict(layout=layout, half=half, interleaved=interleaved, conj=False, offset=offset, mscale=mscale)
     # autograd: one Function (the in-place custom op has no autograd formula, so in place always takes it)

@@ -5,6 +5,7 @@ import weakref
 
 import torch
 
+from ._launch import keep
 from ._validate import require_float, require_same_device, require_tensor
 from .rope_kernel import LAYOUTS, in_layout_order
 
@@ -34,9 +35,7 @@ def check_cu_seqlens(cu: torch.Tensor, n_tokens: int) -> int:
         raise ValueError(f"cu_seqlens must be non-decreasing, got {values[:8]}{'...' if len(values) > 8 else ''}")
     if values[-1] != n_tokens:
         raise ValueError(f"cu_seqlens must end at total_tokens = q.shape[0] = {n_tokens}, got {values[-1]}")
-    if len(_CU_CHECKED) > 64:
-        _CU_CHECKED.clear()
-    _CU_CHECKED[id(cu)] = (weakref.ref(cu), cu._version, max(lengths))
+    keep(_CU_CHECKED, id(cu), (weakref.ref(cu), cu._version, max(lengths)), limit=64)
     return max(lengths)
 
 

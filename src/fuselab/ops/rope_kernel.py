@@ -20,7 +20,7 @@ import triton.language as tl
 
 from fuselab.backend import interpreter_enabled
 
-from ._launch import INT32_MAX, cdiv, launch, max_element_offset, next_power_of_2, relaunch, sm_count
+from ._launch import INT32_MAX, cdiv, keep, launch, max_element_offset, next_power_of_2, relaunch, sm_count
 
 LAYOUTS = ("bshd", "sbhd", "bhsd", "thd")
 
@@ -225,9 +225,7 @@ def rope_launch(q: torch.Tensor, k: torch.Tensor | None, q_out: torch.Tensor, k_
     if plan is None:
         plan = _make_plan(q, k, kk, q_out, ko, cos, sin, positions, offsets, cu_seqlens, layout=layout, half=half,
                           interleaved=interleaved, conj=conj, inplace=inplace)
-        if len(_PLANS) > 4096:
-            _PLANS.clear()
-        _PLANS[key] = plan
+        keep(_PLANS, key, plan, limit=4096)
     grid, ints, constexprs, constexprs64, extent = plan
     if grid is None:
         return None
