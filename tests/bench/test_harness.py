@@ -140,6 +140,30 @@ def test_host_timer_resets_grads():
     assert all(seen)
 
 
+def test_cuda_timer_resets_grads_in_every_call(monkeypatch):
+    """do_bench's runtime estimate and warm-up ignore its grad_to_none: the CUDA timer's step resets the
+    gradients itself, so no call accumulates (an extra kernel, and allocations that skew the estimate)."""
+    import triton.testing
+
+    x = torch.randn(4, requires_grad=True)
+    seen = []
+
+    def step() -> None:
+        seen.append(x.grad is None)
+        (x * 2).sum().backward()
+
+    def fake_do_bench(fn, warmup, rep, quantiles, grad_to_none=None):
+        assert grad_to_none is None
+        for _ in range(7):  # estimate, warm-up and timed calls alike
+            fn()
+        return [2.0, 1.0, 3.0]
+
+    monkeypatch.setattr(triton.testing, "do_bench", fake_do_bench)
+    stats = CudaTimer().measure(TimingJob(steps=[step], grad_to_none=[x]))
+    assert seen == [True] * 7
+    assert (stats.median_ms, stats.p20_ms, stats.p80_ms) == (2.0, 1.0, 3.0)
+
+
 def test_cuda_graph_results_go_to_their_own_folder(tmp_path):
     assert BenchOptions(cuda_graph=True).out_dir().name == "cuda_graph"
     assert BenchOptions(cuda_graph=True, out=tmp_path).out_dir() == tmp_path

@@ -42,13 +42,19 @@ from ._tickets import final_sum_rows, last_to_arrive, sum_partials, ticket_count
 TILE_BYTES = {2: 8192, 4: 16384, 8: 16384}
 #: the same under the interpreter (CPU): larger tiles, fewer (serially run) programs
 INTERPRETER_TILE_BYTES = 262144
-#: programs per SM a split reduction of the rows kernel aims for: one resident wave of 8-warp programs, which needs
-#: <= 32 registers per thread (ROWS_MAXNREG). A plan with more programs than fit runs a second, short wave: with 34
-#: registers (ptxas 13.0, the one torch.compile selects) the all-element fp32 mean of 10^8 took 162 µs instead of 148
-#: (benchmarks/results/h100/probes/reduce_occupancy.txt)
+#: programs per SM a split reduction of the rows kernel aims for (grid ≈ 8 x SMs; with ROW_WARPS and ROWS_MAXNREG
+#: two of them are resident per SM, so a split plan runs ~4 short waves: measured faster than one wave of 8-warp
+#: programs capped at 32 registers, benchmarks/results/h100/probes/reduce_rows_probe.txt)
 PROGRAMS_PER_SM = 8
-#: register cap of the rows kernel (no spills at 32 under ptxas 12.8 and 13.0; 6% faster on the all-element bf16 mean)
-ROWS_MAXNREG = 32
+#: register cap of the rows kernel. 32 (to fit 8 resident 8-warp programs per SM, session 11) starved the loads: the
+#: compiler then issues a tile's loads in batches. At 64 with ROW_WARPS, H100 under the lab's dirty flush: dim=-1 of
+#: 10000² fp32 0.92 -> 0.95 of copy bandwidth (torch.compile 0.94), of 8192² bf16 0.86 -> 0.90, of 65536x512 bf16
+#: 0.77 -> 0.80; all of 8192² bf16 0.79 -> 0.81, of 10000² fp32 0.91 -> 0.93 (reduce_rows_probe.txt)
+ROWS_MAXNREG = 64
+#: warps of a rows-kernel program whose tile is one row of at least 8 KiB (every dim=-1 and all-element plan of
+#: long rows): 16, Inductor's choice too, fewer bytes per thread and more warps to hide DRAM latency; packed short
+#: rows (65536x512) keep 8 (16 was 6% slower there)
+ROW_WARPS = 16
 #: the same for the cols kernel, which needs 40-48 registers (5-6 resident per SM; capping it at 32 spills): 4 per SM
 #: ran dim=0 of 8192x8192 / 65536x512 bf16 5-8% faster than 8
 COLS_PROGRAMS_PER_SM = 4
@@ -298,7 +304,7 @@ def _plan(kept: tuple[tuple[int, int], ...], red: tuple[int, int], elsize: int, 
         rows = max(1, min(tile // block_r, tile // MAX_COL_FRACTION, next_power_of_2(O * I)))
         tiles = cdiv(O * I, rows)
         split, r_per_split = _split(R, block_r, tiles, sms * rows_per_sm)
-        warps = 8 if rows * block_r >= 4096 else 4
+        warps = ROW_WARPS if rows == 1 and block_r * elsize >= 8192 else 8 if rows * block_r >= 4096 else 4
         return ReducePlan("rows", O, I, R, s_o, s_i, s_r, block_r, rows, split, r_per_split, warps)
     if len(kept) == 2:
         (O, s_o), (I, s_i) = kept

@@ -1,0 +1,105 @@
+"""The rows kernel (``mean`` over ``dim=-1`` and over all elements) against torch.compile: register cap, warps,
+tile and eviction hint, timed in one process.
+
+    python3 benchmarks/sweeps/reduce_rows_probe.py
+
+Question: ``dim=-1`` of 10000² fp32 and of 8192² bf16 trail Inductor's reduction by 1.5-2% under the lab's dirty
+L2 flush. The sweep of the planner's knobs (``reduce_sweep.py``) found the defaults best, but it never lifted the
+``maxnreg=32`` cap that the rows kernel carries for the split (all-element) plans' occupancy. With 16 fp32 values
+per thread per tile, 32 registers may force the loads of one tile into two batches (fewer bytes in flight).
+Each variant: median of CUDA events after a dirty flush (the lab's method) and the per-call time of 10 calls
+in a CUDA graph (clean L2 before the replay).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import itertools
+
+import _timing as timing  # benchmarks/sweeps/_timing.py
+import torch
+
+from fuselab.ops import _launch
+from fuselab.ops import _reduce_triton as K
+from fuselab.reference import reduce as ref
+
+CASES = [  # label, shape, dtype, dim
+    ("dim=-1/10000x10000", (10000, 10000), torch.float32, -1),
+    ("dim=-1/8192x8192", (8192, 8192), torch.bfloat16, -1),
+    ("dim=-1/65536x512", (65536, 512), torch.bfloat16, -1),
+    ("all/8192x8192", (8192, 8192), torch.bfloat16, None),
+    ("all/10000x10000", (10000, 10000), torch.float32, None),
+    ("all/n=2^28", (2**28,), torch.float32, None),
+]
+
+
+def _variant(x, dims, maxnreg, warps, tile, evict, per_sm):
+    K.ROWS_MAXNREG = maxnreg
+    K.PROGRAMS_PER_SM = per_sm
+    K.TILE_BYTES = dict.fromkeys((2, 4, 8), tile)
+    K.STREAM_EVICTION = dict.fromkeys((2, 4, 8), evict)
+    K._plan.cache_clear()
+    _launch._COMPILED.clear()
+    src, kept, red = K.prepare(x, dims)
+    plan = K.plan_reduction(src, kept, red)
+    if warps is not None:
+        plan = dataclasses.replace(plan, num_warps=warps)
+    out = torch.empty(plan.K, dtype=x.dtype, device=x.device)
+    n = K.workspace_numel(plan)
+    ws = torch.empty(n, dtype=torch.float32, device=x.device) if n else None
+
+    def fn():
+        K.reduce_into(src, dims, out, ws, plan=plan, is_mean=True)
+
+    fn()
+    torch.cuda.synchronize()
+    return plan, fn
+
+
+def probe(label: str, shape: tuple, dtype: torch.dtype, dim: int | None, copy: float, defaults: tuple) -> None:
+    x = torch.randn(shape, device="cuda", dtype=dtype)
+    dims = ref.normalize_dims(x, dim)
+    nbytes = x.numel() * x.element_size()
+
+    def frac(ms: float) -> float:
+        return nbytes / ms / 1e6 / copy
+
+    compiled = torch.compile(lambda t: torch.mean(t) if dim is None else torch.mean(t, dim))
+    compiled(x)
+    rows = [("torch.compile", frac(timing.events_ms(lambda: compiled(x), timing.dirty_flush)),
+             frac(timing.graph_ms(lambda: compiled(x))))]
+    default_tile = defaults[1][x.element_size()]
+    default_evict = defaults[2][x.element_size()]
+    grid = itertools.product((32, 64, 255), (None, 8, 16), (default_tile // 2, default_tile),
+                             (default_evict, "" if default_evict else "evict_first"),
+                             (defaults[3], defaults[3] // 2) if dim is None else (defaults[3],))
+    for maxnreg, warps, tile, evict, per_sm in grid:
+        plan, fn = _variant(x, dims, maxnreg, warps, tile, evict, per_sm)
+        if warps is not None and warps == K.plan_reduction(*K.prepare(x, dims)).num_warps:
+            continue  # the planner's own choice, timed as warps None
+        name = (f"maxnreg {maxnreg:3d} warps {plan.num_warps:2d} tile {tile:5d} evict {evict or '-':11s} "
+                f"per_sm {per_sm} grid {plan.grid}")
+        if (maxnreg, warps, tile, evict, per_sm) == (defaults[0], None, default_tile, default_evict, defaults[3]):
+            name += " (shipped)"
+        rows.append((name, frac(timing.events_ms(fn, timing.dirty_flush)), frac(timing.graph_ms(fn))))
+    K.ROWS_MAXNREG, K.TILE_BYTES, K.STREAM_EVICTION = defaults[0], dict(defaults[1]), dict(defaults[2])
+    K.PROGRAMS_PER_SM = defaults[3]
+    K._plan.cache_clear()
+    _launch._COMPILED.clear()
+    print(f"\n{label} {str(dtype)[6:]} ({nbytes / 1e6:.0f} MB)")
+    for name, dirty, graph in sorted(rows, key=lambda r: -r[1])[:12]:
+        print(f"  {dirty:.3f} | {graph:.3f}  {name}")
+    shipped = next(r for r in rows if "shipped" in r[0])
+    print(f"  shipped: {shipped[1]:.3f} | {shipped[2]:.3f}", flush=True)
+
+
+def main() -> None:
+    copy = timing.copy_gbps()
+    print(f"# {torch.cuda.get_device_name()}  copy {copy:.0f} GB/s; fractions of it (dirty flush | CUDA graph)")
+    defaults = (K.ROWS_MAXNREG, dict(K.TILE_BYTES), dict(K.STREAM_EVICTION), K.PROGRAMS_PER_SM)
+    for case in CASES:
+        probe(*case, copy, defaults)
+
+
+if __name__ == "__main__":
+    main()
