@@ -33,10 +33,11 @@ CASES = [  # label, shape, dtype, dim
 ]
 
 
-def _variant(x, dims, maxnreg, warps, tile, evict, per_sm):
+def _variant(x, dims, maxnreg, warps, tile, evict, per_sm, row_tile):
     K.ROWS_MAXNREG = maxnreg
     K.PROGRAMS_PER_SM = per_sm
     K.TILE_BYTES = dict.fromkeys((2, 4, 8), tile)
+    K.ROW_TILE_BYTES = row_tile
     K.STREAM_EVICTION = dict.fromkeys((2, 4, 8), evict)
     K._plan.cache_clear()
     _launch._COMPILED.clear()
@@ -70,33 +71,34 @@ def probe(label: str, shape: tuple, dtype: torch.dtype, dim: int | None, copy: f
              frac(timing.graph_ms(lambda: compiled(x))))]
     default_tile = defaults[1][x.element_size()]
     default_evict = defaults[2][x.element_size()]
+    plan, fn = _variant(x, dims, defaults[0], None, default_tile, default_evict, defaults[3], defaults[4])
+    rows.append((f"shipped: grid {plan.grid} warps {plan.num_warps} block_r {plan.block_r}",
+                 frac(timing.events_ms(fn, timing.dirty_flush)), frac(timing.graph_ms(fn))))
     grid = itertools.product((32, 64, 255), (None, 8, 16), (default_tile // 2, default_tile),
                              (default_evict, "" if default_evict else "evict_first"),
                              (defaults[3], defaults[3] // 2) if dim is None else (defaults[3],))
     for maxnreg, warps, tile, evict, per_sm in grid:
-        plan, fn = _variant(x, dims, maxnreg, warps, tile, evict, per_sm)
+        plan, fn = _variant(x, dims, maxnreg, warps, tile, evict, per_sm, tile)
         if warps is not None and warps == K.plan_reduction(*K.prepare(x, dims)).num_warps:
             continue  # the planner's own choice, timed as warps None
         name = (f"maxnreg {maxnreg:3d} warps {plan.num_warps:2d} tile {tile:5d} evict {evict or '-':11s} "
                 f"per_sm {per_sm} grid {plan.grid}")
-        if (maxnreg, warps, tile, evict, per_sm) == (defaults[0], None, default_tile, default_evict, defaults[3]):
-            name += " (shipped)"
         rows.append((name, frac(timing.events_ms(fn, timing.dirty_flush)), frac(timing.graph_ms(fn))))
     K.ROWS_MAXNREG, K.TILE_BYTES, K.STREAM_EVICTION = defaults[0], dict(defaults[1]), dict(defaults[2])
-    K.PROGRAMS_PER_SM = defaults[3]
+    K.PROGRAMS_PER_SM, K.ROW_TILE_BYTES = defaults[3], defaults[4]
     K._plan.cache_clear()
     _launch._COMPILED.clear()
     print(f"\n{label} {str(dtype)[6:]} ({nbytes / 1e6:.0f} MB)")
     for name, dirty, graph in sorted(rows, key=lambda r: -r[1])[:12]:
         print(f"  {dirty:.3f} | {graph:.3f}  {name}")
-    shipped = next(r for r in rows if "shipped" in r[0])
-    print(f"  shipped: {shipped[1]:.3f} | {shipped[2]:.3f}", flush=True)
+    shipped = next(r for r in rows if r[0].startswith("shipped"))
+    print(f"  {shipped[0]}: {shipped[1]:.3f} | {shipped[2]:.3f}", flush=True)
 
 
 def main() -> None:
     copy = timing.copy_gbps()
     print(f"# {torch.cuda.get_device_name()}  copy {copy:.0f} GB/s; fractions of it (dirty flush | CUDA graph)")
-    defaults = (K.ROWS_MAXNREG, dict(K.TILE_BYTES), dict(K.STREAM_EVICTION), K.PROGRAMS_PER_SM)
+    defaults = (K.ROWS_MAXNREG, dict(K.TILE_BYTES), dict(K.STREAM_EVICTION), K.PROGRAMS_PER_SM, K.ROW_TILE_BYTES)
     for case in CASES:
         probe(*case, copy, defaults)
 

@@ -55,7 +55,7 @@ def main() -> None:
     args = parser.parse_args()
     copy = copy_gbps()
     print(f"device {torch.cuda.get_device_name()}  copy {copy:.0f} GB/s", flush=True)
-    defaults = (dict(K.TILE_BYTES), K.PROGRAMS_PER_SM, K.COLS_PROGRAMS_PER_SM, K.MIN_COL_BYTES)
+    defaults = (dict(K.TILE_BYTES), K.PROGRAMS_PER_SM, K.COLS_PROGRAMS_PER_SM, K.MIN_COL_BYTES, K.ROW_TILE_BYTES)
     rows = []
     for label, shape, dtype, dim in CASES:
         if args.cases and not any(c in f"{label} {str(dtype)[6:]}" for c in args.cases):
@@ -68,7 +68,7 @@ def main() -> None:
                                  (None, 4, 8, 16))
         results = []
         for tile, per_sm, min_col, warps in grid:
-            K.TILE_BYTES, K.MIN_COL_BYTES = dict.fromkeys((2, 4, 8), tile), min_col
+            K.TILE_BYTES, K.ROW_TILE_BYTES, K.MIN_COL_BYTES = dict.fromkeys((2, 4, 8), tile), tile, min_col
             K.PROGRAMS_PER_SM = K.COLS_PROGRAMS_PER_SM = per_sm
             K._plan.cache_clear()
             plan, fn = run_once(x, dims, warps)
@@ -82,7 +82,7 @@ def main() -> None:
             results.append(dict(case=label, tile=tile, per_sm=per_sm, min_col=min_col, warps=plan.num_warps,
                                 grid=list(plan.grid), block_r=plan.block_r, block_i=plan.block_i, us=ms * 1e3,
                                 fraction=frac, default=is_default))
-        K.TILE_BYTES, K.PROGRAMS_PER_SM, K.COLS_PROGRAMS_PER_SM, K.MIN_COL_BYTES = defaults
+        K.TILE_BYTES, K.PROGRAMS_PER_SM, K.COLS_PROGRAMS_PER_SM, K.MIN_COL_BYTES, K.ROW_TILE_BYTES = defaults
         K._plan.cache_clear()
         results.sort(key=lambda r: -r["fraction"])
         default = next(r for r in results if r["default"])

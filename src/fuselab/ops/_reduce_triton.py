@@ -40,6 +40,10 @@ from ._tickets import final_sum_rows, last_to_arrive, sum_partials, ticket_count
 #: bytes each program loads per loop iteration (enough in flight to cover DRAM latency), by element size. H100
 #: sweeps (benchmarks/sweeps/reduce_sweep.py): 8 KiB beats 16 KiB by 1-4% for bf16; fp32 is best at 16-32 KiB
 TILE_BYTES = {2: 8192, 4: 16384, 8: 16384}
+#: the rows kernel's tile when each program reads whole rows (no split of the reduced axis): 8 KiB for every dtype.
+#: dim=-1 of 10000² fp32 at 16 KiB wastes half of its last, masked tile per row (10000 = 2·4096 + 1808): 0.91 of copy
+#: bandwidth against 0.95-0.96 at 8 KiB (benchmarks/results/h100/probes/reduce_rows_probe.txt)
+ROW_TILE_BYTES = 8192
 #: the same under the interpreter (CPU): larger tiles, fewer (serially run) programs
 INTERPRETER_TILE_BYTES = 262144
 #: programs per SM a split reduction of the rows kernel aims for (grid ≈ 8 x SMs; with ROW_WARPS and ROWS_MAXNREG
@@ -300,10 +304,15 @@ def _plan(kept: tuple[tuple[int, int], ...], red: tuple[int, int], elsize: int, 
             (O, s_o), (I, s_i) = kept[0], (1, 0)
         else:
             O, s_o, I, s_i = 1, 0, 1, 0
-        block_r = min(next_power_of_2(R), tile)
-        rows = max(1, min(tile // block_r, tile // MAX_COL_FRACTION, next_power_of_2(O * I)))
-        tiles = cdiv(O * I, rows)
-        split, r_per_split = _split(R, block_r, tiles, sms * rows_per_sm)
+        # one pass per row first (ROW_TILE_BYTES); a plan that must split the rows takes the larger split tile
+        for tile_bytes in (ROW_TILE_BYTES, TILE_BYTES.get(elsize, 16384)):
+            tile = (tile_bytes if on_gpu else INTERPRETER_TILE_BYTES) // elsize
+            block_r = min(next_power_of_2(R), tile)
+            rows = max(1, min(tile // block_r, tile // MAX_COL_FRACTION, next_power_of_2(O * I)))
+            tiles = cdiv(O * I, rows)
+            split, r_per_split = _split(R, block_r, tiles, sms * rows_per_sm)
+            if split == 1:
+                break
         warps = ROW_WARPS if rows == 1 and block_r * elsize >= 8192 else 8 if rows * block_r >= 4096 else 4
         return ReducePlan("rows", O, I, R, s_o, s_i, s_r, block_r, rows, split, r_per_split, warps)
     if len(kept) == 2:
