@@ -261,6 +261,20 @@ def count_jobs(ops: Sequence[str], options: BenchOptions, device: torch.device) 
     return total
 
 
+def in_process_compiles() -> int:
+    """Make torch.compile providers compile in this process (Inductor's ``compile_threads = 1``); returns it.
+
+    With the default (one worker per core), the first compile starts a pool of subprocesses that each import
+    torch for seconds after it returns, and the next providers' timings share the host with them: on the H100
+    machine ``fuselab.mean`` of 8192² bf16 went from 55.8 µs per call (tight) to 72.1 µs median with samples up to
+    175 µs right after the first compile (``benchmarks/results/h100/probes/reduce_lab_gap.txt``). The lab times
+    devices, not compile pools; compiling serially only makes the torch.compile providers' build slower."""
+    import torch._inductor.config as inductor_config
+
+    inductor_config.compile_threads = 1
+    return inductor_config.compile_threads
+
+
 def prepare(device: torch.device | None = None, timer: Timer | None = None, ceilings: R.Ceilings | None = None,
             quick: bool = False) -> tuple[torch.device, Timer, R.Ceilings | None, dict[str, Any]]:
     """The device, timer, ceilings (measured unless given) and environment of a run."""
@@ -268,6 +282,8 @@ def prepare(device: torch.device | None = None, timer: Timer | None = None, ceil
     device = device or torch.device("cuda" if torch.cuda.is_available() else "cpu")
     timer = timer or default_timer(device, quick=quick)
     env = environment()
+    if device.type == "cuda":
+        env["inductor_compile_threads"] = in_process_compiles()
     if ceilings is None:
         try:
             ceilings = _ceilings.measure(device, timer, quick=quick)
