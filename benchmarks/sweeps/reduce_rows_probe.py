@@ -13,11 +13,11 @@ in a CUDA graph (clean L2 before the replay).
 
 from __future__ import annotations
 
-import dataclasses
 import itertools
 
 import _timing as timing  # benchmarks/sweeps/_timing.py
 import torch
+from reduce_sweep import run_once  # benchmarks/sweeps/reduce_sweep.py: a fixed plan and its call
 
 from fuselab.ops import _launch
 from fuselab.ops import _reduce_triton as K
@@ -41,17 +41,7 @@ def _variant(x, dims, maxnreg, warps, tile, evict, per_sm, row_tile):
     K.STREAM_EVICTION = dict.fromkeys((2, 4, 8), evict)
     K._plan.cache_clear()
     _launch._COMPILED.clear()
-    src, kept, red = K.prepare(x, dims)
-    plan = K.plan_reduction(src, kept, red)
-    if warps is not None:
-        plan = dataclasses.replace(plan, num_warps=warps)
-    out = torch.empty(plan.K, dtype=x.dtype, device=x.device)
-    n = K.workspace_numel(plan)
-    ws = torch.empty(n, dtype=torch.float32, device=x.device) if n else None
-
-    def fn():
-        K.reduce_into(src, dims, out, ws, plan=plan, is_mean=True)
-
+    plan, fn = run_once(x, dims, warps)
     fn()
     torch.cuda.synchronize()
     return plan, fn
