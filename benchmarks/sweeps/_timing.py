@@ -50,6 +50,15 @@ def host_us(fn, n: int = 400, repeats: int = 5, warmup: int = 30) -> float:
     return best
 
 
+def samples_line(times_ms: list[float], first: int = 16) -> str:
+    """do_bench's samples (``return_mode="all"``, ms) as one line: count, median, p20, p80 and the first
+    ``first`` samples in order (µs), which show whether slow samples come in runs (a busy host) or alone."""
+    q = statistics.quantiles(times_ms, n=10)  # q[1] = p20, q[7] = p80
+    head = " ".join(f"{t * 1e3:.0f}" for t in times_ms[:first])
+    return (f"n={len(times_ms):4d} median {statistics.median(times_ms) * 1e3:7.1f} p20 {q[1] * 1e3:7.1f} "
+            f"p80 {q[7] * 1e3:7.1f} µs; first: {head}")
+
+
 def events_ms(fn, flush, reps: int = REPS) -> float:
     for _ in range(3):
         fn()

@@ -12,6 +12,7 @@ from __future__ import annotations
 import itertools
 import statistics
 
+import _timing as timing  # benchmarks/sweeps/_timing.py
 import torch
 from torch.profiler import ProfilerActivity, profile
 from triton.testing import do_bench
@@ -23,9 +24,7 @@ from fuselab.reference import reduce as ref
 
 def summary(label: str, fn) -> None:
     times = do_bench(fn, warmup=25, rep=100, return_mode="all")
-    q = statistics.quantiles(times, n=10)
-    print(f"{label:34s} n={len(times):4d} median {statistics.median(times) * 1e3:7.1f} p20 {q[1] * 1e3:7.1f} "
-          f"p80 {q[7] * 1e3:7.1f} µs; first: {' '.join(f'{t * 1e3:.0f}' for t in times[:16])}", flush=True)
+    print(f"{label:34s} {timing.samples_line(times)}", flush=True)
 
 
 def probe(shape: tuple[int, int], dim: int | None) -> None:

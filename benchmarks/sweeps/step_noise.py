@@ -16,6 +16,7 @@ import gc
 import statistics
 from collections import Counter
 
+import _timing as timing  # benchmarks/sweeps/_timing.py
 import torch
 from torch.profiler import ProfilerActivity, profile
 from triton.testing import do_bench
@@ -53,13 +54,9 @@ class ProbeTimer:
         times = do_bench(fn, warmup=25, rep=100, grad_to_none=grads, return_mode="all")
         m1 = _mallocs()
         p20 = statistics.quantiles(times, n=10)[1]
-        med = statistics.median(times)
-        p80 = statistics.quantiles(times, n=10)[7]
         slow = sum(t > 1.25 * p20 for t in times) / len(times)
-        head = " ".join(f"{t * 1e3:.0f}" for t in times[:24])
-        self.lines.append(f"    {label:<16} n={len(times):4d} median {med * 1e3:7.1f} p20 {p20 * 1e3:7.1f} "
-                          f"p80 {p80 * 1e3:7.1f} µs  slow {slow:4.0%}  mallocs +{m1[0] - m0[0]} frees +{m1[1] - m0[1]}")
-        self.lines.append(f"      first samples (µs): {head}")
+        self.lines.append(f"    {label:<16} {timing.samples_line(times, first=24)}")
+        self.lines.append(f"      slow (> 1.25 p20) {slow:4.0%}  mallocs +{m1[0] - m0[0]} frees +{m1[1] - m0[1]}")
         return times
 
     def measure(self, job) -> TimingStats:

@@ -55,7 +55,7 @@ PROGRAMS_PER_SM = 8
 #: 10000² fp32 0.92 -> 0.95 of copy bandwidth (torch.compile 0.94), of 8192² bf16 0.86 -> 0.90, of 65536x512 bf16
 #: 0.77 -> 0.80; all of 8192² bf16 0.79 -> 0.81, of 10000² fp32 0.91 -> 0.93 (reduce_rows_probe.txt)
 ROWS_MAXNREG = 64
-#: warps of a rows-kernel program whose tile is one row of at least 8 KiB (every dim=-1 and all-element plan of
+#: warps of a rows-kernel program whose tile is one row of at least ROW_TILE_BYTES (every dim=-1 and all-element plan of
 #: long rows): 16, Inductor's choice too, fewer bytes per thread and more warps to hide DRAM latency; packed short
 #: rows (65536x512) keep 8 (16 was 6% slower there)
 ROW_WARPS = 16
@@ -313,7 +313,7 @@ def _plan(kept: tuple[tuple[int, int], ...], red: tuple[int, int], elsize: int, 
             split, r_per_split = _split(R, block_r, tiles, sms * rows_per_sm)
             if split == 1:
                 break
-        warps = ROW_WARPS if rows == 1 and block_r * elsize >= 8192 else 8 if rows * block_r >= 4096 else 4
+        warps = ROW_WARPS if rows == 1 and block_r * elsize >= ROW_TILE_BYTES else 8 if rows * block_r >= 4096 else 4
         return ReducePlan("rows", O, I, R, s_o, s_i, s_r, block_r, rows, split, r_per_split, warps)
     if len(kept) == 2:
         (O, s_o), (I, s_i) = kept
