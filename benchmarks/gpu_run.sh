@@ -9,6 +9,7 @@
 #   rope | bias_act | mlp | reduce   fuselab bench OP --plot
 #   fwdbwd      exploration: rope and bias_act forward+backward only (into explore/)
 #   sweep       benchmarks/sweeps/reduce_sweep.py (the reduction planner's knobs)
+#   splitprobe  benchmarks/sweeps/reduce_split_probe.py (split order, column tiles; into probes/)
 #   graphs      fuselab bench --cuda-graph: rope, bias_act, mlp fwd+bwd and reduce (into cuda_graph/)
 #   mlpgraph    fuselab bench mlp --cuda-graph only (into cuda_graph/)
 #   bagraph     fuselab bench bias_act --mode fwd+bwd --cuda-graph only (into cuda_graph/)
@@ -59,6 +60,8 @@ for stage in "$@"; do
       run python3 benchmarks/sweeps/host_overhead.py > "$RES/host_overhead.txt"
       run python3 benchmarks/sweeps/bias_act_gaps.py > "$RES/probes/bias_act_gaps.txt"
       run python3 benchmarks/sweeps/mlp_host.py > "$RES/probes/mlp_host.txt" ;;
+    splitprobe) mkdir -p "$RES/probes"
+      run python3 benchmarks/sweeps/reduce_split_probe.py > "$RES/probes/reduce_split_probe.txt" ;;
     sweep) run python3 benchmarks/sweeps/reduce_sweep.py --out "$RES/reduce_sweep.json" ;;
     profiles)
       for p in eager torch.compile fuselab cuda; do profile bias_act "$p" bf16 fwd "bias_act_gelu_tanh_$p" \

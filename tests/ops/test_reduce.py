@@ -204,6 +204,38 @@ def test_split_plans_are_exercised(device):
     assert kinds == {"rows", "cols"}
 
 
+
+@pytest.mark.parametrize("interleave", [True, False], ids=["interleaved", "chunked"])
+@pytest.mark.parametrize("shape,dim,view", [((1000,), None, "dense"), ((3000,), 0, "dense"), ((63, 1001), None, "dense"),
+                                            ((3000, 7), 0, "dense"), ((3001, 7), 0, "column-major"),
+                                            ((9, 10001), 1, "every-other")], ids=str)
+def test_split_orders(triton_backend, device, monkeypatch, interleave, shape, dim, view):
+    """Both orders in which split programs read the reduced axis (interleaved blocks, contiguous chunks) match
+    float64, with tiles small enough for many splits and a ragged last block (owned, when interleaved, by the last
+    program or one in the middle, depending on the case)."""
+    from fuselab.ops import reduce as module
+
+    monkeypatch.setattr(module, "_PLANNED", {})
+    monkeypatch.setattr(kernels, "INTERLEAVE_SPLITS", interleave)
+    for name in ("INTERPRETER_TILE_BYTES", "ROW_TILE_BYTES"):
+        monkeypatch.setattr(kernels, name, 256)
+    monkeypatch.setattr(kernels, "TILE_BYTES", dict.fromkeys((2, 4, 8), 256))
+    kernels._plan.cache_clear()
+    try:
+        x = torch.randn(shape, device=device)
+        if view == "column-major":  # the rows kernel (reduced axis contiguous), kept axis strided
+            x = x.t().contiguous().t()
+        elif view == "every-other":  # the rows kernel over a strided reduced axis
+            x = x[:, ::2]
+        src, kept, red = kernels.prepare(x, tuple(range(x.dim())) if dim is None else (dim,))
+        plan = kernels.plan_reduction(src, kept, red)
+        assert plan.split > 2 and plan.R % plan.block_r and plan.interleave == interleave, plan
+        for op in OPS:
+            _check(x, dim, False, op)
+    finally:
+        kernels._plan.cache_clear()
+
+
 # ---------------------------------------------------------------- int64 offsets
 
 

@@ -69,6 +69,9 @@ MIN_COL_BYTES = 128
 #: write-back would otherwise share DRAM bandwidth with the read. On the H100 it lifts the 64-134 MB bf16 cases by
 #: 8-33% (benchmarks/sweeps/l2_probe.py) but costs the 0.4-1 GB fp32 ones 2-4%. "" is Triton's default policy.
 STREAM_EVICTION = {2: "evict_first", 4: "", 8: ""}
+#: the programs of a split reduction read the reduced axis interleaved (program s of S: blocks s, s+S, s+2S, ...)
+#: rather than in S contiguous chunks; see _chunk
+INTERLEAVE_SPLITS = True
 #: widest column tile of the cols kernel (1 KiB rows on GPUs), and most rows per program of the rows
 #: kernel, as a fraction of the tile
 MAX_COL_FRACTION = 16
@@ -107,6 +110,38 @@ def _store_result(total, idx, mask, out_ptr, part_ptr, count_ptr, tile, split, n
 
 
 @triton.jit
+def _chunk(split, n_split, R, r_per_split, BLOCK_R: tl.constexpr, SPLIT_R: tl.constexpr, INTERLEAVE: tl.constexpr):
+    """Which blocks of the reduced axis program ``split`` of ``n_split`` reads: full blocks at ``r_start + b*step``
+    for ``b < n_full``, then (if the kernel has a tail) the masked block at ``tail_start`` up to ``r_end``.
+
+    Without a split: all of ``[0, R)``. Contiguous chunks: ``[split*r_per_split, +r_per_split)``. Interleaved
+    (grid-stride): blocks ``split, split + n_split, ...``, so the programs running at any moment read neighbouring
+    blocks (one window of memory) instead of ``n_split`` streams ``r_per_split`` apart; the ragged last block belongs
+    to program ``(R // BLOCK_R) % n_split``, the others get an empty tail (``r_end == tail_start``)."""
+    if SPLIT_R:
+        if INTERLEAVE:
+            n_blocks = R // BLOCK_R
+            r_start = split * BLOCK_R
+            step = n_split.to(r_start.dtype) * BLOCK_R
+            n_full = (n_blocks - split + n_split - 1) // n_split
+            tail_start = n_blocks * BLOCK_R
+            r_end = tl.where(n_blocks % n_split == split, R, tail_start)
+        else:
+            r_start = split * r_per_split
+            step = BLOCK_R
+            r_end = tl.minimum(r_start + r_per_split, R)
+            n_full = (r_end - r_start) // BLOCK_R
+            tail_start = r_start + n_full * BLOCK_R
+    else:
+        r_start = 0
+        step = BLOCK_R
+        r_end = R
+        n_full = R // BLOCK_R
+        tail_start = n_full * BLOCK_R
+    return r_start, step, n_full, tail_start, r_end
+
+
+@triton.jit
 def _rows_kernel(
     x_ptr,  # input; element (o, i, r) at o*s_o + i*s_i + r*s_r, o < K // I, i < I, r < R
     out_ptr,  # [K] result (output dtype)
@@ -117,7 +152,7 @@ def _rows_kernel(
     n_reduced,  # divisor of the mean (IS_MEAN only)
     ROWS: tl.constexpr, BLOCK_R: tl.constexpr, HAS_I: tl.constexpr, R_CONTIG: tl.constexpr,
     SPLIT_R: tl.constexpr, HAS_TAIL: tl.constexpr, ACC: tl.constexpr, BLOCK_S: tl.constexpr,
-    IS_MEAN: tl.constexpr, OUT_BF16: tl.constexpr, INT64: tl.constexpr, EVICT: tl.constexpr,
+    IS_MEAN: tl.constexpr, OUT_BF16: tl.constexpr, INT64: tl.constexpr, EVICT: tl.constexpr, INTERLEAVE: tl.constexpr,
 ):
     pid = tl.program_id(0)
     split = tl.program_id(1)
@@ -131,27 +166,21 @@ def _rows_kernel(
         row_off = (rows // I) * s_o + (rows % I) * s_i
     else:
         row_off = rows * s_o
-    if SPLIT_R:
-        r_start = split * r_per_split
-        r_end = tl.minimum(r_start + r_per_split, R)
-    else:
-        r_start = 0
-        r_end = R
+    r_start, step, n_full, tail_start, r_end = _chunk(split, n_split, R, r_per_split, BLOCK_R, SPLIT_R, INTERLEAVE)
     cols = tl.arange(0, BLOCK_R)
     if INT64:
         cols = cols.to(tl.int64)
     acc = tl.zeros([ROWS, BLOCK_R], dtype=ACC)
-    n_full = (r_end - r_start) // BLOCK_R
     # full blocks: only the (per-row constant) row mask, so loads stay vectorized
     for b in range(0, n_full):
-        r = r_start + b * BLOCK_R + cols
+        r = r_start + b * step + cols
         if R_CONTIG:
             offs = row_off[:, None] + r[None, :]
         else:
             offs = row_off[:, None] + r[None, :] * s_r
         acc += tl.load(x_ptr + offs, mask=row_mask[:, None], other=0.0, eviction_policy=EVICT).to(ACC)
-    if HAS_TAIL:  # the ragged end of the chunk (R is not a multiple of BLOCK_R)
-        r = r_start + n_full * BLOCK_R + cols
+    if HAS_TAIL:  # the ragged end (R is not a multiple of BLOCK_R); r_end is tail_start where another program has it
+        r = tail_start + cols
         if R_CONTIG:
             offs = row_off[:, None] + r[None, :]
         else:
@@ -173,7 +202,7 @@ def _cols_kernel(
     n_reduced,  # divisor of the mean (IS_MEAN only)
     BLOCK_R: tl.constexpr, BLOCK_I: tl.constexpr, I_CONTIG: tl.constexpr, SPLIT_R: tl.constexpr,
     HAS_TAIL: tl.constexpr, ACC: tl.constexpr, BLOCK_S: tl.constexpr, IS_MEAN: tl.constexpr,
-    OUT_BF16: tl.constexpr, INT64: tl.constexpr, EVICT: tl.constexpr,
+    OUT_BF16: tl.constexpr, INT64: tl.constexpr, EVICT: tl.constexpr, INTERLEAVE: tl.constexpr,
 ):
     pid = tl.program_id(0)  # o * blocks_of_i + block of i
     split = tl.program_id(1)
@@ -189,23 +218,17 @@ def _cols_kernel(
         col_off = o * s_o + cols
     else:
         col_off = o * s_o + cols * s_i
-    if SPLIT_R:
-        r_start = split * r_per_split
-        r_end = tl.minimum(r_start + r_per_split, R)
-    else:
-        r_start = 0
-        r_end = R
+    r_start, step, n_full, tail_start, r_end = _chunk(split, n_split, R, r_per_split, BLOCK_R, SPLIT_R, INTERLEAVE)
     rr = tl.arange(0, BLOCK_R)
     if INT64:
         rr = rr.to(tl.int64)
     acc = tl.zeros([BLOCK_R, BLOCK_I], dtype=ACC)
-    n_full = (r_end - r_start) // BLOCK_R
     for b in range(0, n_full):
-        r = r_start + b * BLOCK_R + rr
+        r = r_start + b * step + rr
         offs = r[:, None] * s_r + col_off[None, :]
         acc += tl.load(x_ptr + offs, mask=col_mask[None, :], other=0.0, eviction_policy=EVICT).to(ACC)
     if HAS_TAIL:
-        r = r_start + n_full * BLOCK_R + rr
+        r = tail_start + rr
         offs = r[:, None] * s_r + col_off[None, :]
         mask = (r < r_end)[:, None] & col_mask[None, :]
         acc += tl.load(x_ptr + offs, mask=mask, other=0.0, eviction_policy=EVICT).to(ACC)
@@ -229,6 +252,7 @@ class ReducePlan:
     split: int  # chunks of the reduced axis (grid axis 1); > 1 means a second stage
     r_per_split: int
     num_warps: int
+    interleave: bool  # split programs read every split-th block (see _chunk), not one contiguous chunk each
 
     @property
     def K(self) -> int:
@@ -314,7 +338,8 @@ def _plan(kept: tuple[tuple[int, int], ...], red: tuple[int, int], elsize: int, 
             if split == 1:
                 break
         warps = ROW_WARPS if rows == 1 and block_r * elsize >= ROW_TILE_BYTES else 8 if rows * block_r >= 4096 else 4
-        return ReducePlan("rows", O, I, R, s_o, s_i, s_r, block_r, rows, split, r_per_split, warps)
+        return ReducePlan("rows", O, I, R, s_o, s_i, s_r, block_r, rows, split, r_per_split, warps,
+                          split > 1 and INTERLEAVE_SPLITS)
     if len(kept) == 2:
         (O, s_o), (I, s_i) = kept
     else:
@@ -329,7 +354,8 @@ def _plan(kept: tuple[tuple[int, int], ...], red: tuple[int, int], elsize: int, 
     tiles = O * cdiv(I, block_i)
     split, r_per_split = _split(R, block_r, tiles, target)
     warps = 8 if block_r * block_i >= 4096 else 4
-    return ReducePlan("cols", O, I, R, s_o, s_i, s_r, block_r, block_i, split, r_per_split, warps)
+    return ReducePlan("cols", O, I, R, s_o, s_i, s_r, block_r, block_i, split, r_per_split, warps,
+                      split > 1 and INTERLEAVE_SPLITS)
 
 
 def _split(R: int, block_r: int, tiles: int, target: int) -> tuple[int, int]:
@@ -363,7 +389,7 @@ def launch(x: torch.Tensor, plan: ReducePlan, out: torch.Tensor, partials: torch
     tensors = (x, out, partials if split else out, ticket_counters(x.device, tiles) if split else out)
 
     def constexprs() -> dict:  # built only the first time this signature launches
-        common = dict(EVICT=evict, SPLIT_R=split, HAS_TAIL=plan.R % plan.block_r != 0, ACC=_TL_ACC[acc_dtype],
+        common = dict(EVICT=evict, SPLIT_R=split, INTERLEAVE=plan.interleave, HAS_TAIL=plan.R % plan.block_r != 0, ACC=_TL_ACC[acc_dtype],
                       BLOCK_S=block_s, OUT_BF16=out.dtype == torch.bfloat16, IS_MEAN=is_mean, INT64=int64,
                       num_warps=plan.num_warps)
         if plan.kind == "rows":
