@@ -204,11 +204,12 @@ def test_split_plans_are_exercised(device):
     assert kinds == {"rows", "cols"}
 
 
+SPLIT_CASES = [((1000,), None, "dense"), ((3000,), 0, "dense"), ((63, 1001), None, "dense"), ((3000, 7), 0, "dense"),
+               ((3001, 7), 0, "column-major"), ((9, 10001), 1, "every-other")]
+
 
 @pytest.mark.parametrize("interleave", [True, False], ids=["interleaved", "chunked"])
-@pytest.mark.parametrize("shape,dim,view", [((1000,), None, "dense"), ((3000,), 0, "dense"), ((63, 1001), None, "dense"),
-                                            ((3000, 7), 0, "dense"), ((3001, 7), 0, "column-major"),
-                                            ((9, 10001), 1, "every-other")], ids=str)
+@pytest.mark.parametrize("shape,dim,view", SPLIT_CASES, ids=str)
 def test_split_orders(triton_backend, device, monkeypatch, interleave, shape, dim, view):
     """Both orders in which split programs read the reduced axis (interleaved blocks, contiguous chunks) match
     float64, with tiles small enough for many splits and a ragged last block (owned, when interleaved, by the last

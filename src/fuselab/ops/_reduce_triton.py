@@ -389,9 +389,9 @@ def launch(x: torch.Tensor, plan: ReducePlan, out: torch.Tensor, partials: torch
     tensors = (x, out, partials if split else out, ticket_counters(x.device, tiles) if split else out)
 
     def constexprs() -> dict:  # built only the first time this signature launches
-        common = dict(EVICT=evict, SPLIT_R=split, INTERLEAVE=plan.interleave, HAS_TAIL=plan.R % plan.block_r != 0, ACC=_TL_ACC[acc_dtype],
-                      BLOCK_S=block_s, OUT_BF16=out.dtype == torch.bfloat16, IS_MEAN=is_mean, INT64=int64,
-                      num_warps=plan.num_warps)
+        common = dict(EVICT=evict, SPLIT_R=split, INTERLEAVE=plan.interleave, HAS_TAIL=plan.R % plan.block_r != 0,
+                      ACC=_TL_ACC[acc_dtype], BLOCK_S=block_s, OUT_BF16=out.dtype == torch.bfloat16, IS_MEAN=is_mean,
+                      INT64=int64, num_warps=plan.num_warps)
         if plan.kind == "rows":
             cap = {"maxnreg": ROWS_MAXNREG} if x.is_cuda else {}  # a CUDA compile option (not the interpreter's)
             return dict(ROWS=plan.block_i, BLOCK_R=plan.block_r, HAS_I=plan.I > 1, R_CONTIG=plan.s_r == 1, **common,
