@@ -408,6 +408,8 @@ def test_suite_gpu_cases_cost_model():
                                          ((8192, 8192), torch.bfloat16), ((65536, 512), torch.bfloat16)], ids=str)
 @pytest.mark.parametrize("dim", [None, 0, -1])
 def test_gpu_benchmark_shapes(device, shape, dtype, dim):
-    x = torch.randn(shape, device=device, dtype=dtype)
+    """The lab's shapes. Values N(1, 1): the mean of zero-mean noise over 2^28 values is ~1e-5 of the terms' scale,
+    where a relative check measures the cancellation (condition number ~4e5), not the kernel."""
+    x = torch.randn(shape, device=device, dtype=dtype) + 1
     out = _check(x, dim, False, "mean")
     assert torch.equal(out, fuselab.mean(x, dim))

@@ -1,0 +1,67 @@
+"""A/B of the split reductions' read order and column-tile width, alternating variants in rounds.
+
+    python3 benchmarks/sweeps/reduce_split_ab.py [--rounds 4]
+
+``reduce_split_probe.py`` times each variant once; there, two runs of one configuration differed by 2-5%. Here
+each variant of a case is timed once per round, variants alternating, and the median over rounds is printed with
+the spread (dirty flush, the lab's method; and the CUDA-graph per-call time).
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+
+import _timing as timing  # benchmarks/sweeps/_timing.py
+import torch
+from reduce_split_probe import KNOBS, _variant  # benchmarks/sweeps/reduce_split_probe.py
+
+from fuselab.ops import _reduce_triton as K
+from fuselab.reference import reduce as ref
+
+CASES = [  # label, shape, dtype, dim
+    ("dim=0/10000x10000", (10000, 10000), torch.float32, 0),
+    ("dim=0/8192x8192", (8192, 8192), torch.bfloat16, 0),
+    ("dim=0/65536x512", (65536, 512), torch.bfloat16, 0),
+    ("all/8192x8192", (8192, 8192), torch.bfloat16, None),
+    ("all/10000x10000", (10000, 10000), torch.float32, None),
+]
+VARIANTS = {  # name: knobs over the shipped ones
+    "chunked": dict(INTERLEAVE_SPLITS=False),
+    "interleaved": dict(INTERLEAVE_SPLITS=True),
+    "chunked, 1 KiB column tiles": dict(INTERLEAVE_SPLITS=False, MAX_COL_FRACTION=4, MIN_COL_BYTES=1024),
+    "interleaved, 1 KiB column tiles": dict(INTERLEAVE_SPLITS=True, MAX_COL_FRACTION=4, MIN_COL_BYTES=1024),
+}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--rounds", type=int, default=4)
+    args = parser.parse_args()
+    copy = timing.copy_gbps()
+    print(f"# {torch.cuda.get_device_name()}  copy {copy:.0f} GB/s; fractions of it, median over {args.rounds} "
+          "alternating rounds [min-max] (dirty flush | CUDA graph)")
+    defaults = {name: getattr(K, name) for name in KNOBS}
+    for label, shape, dtype, dim in CASES:
+        x = torch.randn(shape, device="cuda", dtype=dtype)
+        dims = ref.normalize_dims(x, dim)
+        nbytes = x.numel() * x.element_size()
+        variants = {name: _variant(x, dims, **{**defaults, **knobs}) for name, knobs in VARIANTS.items()
+                    if dim == 0 or "column" not in name}
+        dirty = {name: [] for name in variants}
+        graph = {name: [] for name in variants}
+        for _ in range(args.rounds):
+            for name, (_, fn) in variants.items():
+                dirty[name].append(nbytes / timing.events_ms(fn, timing.dirty_flush) / 1e6 / copy)
+                graph[name].append(nbytes / timing.graph_ms(fn) / 1e6 / copy)
+        print(f"\n{label} {str(dtype)[6:]}")
+        for name, (plan, _) in variants.items():
+            d, g = dirty[name], graph[name]
+            print(f"  {statistics.median(d):.3f} [{min(d):.3f}-{max(d):.3f}] | {statistics.median(g):.3f}  {name:32s}"
+                  f" grid {plan.grid} block_r {plan.block_r} block_i {plan.block_i}", flush=True)
+        _variant(x, dims, **defaults)
+        del x, variants
+
+
+if __name__ == "__main__":
+    main()
