@@ -14,7 +14,7 @@ import statistics
 
 import _timing as timing  # benchmarks/sweeps/_timing.py
 import torch
-from reduce_split_probe import KNOBS, _variant  # benchmarks/sweeps/reduce_split_probe.py
+from reduce_split_probe import KNOBS, _order, _variant  # benchmarks/sweeps/reduce_split_probe.py
 
 from fuselab.ops import _reduce_triton as K
 from fuselab.reference import reduce as ref
@@ -27,10 +27,19 @@ CASES = [  # label, shape, dtype, dim
     ("all/10000x10000", (10000, 10000), torch.float32, None),
 ]
 VARIANTS = {  # name: knobs over the shipped ones
-    "chunked": dict(INTERLEAVE_SPLITS=False),
-    "interleaved": dict(INTERLEAVE_SPLITS=True),
-    "chunked, 1 KiB column tiles": dict(INTERLEAVE_SPLITS=False, MAX_COL_FRACTION=4, MIN_COL_BYTES=1024),
-    "interleaved, 1 KiB column tiles": dict(INTERLEAVE_SPLITS=True, MAX_COL_FRACTION=4, MIN_COL_BYTES=1024),
+    "shipped": {},
+    "chunked": dict(INTERLEAVE_MIN_SPLIT=_order(False)),
+    "interleaved": dict(INTERLEAVE_MIN_SPLIT=_order(True)),
+    "chunked, 128 B column tiles": dict(INTERLEAVE_MIN_SPLIT=_order(False),
+                                        MIN_COL_BYTES=dict.fromkeys((2, 4, 8), 128)),
+    "chunked, 1 KiB column tiles": dict(INTERLEAVE_MIN_SPLIT=_order(False), MAX_COL_FRACTION=4,
+                                        MIN_COL_BYTES=dict.fromkeys((2, 4, 8), 1024)),
+    "interleaved, 1 KiB column tiles": dict(INTERLEAVE_MIN_SPLIT=_order(True), MAX_COL_FRACTION=4,
+                                            MIN_COL_BYTES=dict.fromkeys((2, 4, 8), 1024)),
+    # all-element plans: shorter programs (a shorter ramp-down at the end) against more tickets on one counter
+    "16 programs per SM": dict(PROGRAMS_PER_SM=16),
+    "32 programs per SM": dict(PROGRAMS_PER_SM=32),
+    "64 programs per SM": dict(PROGRAMS_PER_SM=64),
 }
 
 
@@ -47,7 +56,7 @@ def main() -> None:
         dims = ref.normalize_dims(x, dim)
         nbytes = x.numel() * x.element_size()
         variants = {name: _variant(x, dims, **{**defaults, **knobs}) for name, knobs in VARIANTS.items()
-                    if dim == 0 or "column" not in name}
+                    if ("column" not in name or dim == 0) and ("per SM" not in name or dim is None)}
         dirty = {name: [] for name in variants}
         graph = {name: [] for name in variants}
         for _ in range(args.rounds):

@@ -34,7 +34,7 @@ CASES = [  # label, shape, dtype, dim
     ("dim=0/65536x512", (65536, 512), torch.bfloat16, 0),
     ("dim=-1/8192x8192", (8192, 8192), torch.bfloat16, -1),  # the unsplit reference read of the same bytes
 ]
-KNOBS = ("INTERLEAVE_SPLITS", "PROGRAMS_PER_SM", "COLS_PROGRAMS_PER_SM", "MAX_COL_FRACTION", "MIN_COL_BYTES",
+KNOBS = ("INTERLEAVE_MIN_SPLIT", "PROGRAMS_PER_SM", "COLS_PROGRAMS_PER_SM", "MAX_COL_FRACTION", "MIN_COL_BYTES",
          "TILE_BYTES")
 
 
@@ -49,16 +49,22 @@ def _variant(x: torch.Tensor, dims: tuple[int, ...], **knobs):
     return plan, fn
 
 
+def _order(interleave: bool) -> dict:
+    """Knob value: every split plan interleaved, or none."""
+    return dict.fromkeys(("rows", "cols"), 2 if interleave else None)
+
+
 def _variants(dim: int | None, elsize: int, defaults: dict):
     tile = defaults["TILE_BYTES"][elsize]
     if dim is None:  # rows kernel, split over the whole tensor
         for interleave, per_sm, tile_bytes in itertools.product((True, False), (4, 8, 16), (tile, 2 * tile)):
-            yield dict(INTERLEAVE_SPLITS=interleave, PROGRAMS_PER_SM=per_sm,
+            yield dict(INTERLEAVE_MIN_SPLIT=_order(interleave), PROGRAMS_PER_SM=per_sm,
                        TILE_BYTES=dict.fromkeys((2, 4, 8), tile_bytes))
     elif dim == 0:  # cols kernel: (widest column tile as a fraction of the tile, narrowest column tile in bytes)
         for interleave, (fraction, min_col), per_sm in itertools.product(
                 (True, False), ((16, 128), (16, 512), (8, 512), (4, 1024), (2, 2048)), (4, 8)):
-            yield dict(INTERLEAVE_SPLITS=interleave, MAX_COL_FRACTION=fraction, MIN_COL_BYTES=min_col,
+            yield dict(INTERLEAVE_MIN_SPLIT=_order(interleave), MAX_COL_FRACTION=fraction,
+                       MIN_COL_BYTES=dict.fromkeys((2, 4, 8), min_col),
                        COLS_PROGRAMS_PER_SM=per_sm)
     else:
         yield {}
@@ -85,7 +91,7 @@ def probe(label: str, shape: tuple, dtype: torch.dtype, dim: int | None, copy: f
                  frac(timing.graph_ms(fn))))
     for knobs in _variants(dim, x.element_size(), defaults):
         plan, fn = _variant(x, dims, **{**defaults, **knobs})
-        shown = {k: (v[x.element_size()] if isinstance(v, dict) else v) for k, v in knobs.items()}
+        shown = {k: (v.get(x.element_size(), v.get("rows")) if isinstance(v, dict) else v) for k, v in knobs.items()}
         name = " ".join(f"{k.lower()} {v}" for k, v in shown.items())
         rows.append((f"{name} | grid {plan.grid} block_r {plan.block_r} block_i {plan.block_i}",
                      frac(timing.events_ms(fn, timing.dirty_flush)), frac(timing.graph_ms(fn))))

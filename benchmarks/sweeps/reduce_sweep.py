@@ -55,7 +55,7 @@ def main() -> None:
     args = parser.parse_args()
     copy = copy_gbps()
     print(f"device {torch.cuda.get_device_name()}  copy {copy:.0f} GB/s", flush=True)
-    defaults = (dict(K.TILE_BYTES), K.PROGRAMS_PER_SM, K.COLS_PROGRAMS_PER_SM, K.MIN_COL_BYTES, K.ROW_TILE_BYTES)
+    defaults = (dict(K.TILE_BYTES), K.PROGRAMS_PER_SM, K.COLS_PROGRAMS_PER_SM, dict(K.MIN_COL_BYTES), K.ROW_TILE_BYTES)
     rows = []
     for label, shape, dtype, dim in CASES:
         if args.cases and not any(c in f"{label} {str(dtype)[6:]}" for c in args.cases):
@@ -64,11 +64,12 @@ def main() -> None:
         dims = ref.normalize_dims(x, dim)
         nbytes = x.numel() * x.element_size()
         cols_case = dim == 0
-        grid = itertools.product((4096, 8192, 16384, 32768), (4, 8, 16), (128, 512) if cols_case else (128,),
+        grid = itertools.product((4096, 8192, 16384, 32768), (4, 8, 16), (128, 512, 1024) if cols_case else (128,),
                                  (None, 4, 8, 16))
         results = []
         for tile, per_sm, min_col, warps in grid:
-            K.TILE_BYTES, K.ROW_TILE_BYTES, K.MIN_COL_BYTES = dict.fromkeys((2, 4, 8), tile), tile, min_col
+            K.TILE_BYTES, K.ROW_TILE_BYTES = dict.fromkeys((2, 4, 8), tile), tile
+            K.MIN_COL_BYTES = dict.fromkeys((2, 4, 8), min_col)
             K.PROGRAMS_PER_SM = K.COLS_PROGRAMS_PER_SM = per_sm
             K._plan.cache_clear()
             plan, fn = run_once(x, dims, warps)
@@ -77,8 +78,8 @@ def main() -> None:
             ms = events_ms(fn, dirty_flush, reps=30)
             frac = nbytes / ms / 1e6 / copy
             default_per_sm = defaults[2] if cols_case else defaults[1]
-            is_default = (tile, per_sm, min_col, warps) == (defaults[0][x.element_size()], default_per_sm, defaults[3],
-                                                            None)
+            el = x.element_size()
+            is_default = (tile, per_sm, min_col, warps) == (defaults[0][el], default_per_sm, defaults[3][el], None)
             results.append(dict(case=label, tile=tile, per_sm=per_sm, min_col=min_col, warps=plan.num_warps,
                                 grid=list(plan.grid), block_r=plan.block_r, block_i=plan.block_i, us=ms * 1e3,
                                 fraction=frac, default=is_default))

@@ -217,7 +217,7 @@ def test_split_orders(triton_backend, device, monkeypatch, interleave, shape, di
     from fuselab.ops import reduce as module
 
     monkeypatch.setattr(module, "_PLANNED", {})
-    monkeypatch.setattr(kernels, "INTERLEAVE_SPLITS", interleave)
+    monkeypatch.setattr(kernels, "INTERLEAVE_MIN_SPLIT", dict.fromkeys(("rows", "cols"), 2 if interleave else None))
     for name in ("INTERPRETER_TILE_BYTES", "ROW_TILE_BYTES"):
         monkeypatch.setattr(kernels, name, 256)
     monkeypatch.setattr(kernels, "TILE_BYTES", dict.fromkeys((2, 4, 8), 256))

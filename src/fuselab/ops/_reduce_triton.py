@@ -62,16 +62,21 @@ ROW_WARPS = 16
 #: the same for the cols kernel, which needs 40-48 registers (5-6 resident per SM; capping it at 32 spills): 4 per SM
 #: ran dim=0 of 8192x8192 / 65536x512 bf16 5-8% faster than 8
 COLS_PROGRAMS_PER_SM = 4
-#: narrowest column tile of the cols kernel: one 128-byte line per row
-MIN_COL_BYTES = 128
+#: narrowest column tile of the cols kernel, in bytes per row, by element size: the planner narrows the tile (more
+#: tiles, fewer splits) down to this. bf16: one 128-byte line; fp32: 1 KiB. H100, dim=0, A/B in alternating rounds
+#: (benchmarks/results/h100/probes/reduce_split_ab.txt): 10000² fp32 0.851 (512 B) -> 0.888 (1 KiB) of copy
+#: bandwidth; 8192² bf16 0.785 at 128 B, 0.59-0.62 at 1 KiB
+MIN_COL_BYTES = {2: 128, 4: 1024, 8: 1024}
 #: cache eviction hint of the input loads (read once), by element size. "evict_first" keeps the stream from
 #: displacing other L2 contents: after an L2 flush that wrote (do_bench's), the flush's dirty lines, whose
 #: write-back would otherwise share DRAM bandwidth with the read. On the H100 it lifts the 64-134 MB bf16 cases by
 #: 8-33% (benchmarks/sweeps/l2_probe.py) but costs the 0.4-1 GB fp32 ones 2-4%. "" is Triton's default policy.
 STREAM_EVICTION = {2: "evict_first", 4: "", 8: ""}
-#: the programs of a split reduction read the reduced axis interleaved (program s of S: blocks s, s+S, s+2S, ...)
-#: rather than in S contiguous chunks; see _chunk
-INTERLEAVE_SPLITS = True
+#: smallest split at which the programs of a split reduction read the reduced axis interleaved (program s of S: blocks
+#: s, s+S, s+2S, ...) rather than in S contiguous chunks (see _chunk), by kernel; None: never. Same A/B: dim=0 of
+#: 65536x512 bf16 (split 64) 0.636 -> 0.673; 10000² fp32 and 8192² bf16 (split 5-14) 1-8% slower interleaved, the
+#: rows kernel's all-element plans (split ~1024) 0.5-1.5% slower
+INTERLEAVE_MIN_SPLIT = {"rows": None, "cols": 16}
 #: widest column tile of the cols kernel (1 KiB rows on GPUs), and most rows per program of the rows
 #: kernel, as a fraction of the tile
 MAX_COL_FRACTION = 16
@@ -339,7 +344,7 @@ def _plan(kept: tuple[tuple[int, int], ...], red: tuple[int, int], elsize: int, 
                 break
         warps = ROW_WARPS if rows == 1 and block_r * elsize >= ROW_TILE_BYTES else 8 if rows * block_r >= 4096 else 4
         return ReducePlan("rows", O, I, R, s_o, s_i, s_r, block_r, rows, split, r_per_split, warps,
-                          split > 1 and INTERLEAVE_SPLITS)
+                          _interleave("rows", split))
     if len(kept) == 2:
         (O, s_o), (I, s_i) = kept
     else:
@@ -347,7 +352,7 @@ def _plan(kept: tuple[tuple[int, int], ...], red: tuple[int, int], elsize: int, 
     target = sms * cols_per_sm
     # widest column tile (≤ 1 KiB rows) that still leaves enough tiles to keep splits small
     block_i = min(next_power_of_2(I), max(1, tile // MAX_COL_FRACTION))
-    min_block_i = max(1, MIN_COL_BYTES // elsize)
+    min_block_i = max(1, MIN_COL_BYTES.get(elsize, 128) // elsize)
     while block_i > min_block_i and O * cdiv(I, block_i) < target // 8:
         block_i //= 2
     block_r = max(1, min(tile // block_i, next_power_of_2(R)))
@@ -355,7 +360,12 @@ def _plan(kept: tuple[tuple[int, int], ...], red: tuple[int, int], elsize: int, 
     split, r_per_split = _split(R, block_r, tiles, target)
     warps = 8 if block_r * block_i >= 4096 else 4
     return ReducePlan("cols", O, I, R, s_o, s_i, s_r, block_r, block_i, split, r_per_split, warps,
-                      split > 1 and INTERLEAVE_SPLITS)
+                      _interleave("cols", split))
+
+
+def _interleave(kind: str, split: int) -> bool:
+    threshold = INTERLEAVE_MIN_SPLIT[kind]
+    return split > 1 and threshold is not None and split >= threshold
 
 
 def _split(R: int, block_r: int, tiles: int, target: int) -> tuple[int, int]:
