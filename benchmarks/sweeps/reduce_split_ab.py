@@ -1,6 +1,6 @@
 """A/B of the split reductions' read order and column-tile width, alternating variants in rounds.
 
-    python3 benchmarks/sweeps/reduce_split_ab.py [--rounds 4]
+    python3 benchmarks/sweeps/reduce_split_ab.py [--rounds 4] [--cases all dim=0/65536]
 
 ``reduce_split_probe.py`` times each variant once; there, two runs of one configuration differed by 2-5%. Here
 each variant of a case is timed once per round, variants alternating, and the median over rounds is printed with
@@ -16,6 +16,7 @@ import _timing as timing  # benchmarks/sweeps/_timing.py
 import torch
 from reduce_split_probe import KNOBS, _order, _variant  # benchmarks/sweeps/reduce_split_probe.py
 
+from fuselab.ops import _launch
 from fuselab.ops import _reduce_triton as K
 from fuselab.reference import reduce as ref
 
@@ -36,27 +37,37 @@ VARIANTS = {  # name: knobs over the shipped ones
                                         MIN_COL_BYTES=dict.fromkeys((2, 4, 8), 1024)),
     "interleaved, 1 KiB column tiles": dict(INTERLEAVE_MIN_SPLIT=_order(True), MAX_COL_FRACTION=4,
                                             MIN_COL_BYTES=dict.fromkeys((2, 4, 8), 1024)),
-    # all-element plans: shorter programs (a shorter ramp-down at the end) against more tickets on one counter
-    "16 programs per SM": dict(PROGRAMS_PER_SM=16),
-    "32 programs per SM": dict(PROGRAMS_PER_SM=32),
-    "64 programs per SM": dict(PROGRAMS_PER_SM=64),
+    # all-element plans, interleaved, in whole waves: Nsight Compute (probes/reduce_ncu.txt) shows 40 registers per
+    # thread, so 3 of the 16-warp programs are resident per SM, and the shipped 8 per SM run 2.59 waves
+    **{f"interleaved, {n} programs per SM": dict(INTERLEAVE_MIN_SPLIT=_order(True), PROGRAMS_PER_SM=n)
+       for n in (3, 6, 9, 12)},
 }
+
+
+def _registers() -> int | None:
+    """Registers per thread of the kernel the last call compiled (the newest entry of the launch cache)."""
+    entries = list(_launch._COMPILED.values())
+    return getattr(entries[-1][0], "n_regs", None) if entries else None
 
 
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--rounds", type=int, default=4)
+    parser.add_argument("--cases", nargs="*", default=None, help="keep the cases whose label contains one of these")
     args = parser.parse_args()
     copy = timing.copy_gbps()
     print(f"# {torch.cuda.get_device_name()}  copy {copy:.0f} GB/s; fractions of it, median over {args.rounds} "
           "alternating rounds [min-max] (dirty flush | CUDA graph)")
     defaults = {name: getattr(K, name) for name in KNOBS}
     for label, shape, dtype, dim in CASES:
+        if args.cases and not any(c in label for c in args.cases):
+            continue
         x = torch.randn(shape, device="cuda", dtype=dtype)
         dims = ref.normalize_dims(x, dim)
         nbytes = x.numel() * x.element_size()
         variants = {name: _variant(x, dims, **{**defaults, **knobs}) for name, knobs in VARIANTS.items()
                     if ("column" not in name or dim == 0) and ("per SM" not in name or dim is None)}
+        regs = {name: _registers() for name, (_, fn) in variants.items() if fn() is None}
         dirty = {name: [] for name in variants}
         graph = {name: [] for name in variants}
         for _ in range(args.rounds):
@@ -66,8 +77,9 @@ def main() -> None:
         print(f"\n{label} {str(dtype)[6:]}")
         for name, (plan, _) in variants.items():
             d, g = dirty[name], graph[name]
-            print(f"  {statistics.median(d):.3f} [{min(d):.3f}-{max(d):.3f}] | {statistics.median(g):.3f}  {name:32s}"
-                  f" grid {plan.grid} block_r {plan.block_r} block_i {plan.block_i}", flush=True)
+            print(f"  {statistics.median(d):.3f} [{min(d):.3f}-{max(d):.3f}] | {statistics.median(g):.3f}  {name:36s}"
+                  f" grid {plan.grid} block_r {plan.block_r} block_i {plan.block_i} warps {plan.num_warps} "
+                  f"registers {regs.get(name)}", flush=True)
         _variant(x, dims, **defaults)
         del x, variants
 

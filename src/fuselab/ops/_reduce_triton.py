@@ -339,12 +339,11 @@ def _plan(kept: tuple[tuple[int, int], ...], red: tuple[int, int], elsize: int, 
             block_r = min(next_power_of_2(R), tile)
             rows = max(1, min(tile // block_r, tile // MAX_COL_FRACTION, next_power_of_2(O * I)))
             tiles = cdiv(O * I, rows)
-            split, r_per_split = _split(R, block_r, tiles, sms * rows_per_sm)
+            split, r_per_split, interleave = _split(R, block_r, tiles, sms * rows_per_sm, "rows")
             if split == 1:
                 break
         warps = ROW_WARPS if rows == 1 and block_r * elsize >= ROW_TILE_BYTES else 8 if rows * block_r >= 4096 else 4
-        return ReducePlan("rows", O, I, R, s_o, s_i, s_r, block_r, rows, split, r_per_split, warps,
-                          _interleave("rows", split))
+        return ReducePlan("rows", O, I, R, s_o, s_i, s_r, block_r, rows, split, r_per_split, warps, interleave)
     if len(kept) == 2:
         (O, s_o), (I, s_i) = kept
     else:
@@ -357,27 +356,27 @@ def _plan(kept: tuple[tuple[int, int], ...], red: tuple[int, int], elsize: int, 
         block_i //= 2
     block_r = max(1, min(tile // block_i, next_power_of_2(R)))
     tiles = O * cdiv(I, block_i)
-    split, r_per_split = _split(R, block_r, tiles, target)
+    split, r_per_split, interleave = _split(R, block_r, tiles, target, "cols")
     warps = 8 if block_r * block_i >= 4096 else 4
-    return ReducePlan("cols", O, I, R, s_o, s_i, s_r, block_r, block_i, split, r_per_split, warps,
-                      _interleave("cols", split))
+    return ReducePlan("cols", O, I, R, s_o, s_i, s_r, block_r, block_i, split, r_per_split, warps, interleave)
 
 
-def _interleave(kind: str, split: int) -> bool:
-    threshold = INTERLEAVE_MIN_SPLIT[kind]
-    return split > 1 and threshold is not None and split >= threshold
+def _split(R: int, block_r: int, tiles: int, target: int, kind: str) -> tuple[int, int, bool]:
+    """``(split, r_per_split, interleave)``: chunks of the reduced axis so that ``tiles·split`` ≈ ``target`` programs.
 
-
-def _split(R: int, block_r: int, tiles: int, target: int) -> tuple[int, int]:
-    """Chunks of the reduced axis so ``tiles·split`` ≈ ``target`` programs; each chunk a multiple of ``block_r``."""
+    Contiguous chunks are each a multiple of ``block_r`` (so the split is rounded to what they allow); interleaved
+    splits (from ``INTERLEAVE_MIN_SPLIT[kind]`` up) keep the split exactly and deal the blocks out one by one."""
     if tiles >= target or block_r * 2 >= R:
-        return 1, R
+        return 1, R, False
     split = min(cdiv(target, tiles), cdiv(R, block_r))
+    threshold = INTERLEAVE_MIN_SPLIT[kind]
+    if threshold is not None and split >= max(threshold, 2):
+        return split, cdiv(R, split), True  # r_per_split: unused by an interleaved plan
     r_per_split = cdiv(cdiv(R, split), block_r) * block_r
     split = cdiv(R, r_per_split)
     if split <= 1:
-        return 1, R
-    return split, r_per_split
+        return 1, R, False
+    return split, r_per_split, False
 
 
 def workspace_numel(plan: ReducePlan) -> int:
