@@ -37,11 +37,11 @@ VARIANTS = {  # name: knobs over the shipped ones
                                         MIN_COL_BYTES=dict.fromkeys((2, 4, 8), 1024)),
     "interleaved, 1 KiB column tiles": dict(INTERLEAVE_MIN_SPLIT=_order(True), MAX_COL_FRACTION=4,
                                             MIN_COL_BYTES=dict.fromkeys((2, 4, 8), 1024)),
-    # shorter programs: more of them, each counter serializing at most TICKET_GROUP atomics (two levels of tickets),
-    # against one level (n_split atomics on one counter: 8 per SM was the most that did not lose, reduce_split_ab.txt)
-    **{f"{'one level' if group == 0 else f'groups of {group}'}, {n} programs per SM":
-       dict(TICKET_GROUP=group, PROGRAMS_PER_SM=n, COLS_PROGRAMS_PER_SM=n // 2)
-       for group in (0, 32) for n in (16, 32, 64)},
+    # all-element plans in whole waves: Nsight Compute (probes/reduce_ncu.txt) shows 40 registers per thread, so 3 of
+    # the 16-warp programs are resident per SM and the shipped 8 per SM run 2.59 waves. Interleaved, the kernel takes
+    # 46 registers (2 resident: probes/reduce_waves_ab.txt), so the whole-wave grids are timed in chunked order
+    **{f"chunked, {n} programs per SM": dict(INTERLEAVE_MIN_SPLIT=_order(False), PROGRAMS_PER_SM=n)
+       for n in (3, 6, 9, 12)},
 }
 
 
@@ -69,7 +69,7 @@ def main() -> None:
         dims = ref.normalize_dims(x, dim)
         nbytes = x.numel() * x.element_size()
         variants = {name: _variant(x, dims, **{**defaults, **knobs}) for name, knobs in VARIANTS.items()
-                    if "column" not in name or dim == 0}
+                    if ("column" not in name or dim == 0) and ("per SM" not in name or dim is None)}
         regs = {name: _registers(fn) for name, (_, fn) in variants.items()}
         dirty = {name: [] for name in variants}
         graph = {name: [] for name in variants}

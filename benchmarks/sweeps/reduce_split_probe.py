@@ -34,8 +34,8 @@ CASES = [  # label, shape, dtype, dim
     ("dim=0/65536x512", (65536, 512), torch.bfloat16, 0),
     ("dim=-1/8192x8192", (8192, 8192), torch.bfloat16, -1),  # the unsplit reference read of the same bytes
 ]
-KNOBS = ("INTERLEAVE_MIN_SPLIT", "TICKET_GROUP", "PROGRAMS_PER_SM", "COLS_PROGRAMS_PER_SM", "MAX_COL_FRACTION",
-         "MIN_COL_BYTES", "TILE_BYTES")
+KNOBS = ("INTERLEAVE_MIN_SPLIT", "PROGRAMS_PER_SM", "COLS_PROGRAMS_PER_SM", "MAX_COL_FRACTION", "MIN_COL_BYTES",
+         "TILE_BYTES")
 
 
 def _variant(x: torch.Tensor, dims: tuple[int, ...], **knobs):

@@ -208,19 +208,16 @@ SPLIT_CASES = [((1000,), None, "dense"), ((3000,), 0, "dense"), ((63, 1001), Non
                ((3001, 7), 0, "column-major"), ((9, 10001), 1, "every-other")]
 
 
-@pytest.mark.parametrize("group", [0, 3], ids=["one-ticket-level", "groups-of-3"])
 @pytest.mark.parametrize("interleave", [True, False], ids=["interleaved", "chunked"])
 @pytest.mark.parametrize("shape,dim,view", SPLIT_CASES, ids=str)
-def test_split_orders(triton_backend, device, monkeypatch, interleave, group, shape, dim, view):
-    """Both orders in which split programs read the reduced axis (interleaved blocks, contiguous chunks) and both
-    ticket schemes (one counter per tile; groups of splits, then the groups) match float64, with tiles small enough
-    for many splits, a ragged last block (owned, when interleaved, by the last program or one in the middle) and,
-    with groups, a ragged last group. Two runs give the same bits."""
+def test_split_orders(triton_backend, device, monkeypatch, interleave, shape, dim, view):
+    """Both orders in which split programs read the reduced axis (interleaved blocks, contiguous chunks) match
+    float64, with tiles small enough for many splits and a ragged last block (owned, when interleaved, by the last
+    program or one in the middle, depending on the case)."""
     from fuselab.ops import reduce as module
 
     monkeypatch.setattr(module, "_PLANNED", {})
     monkeypatch.setattr(kernels, "INTERLEAVE_MIN_SPLIT", dict.fromkeys(("rows", "cols"), 2 if interleave else None))
-    monkeypatch.setattr(kernels, "TICKET_GROUP", group)
     for name in ("INTERPRETER_TILE_BYTES", "ROW_TILE_BYTES"):
         monkeypatch.setattr(kernels, name, 256)
     monkeypatch.setattr(kernels, "TILE_BYTES", dict.fromkeys((2, 4, 8), 256))
@@ -234,10 +231,8 @@ def test_split_orders(triton_backend, device, monkeypatch, interleave, group, sh
         src, kept, red = kernels.prepare(x, tuple(range(x.dim())) if dim is None else (dim,))
         plan = kernels.plan_reduction(src, kept, red)
         assert plan.split > 2 and plan.R % plan.block_r and plan.interleave == interleave, plan
-        assert plan.n_groups == (-(-plan.split // group) if group else 0), plan
         for op in OPS:
-            first = _check(x, dim, False, op)
-            assert torch.equal(first, OPS[op][0](x, dim))
+            _check(x, dim, False, op)
     finally:
         kernels._plan.cache_clear()
 
