@@ -33,7 +33,7 @@ profile() {  # op provider dtype mode name [shape]
 pack() { tar czf "$OUT/results.tgz" "$RES" "$LOG" 2>/dev/null; }  # after every stage: a killed run keeps its results
 for stage in "$@"; do
   case "$stage" in
-    tests) run timeout 330 python3 -m pytest -q -p no:cacheprovider --timeout 300 tests ;;
+    tests) run timeout 480 python3 -m pytest -q -p no:cacheprovider --timeout 300 tests ;;
     cudatests) run timeout 330 python3 -m pytest -q -p no:cacheprovider --timeout 300 tests/test_nn.py \
       tests/ops/test_bias_act.py tests/bench/test_suites.py -k "cuda or mlp" ;;
     lab)
