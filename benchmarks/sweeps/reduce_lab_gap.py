@@ -18,6 +18,7 @@ from torch.profiler import ProfilerActivity, profile
 from triton.testing import do_bench
 
 import fuselab
+from fuselab.ops import _reduce_plan as P
 from fuselab.ops import _reduce_triton as K
 from fuselab.reference import reduce as ref
 
@@ -30,10 +31,10 @@ def summary(label: str, fn) -> None:
 def probe(shape: tuple[int, int], dim: int | None) -> None:
     x = torch.randn(shape, device="cuda", dtype=torch.bfloat16 if shape[0] != 10000 else torch.float32)
     dims = ref.normalize_dims(x, dim)
-    src, kept, red = K.prepare(x, dims)
-    plan = K.plan_reduction(src, kept, red)
+    src, kept, red = P.prepare(x, dims)
+    plan = P.plan_reduction(src, kept, red)
     out = torch.empty(plan.K, dtype=x.dtype, device="cuda")
-    n = K.workspace_numel(plan)
+    n = P.workspace_numel(plan)
     ws = torch.empty(n, dtype=torch.float32, device="cuda") if n else None
     public = (lambda: fuselab.mean(x)) if dim is None else (lambda: fuselab.mean(x, dim))
     print(f"\n{shape} dim={dim}: plan grid {plan.grid} warps {plan.num_warps} block_r {plan.block_r}")

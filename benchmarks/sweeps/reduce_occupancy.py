@@ -22,7 +22,7 @@ import triton
 from triton.testing import do_bench
 
 import fuselab
-from fuselab.ops import _launch, _reduce_triton
+from fuselab.ops import _launch, _reduce_plan, _reduce_triton
 from fuselab.ops import reduce as reduce_ops
 
 CASES = (((10000, 10000), torch.float32, None), ((2**28,), torch.float32, None), ((8192, 8192), torch.bfloat16, None),
@@ -55,14 +55,14 @@ def main() -> None:
     inputs = [(torch.randn(shape, device="cuda").add_(1.0).to(dtype), dim) for shape, dtype, dim in CASES]
     for per_sm in (8, 4):
         for maxnreg in (None, 32):
-            _reduce_triton.PROGRAMS_PER_SM = _reduce_triton.COLS_PROGRAMS_PER_SM = per_sm
+            _reduce_plan.PROGRAMS_PER_SM = _reduce_plan.COLS_PROGRAMS_PER_SM = per_sm
             _reduce_triton.launch_kernel = with_maxnreg(maxnreg)
             _launch._COMPILED.clear()
             reduce_ops._PLANNED.clear()  # plans are cached per shape: replan with this PROGRAMS_PER_SM
             for (shape, dtype, dim), (x, _) in zip(CASES, inputs):
                 t = do_bench(functools.partial(mean, x, dim), return_mode="median") * 1e3
                 compiled = [entry[0] for entry in _launch._COMPILED.values()][-1]
-                plan = _reduce_triton.plan_reduction(*_plan_args(x, dim))
+                plan = _reduce_plan.plan_reduction(*_plan_args(x, dim))
                 gbps = x.numel() * x.element_size() / t / 1e6
                 print(f"per_sm={per_sm} maxnreg={maxnreg or '-':<3} mean {'all' if dim is None else dim:>3} "
                       f"{shape!s:14s} {str(dtype)[6:]:8s} {t:7.1f} us  {gbps:6.0f} "
@@ -73,7 +73,7 @@ def main() -> None:
 
 def _plan_args(x, dim):
     dims = tuple(range(x.dim())) if dim is None else (dim % x.dim(),)
-    x2, kept, red = _reduce_triton.prepare(x, dims)
+    x2, kept, red = _reduce_plan.prepare(x, dims)
     return x2, kept, red
 
 

@@ -20,6 +20,7 @@ import torch
 from reduce_sweep import run_once  # benchmarks/sweeps/reduce_sweep.py: a fixed plan and its call
 
 from fuselab.ops import _launch
+from fuselab.ops import _reduce_plan as P
 from fuselab.ops import _reduce_triton as K
 from fuselab.reference import reduce as ref
 
@@ -35,11 +36,11 @@ CASES = [  # label, shape, dtype, dim
 
 def _variant(x, dims, maxnreg, warps, tile, evict, per_sm, row_tile):
     K.ROWS_MAXNREG = maxnreg
-    K.PROGRAMS_PER_SM = per_sm
-    K.TILE_BYTES = dict.fromkeys((2, 4, 8), tile)
-    K.ROW_TILE_BYTES = row_tile
+    P.PROGRAMS_PER_SM = per_sm
+    P.TILE_BYTES = dict.fromkeys((2, 4, 8), tile)
+    P.ROW_TILE_BYTES = row_tile
     K.STREAM_EVICTION = dict.fromkeys((2, 4, 8), evict)
-    K._plan.cache_clear()
+    P._plan.cache_clear()
     _launch._COMPILED.clear()
     plan, fn = run_once(x, dims, warps)
     fn()
@@ -69,14 +70,14 @@ def probe(label: str, shape: tuple, dtype: torch.dtype, dim: int | None, copy: f
                              (defaults[3], defaults[3] // 2) if dim is None else (defaults[3],))
     for maxnreg, warps, tile, evict, per_sm in grid:
         plan, fn = _variant(x, dims, maxnreg, warps, tile, evict, per_sm, tile)
-        if warps is not None and warps == K.plan_reduction(*K.prepare(x, dims)).num_warps:
+        if warps is not None and warps == P.plan_reduction(*P.prepare(x, dims)).num_warps:
             continue  # the planner's own choice, timed as warps None
         name = (f"maxnreg {maxnreg:3d} warps {plan.num_warps:2d} tile {tile:5d} evict {evict or '-':11s} "
                 f"per_sm {per_sm} grid {plan.grid}")
         rows.append((name, frac(timing.events_ms(fn, timing.dirty_flush)), frac(timing.graph_ms(fn))))
-    K.ROWS_MAXNREG, K.TILE_BYTES, K.STREAM_EVICTION = defaults[0], dict(defaults[1]), dict(defaults[2])
-    K.PROGRAMS_PER_SM, K.ROW_TILE_BYTES = defaults[3], defaults[4]
-    K._plan.cache_clear()
+    K.ROWS_MAXNREG, P.TILE_BYTES, K.STREAM_EVICTION = defaults[0], dict(defaults[1]), dict(defaults[2])
+    P.PROGRAMS_PER_SM, P.ROW_TILE_BYTES = defaults[3], defaults[4]
+    P._plan.cache_clear()
     _launch._COMPILED.clear()
     print(f"\n{label} {str(dtype)[6:]} ({nbytes / 1e6:.0f} MB)")
     for name, dirty, graph in sorted(rows, key=lambda r: -r[1])[:12]:
@@ -88,7 +89,7 @@ def probe(label: str, shape: tuple, dtype: torch.dtype, dim: int | None, copy: f
 def main() -> None:
     copy = timing.copy_gbps()
     print(f"# {torch.cuda.get_device_name()}  copy {copy:.0f} GB/s; fractions of it (dirty flush | CUDA graph)")
-    defaults = (K.ROWS_MAXNREG, dict(K.TILE_BYTES), dict(K.STREAM_EVICTION), K.PROGRAMS_PER_SM, K.ROW_TILE_BYTES)
+    defaults = (K.ROWS_MAXNREG, dict(P.TILE_BYTES), dict(K.STREAM_EVICTION), P.PROGRAMS_PER_SM, P.ROW_TILE_BYTES)
     for case in CASES:
         probe(*case, copy, defaults)
 

@@ -17,7 +17,7 @@ import torch
 from reduce_split_probe import KNOBS, _order, _variant  # benchmarks/sweeps/reduce_split_probe.py
 
 from fuselab.ops import _launch
-from fuselab.ops import _reduce_triton as K
+from fuselab.ops import _reduce_plan as P
 from fuselab.reference import reduce as ref
 
 CASES = [  # label, shape, dtype, dim
@@ -61,7 +61,7 @@ def main() -> None:
     copy = timing.copy_gbps()
     print(f"# {torch.cuda.get_device_name()}  copy {copy:.0f} GB/s; fractions of it, median over {args.rounds} "
           "alternating rounds [min-max] (dirty flush | CUDA graph)")
-    defaults = {name: getattr(K, name) for name in KNOBS}
+    defaults = {name: getattr(P, name) for name in KNOBS}
     for label, shape, dtype, dim in CASES:
         if args.cases and not any(c in label for c in args.cases):
             continue

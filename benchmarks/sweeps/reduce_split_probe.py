@@ -22,7 +22,7 @@ import torch
 from reduce_sweep import run_once  # benchmarks/sweeps/reduce_sweep.py: a fixed plan and its call
 
 from fuselab.ops import _launch
-from fuselab.ops import _reduce_triton as K
+from fuselab.ops import _reduce_plan as P
 from fuselab.reference import reduce as ref
 
 CASES = [  # label, shape, dtype, dim
@@ -40,8 +40,8 @@ KNOBS = ("INTERLEAVE_MIN_SPLIT", "PROGRAMS_PER_SM", "COLS_PROGRAMS_PER_SM", "MAX
 
 def _variant(x: torch.Tensor, dims: tuple[int, ...], **knobs):
     for name, value in knobs.items():
-        setattr(K, name, value)
-    K._plan.cache_clear()
+        setattr(P, name, value)
+    P._plan.cache_clear()
     _launch._COMPILED.clear()
     plan, fn = run_once(x, dims, None)
     fn()
@@ -110,7 +110,7 @@ def main() -> None:
     args = parser.parse_args()
     copy = timing.copy_gbps()
     print(f"# {torch.cuda.get_device_name()}  copy {copy:.0f} GB/s; fractions of it (dirty flush | CUDA graph)")
-    defaults = {name: getattr(K, name) for name in KNOBS}
+    defaults = {name: getattr(P, name) for name in KNOBS}
     for case in CASES:
         if args.cases is None or any(c in case[0] for c in args.cases):
             probe(*case, copy, defaults)

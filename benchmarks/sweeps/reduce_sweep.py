@@ -21,6 +21,7 @@ import json
 import torch
 from _timing import copy_gbps, dirty_flush, events_ms
 
+from fuselab.ops import _reduce_plan as P
 from fuselab.ops import _reduce_triton as K
 from fuselab.reference import reduce as ref
 
@@ -38,12 +39,12 @@ CASES = [  # (label, shape, dtype, dim)
 
 
 def run_once(x: torch.Tensor, dims: tuple[int, ...], warps: int | None):
-    src, kept, red = K.prepare(x, dims)
-    plan = K.plan_reduction(src, kept, red)
+    src, kept, red = P.prepare(x, dims)
+    plan = P.plan_reduction(src, kept, red)
     if warps is not None:
         plan = dataclasses.replace(plan, num_warps=warps)
     out = torch.empty(plan.K, dtype=x.dtype, device=x.device)
-    n = K.workspace_numel(plan)
+    n = P.workspace_numel(plan)
     ws = torch.empty(n, dtype=torch.float32, device=x.device) if n else None
     return plan, lambda: K.reduce_into(src, dims, out, ws, plan=plan, is_mean=True)
 
@@ -55,7 +56,7 @@ def main() -> None:
     args = parser.parse_args()
     copy = copy_gbps()
     print(f"device {torch.cuda.get_device_name()}  copy {copy:.0f} GB/s", flush=True)
-    defaults = (dict(K.TILE_BYTES), K.PROGRAMS_PER_SM, K.COLS_PROGRAMS_PER_SM, dict(K.MIN_COL_BYTES), K.ROW_TILE_BYTES)
+    defaults = (dict(P.TILE_BYTES), P.PROGRAMS_PER_SM, P.COLS_PROGRAMS_PER_SM, dict(P.MIN_COL_BYTES), P.ROW_TILE_BYTES)
     rows = []
     for label, shape, dtype, dim in CASES:
         if args.cases and not any(c in f"{label} {str(dtype)[6:]}" for c in args.cases):
@@ -68,10 +69,10 @@ def main() -> None:
                                  (None, 4, 8, 16))
         results = []
         for tile, per_sm, min_col, warps in grid:
-            K.TILE_BYTES, K.ROW_TILE_BYTES = dict.fromkeys((2, 4, 8), tile), tile
-            K.MIN_COL_BYTES = dict.fromkeys((2, 4, 8), min_col)
-            K.PROGRAMS_PER_SM = K.COLS_PROGRAMS_PER_SM = per_sm
-            K._plan.cache_clear()
+            P.TILE_BYTES, P.ROW_TILE_BYTES = dict.fromkeys((2, 4, 8), tile), tile
+            P.MIN_COL_BYTES = dict.fromkeys((2, 4, 8), min_col)
+            P.PROGRAMS_PER_SM = P.COLS_PROGRAMS_PER_SM = per_sm
+            P._plan.cache_clear()
             plan, fn = run_once(x, dims, warps)
             if warps is not None and warps == plan.num_warps:
                 continue
@@ -83,8 +84,8 @@ def main() -> None:
             results.append(dict(case=label, tile=tile, per_sm=per_sm, min_col=min_col, warps=plan.num_warps,
                                 grid=list(plan.grid), block_r=plan.block_r, block_i=plan.block_i, us=ms * 1e3,
                                 fraction=frac, default=is_default))
-        K.TILE_BYTES, K.PROGRAMS_PER_SM, K.COLS_PROGRAMS_PER_SM, K.MIN_COL_BYTES, K.ROW_TILE_BYTES = defaults
-        K._plan.cache_clear()
+        P.TILE_BYTES, P.PROGRAMS_PER_SM, P.COLS_PROGRAMS_PER_SM, P.MIN_COL_BYTES, P.ROW_TILE_BYTES = defaults
+        P._plan.cache_clear()
         results.sort(key=lambda r: -r["fraction"])
         default = next(r for r in results if r["default"])
         print(f"{label:20s} {dtype}  default {default['fraction']:.3f} ({default['us']:.1f} us, grid {default['grid']},"

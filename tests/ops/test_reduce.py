@@ -11,6 +11,7 @@ import fuselab
 from fuselab.backend import forced
 from fuselab.bench.check import check
 from fuselab.bench.spec import CaseQuery
+from fuselab.ops import _reduce_plan as planner
 from fuselab.ops import _reduce_triton as kernels
 from fuselab.testing import assert_close
 
@@ -100,10 +101,10 @@ def test_strided_read_in_place(device):
     base = torch.randn(40, 57, device=device)
     for x, dims in [(base.t(), (0,)), (base.t(), (0, 1)), (base[:, ::2], (1,)), (base[::3], (0,)),
                     (base.view(4, 10, 3, 19).permute(2, 0, 3, 1), (1, 3))]:
-        src, _, _ = kernels.prepare(x, dims)
+        src, _, _ = planner.prepare(x, dims)
         assert src.data_ptr() == x.data_ptr() and src.stride() == x.stride()
     x = torch.randn(4, 5, 6, device=device)  # dims (0, 2) cannot merge: one documented copy
-    src, _, _ = kernels.prepare(x, (0, 2))
+    src, _, _ = planner.prepare(x, (0, 2))
     assert src.is_contiguous() and src.shape == (5, 4, 6)
 
 
@@ -196,8 +197,8 @@ def test_split_plans_are_exercised(device):
     kinds = set()
     for shape, dims in cases:
         x = torch.empty(shape, device=device)
-        src, kept, red = kernels.prepare(x, dims)
-        plan = kernels.plan_reduction(src, kept, red)
+        src, kept, red = planner.prepare(x, dims)
+        plan = planner.plan_reduction(src, kept, red)
         if plan.split > 1:
             kinds.add(plan.kind)
         assert plan.grid[0] * plan.grid[1] <= 64 or device.type == "cuda"
@@ -217,24 +218,24 @@ def test_split_orders(triton_backend, device, monkeypatch, interleave, shape, di
     from fuselab.ops import reduce as module
 
     monkeypatch.setattr(module, "_PLANNED", {})
-    monkeypatch.setattr(kernels, "INTERLEAVE_MIN_SPLIT", dict.fromkeys(("rows", "cols"), 2 if interleave else None))
+    monkeypatch.setattr(planner, "INTERLEAVE_MIN_SPLIT", dict.fromkeys(("rows", "cols"), 2 if interleave else None))
     for name in ("INTERPRETER_TILE_BYTES", "ROW_TILE_BYTES"):
-        monkeypatch.setattr(kernels, name, 256)
-    monkeypatch.setattr(kernels, "TILE_BYTES", dict.fromkeys((2, 4, 8), 256))
-    kernels._plan.cache_clear()
+        monkeypatch.setattr(planner, name, 256)
+    monkeypatch.setattr(planner, "TILE_BYTES", dict.fromkeys((2, 4, 8), 256))
+    planner._plan.cache_clear()
     try:
         x = torch.randn(shape, device=device)
         if view == "column-major":  # the rows kernel (reduced axis contiguous), kept axis strided
             x = x.t().contiguous().t()
         elif view == "every-other":  # the rows kernel over a strided reduced axis
             x = x[:, ::2]
-        src, kept, red = kernels.prepare(x, tuple(range(x.dim())) if dim is None else (dim,))
-        plan = kernels.plan_reduction(src, kept, red)
+        src, kept, red = planner.prepare(x, tuple(range(x.dim())) if dim is None else (dim,))
+        plan = planner.plan_reduction(src, kept, red)
         assert plan.split > 2 and plan.R % plan.block_r and plan.interleave == interleave, plan
         for op in OPS:
             _check(x, dim, False, op)
     finally:
-        kernels._plan.cache_clear()
+        planner._plan.cache_clear()
 
 
 # ---------------------------------------------------------------- int64 offsets

@@ -1,6 +1,7 @@
 """Deterministic ``sum`` and ``mean`` over any axes, at the memory roofline.
 
-Layers: Triton kernels and the out-param launcher (:mod:`fuselab.ops._reduce_triton`) -> the allocating
+Layers: the planner (:mod:`fuselab.ops._reduce_plan`: kernel, tiles, split) and the Triton kernels with their
+out-param launcher (:mod:`fuselab.ops._reduce_triton`) -> the allocating
 op :func:`_reduce_alloc` -> ``torch.library.custom_op`` ``fuselab::reduce`` with a fake kernel and
 ``register_autograd`` (the gradient is a broadcast, scaled by ``1/n`` for the mean) -> the public
 :func:`sum` and :func:`mean`. Tensors that are not on CUDA take the pure-PyTorch path
@@ -26,20 +27,21 @@ Dim = ref.Dim
 def _plan_call(x: torch.Tensor, dims: tuple[int, ...], keepdim: bool, out_dtype: torch.dtype) -> tuple:
     """(the tensor the kernels read: ``x`` or its one layout copy, (output shape, output dtype, plan,
     accumulation dtype))."""
-    from fuselab.ops import _reduce_triton as kernels
+    from fuselab.ops import _reduce_plan as planner
 
-    src, kept, red = kernels.prepare(x, dims)
-    return src, (ref.output_shape(x, dims, keepdim), out_dtype, kernels.plan_reduction(src, kept, red),
+    src, kept, red = planner.prepare(x, dims)
+    return src, (ref.output_shape(x, dims, keepdim), out_dtype, planner.plan_reduction(src, kept, red),
                  ref.accumulate_dtype(x.dtype, out_dtype))
 
 
 def _run_planned(src: torch.Tensor, dims: tuple[int, ...], planned: tuple, is_mean: bool) -> torch.Tensor:
     """Allocate the output (contiguous) and, for split reductions, the partials workspace; launch."""
+    from fuselab.ops import _reduce_plan as planner
     from fuselab.ops import _reduce_triton as kernels
 
     out_shape, out_dtype, plan, acc = planned
     out = torch.empty(out_shape, dtype=out_dtype, device=src.device)
-    n = kernels.workspace_numel(plan)
+    n = planner.workspace_numel(plan)
     workspace = scratch(src.device, (n,), acc) if n else None  # written before it is read: per-stream scratch
     kernels.reduce_into(src, dims, out, workspace, plan=plan, is_mean=is_mean)
     return out
