@@ -17,12 +17,11 @@ import itertools
 
 import _timing as timing  # benchmarks/sweeps/_timing.py
 import torch
-from reduce_sweep import run_once  # benchmarks/sweeps/reduce_sweep.py: a fixed plan and its call
+from reduce_sweep import case_input, run_once  # benchmarks/sweeps/reduce_sweep.py: a case's input; a fixed plan
 
 from fuselab.ops import _launch
 from fuselab.ops import _reduce_plan as P
 from fuselab.ops import _reduce_triton as K
-from fuselab.reference import reduce as ref
 
 CASES = [  # label, shape, dtype, dim
     ("dim=-1/10000x10000", (10000, 10000), torch.float32, -1),
@@ -49,12 +48,7 @@ def _variant(x, dims, maxnreg, warps, tile, evict, per_sm, row_tile):
 
 
 def probe(label: str, shape: tuple, dtype: torch.dtype, dim: int | None, copy: float, defaults: tuple) -> None:
-    x = torch.randn(shape, device="cuda", dtype=dtype)
-    dims = ref.normalize_dims(x, dim)
-    nbytes = x.numel() * x.element_size()
-
-    def frac(ms: float) -> float:
-        return nbytes / ms / 1e6 / copy
+    x, dims, frac = case_input(shape, dtype, dim, copy)
 
     compiled = torch.compile(lambda t: torch.mean(t) if dim is None else torch.mean(t, dim))
     compiled(x)
@@ -79,7 +73,7 @@ def probe(label: str, shape: tuple, dtype: torch.dtype, dim: int | None, copy: f
     P.PROGRAMS_PER_SM, P.ROW_TILE_BYTES = defaults[3], defaults[4]
     P._plan.cache_clear()
     _launch._COMPILED.clear()
-    print(f"\n{label} {str(dtype)[6:]} ({nbytes / 1e6:.0f} MB)")
+    print(f"\n{label} {str(dtype)[6:]} ({x.numel() * x.element_size() / 1e6:.0f} MB)")
     for name, dirty, graph in sorted(rows, key=lambda r: -r[1])[:12]:
         print(f"  {dirty:.3f} | {graph:.3f}  {name}")
     shipped = next(r for r in rows if r[0].startswith("shipped"))

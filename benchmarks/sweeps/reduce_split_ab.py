@@ -15,10 +15,10 @@ import statistics
 import _timing as timing  # benchmarks/sweeps/_timing.py
 import torch
 from reduce_split_probe import KNOBS, _order, _variant  # benchmarks/sweeps/reduce_split_probe.py
+from reduce_sweep import case_input  # benchmarks/sweeps/reduce_sweep.py
 
 from fuselab.ops import _launch
 from fuselab.ops import _reduce_plan as P
-from fuselab.reference import reduce as ref
 
 CASES = [  # label, shape, dtype, dim
     ("dim=0/10000x10000", (10000, 10000), torch.float32, 0),
@@ -65,9 +65,7 @@ def main() -> None:
     for label, shape, dtype, dim in CASES:
         if args.cases and not any(c in label for c in args.cases):
             continue
-        x = torch.randn(shape, device="cuda", dtype=dtype)
-        dims = ref.normalize_dims(x, dim)
-        nbytes = x.numel() * x.element_size()
+        x, dims, frac = case_input(shape, dtype, dim, copy)
         variants = {name: _variant(x, dims, **{**defaults, **knobs}) for name, knobs in VARIANTS.items()
                     if ("column" not in name or dim == 0) and ("per SM" not in name or dim is None)}
         regs = {name: _registers(fn) for name, (_, fn) in variants.items()}
@@ -75,8 +73,8 @@ def main() -> None:
         graph = {name: [] for name in variants}
         for _ in range(args.rounds):
             for name, (_, fn) in variants.items():
-                dirty[name].append(nbytes / timing.events_ms(fn, timing.dirty_flush) / 1e6 / copy)
-                graph[name].append(nbytes / timing.graph_ms(fn) / 1e6 / copy)
+                dirty[name].append(frac(timing.events_ms(fn, timing.dirty_flush)))
+                graph[name].append(frac(timing.graph_ms(fn)))
         print(f"\n{label} {str(dtype)[6:]}")
         for name, (plan, _) in variants.items():
             d, g = dirty[name], graph[name]

@@ -19,11 +19,10 @@ import itertools
 
 import _timing as timing  # benchmarks/sweeps/_timing.py
 import torch
-from reduce_sweep import run_once  # benchmarks/sweeps/reduce_sweep.py: a fixed plan and its call
+from reduce_sweep import case_input, run_once  # benchmarks/sweeps/reduce_sweep.py: a case's input; a fixed plan
 
 from fuselab.ops import _launch
 from fuselab.ops import _reduce_plan as P
-from fuselab.reference import reduce as ref
 
 CASES = [  # label, shape, dtype, dim
     ("all/8192x8192", (8192, 8192), torch.bfloat16, None),
@@ -71,12 +70,7 @@ def _variants(dim: int | None, elsize: int, defaults: dict):
 
 
 def probe(label: str, shape: tuple, dtype: torch.dtype, dim: int | None, copy: float, defaults: dict) -> None:
-    x = torch.randn(shape, device="cuda", dtype=dtype)
-    dims = ref.normalize_dims(x, dim)
-    nbytes = x.numel() * x.element_size()
-
-    def frac(ms: float) -> float:
-        return nbytes / ms / 1e6 / copy
+    x, dims, frac = case_input(shape, dtype, dim, copy)
 
     def eager(t):
         return torch.mean(t) if dim is None else torch.mean(t, dim)
@@ -96,7 +90,7 @@ def probe(label: str, shape: tuple, dtype: torch.dtype, dim: int | None, copy: f
         rows.append((f"{name} | grid {plan.grid} block_r {plan.block_r} block_i {plan.block_i}",
                      frac(timing.events_ms(fn, timing.dirty_flush)), frac(timing.graph_ms(fn))))
     _variant(x, dims, **defaults)
-    print(f"\n{label} {str(dtype)[6:]} ({nbytes / 1e6:.0f} MB)")
+    print(f"\n{label} {str(dtype)[6:]} ({x.numel() * x.element_size() / 1e6:.0f} MB)")
     for name, dirty, graph in sorted(rows, key=lambda r: -r[1])[:14]:
         print(f"  {dirty:.3f} | {graph:.3f}  {name}")
     for name, dirty, graph in rows[:3]:

@@ -38,6 +38,13 @@ CASES = [  # (label, shape, dtype, dim)
 ]
 
 
+def case_input(shape: tuple, dtype: torch.dtype, dim: int | None, copy: float):
+    """A reduce case's fresh random input, its reduced dims, and ms -> fraction of ``copy`` GB/s for its bytes."""
+    x = torch.randn(shape, device="cuda", dtype=dtype)
+    nbytes = x.numel() * x.element_size()
+    return x, ref.normalize_dims(x, dim), lambda ms: nbytes / ms / 1e6 / copy
+
+
 def run_once(x: torch.Tensor, dims: tuple[int, ...], warps: int | None):
     src, kept, red = P.prepare(x, dims)
     plan = P.plan_reduction(src, kept, red)
@@ -61,9 +68,7 @@ def main() -> None:
     for label, shape, dtype, dim in CASES:
         if args.cases and not any(c in f"{label} {str(dtype)[6:]}" for c in args.cases):
             continue
-        x = torch.randn(shape, device="cuda", dtype=dtype)
-        dims = ref.normalize_dims(x, dim)
-        nbytes = x.numel() * x.element_size()
+        x, dims, fraction = case_input(shape, dtype, dim, copy)
         cols_case = dim == 0
         grid = itertools.product((4096, 8192, 16384, 32768), (4, 8, 16), (128, 512, 1024) if cols_case else (128,),
                                  (None, 4, 8, 16))
@@ -77,7 +82,7 @@ def main() -> None:
             if warps is not None and warps == plan.num_warps:
                 continue
             ms = events_ms(fn, dirty_flush, reps=30)
-            frac = nbytes / ms / 1e6 / copy
+            frac = fraction(ms)
             default_per_sm = defaults[2] if cols_case else defaults[1]
             el = x.element_size()
             is_default = (tile, per_sm, min_col, warps) == (defaults[0][el], default_per_sm, defaults[3][el], None)
