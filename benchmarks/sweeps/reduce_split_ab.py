@@ -14,11 +14,10 @@ import statistics
 
 import _timing as timing  # benchmarks/sweeps/_timing.py
 import torch
-from reduce_split_probe import KNOBS, _order, _variant  # benchmarks/sweeps/reduce_split_probe.py
+from reduce_split_probe import KNOBS, _home, _order, _variant  # benchmarks/sweeps/reduce_split_probe.py
 from reduce_sweep import case_input  # benchmarks/sweeps/reduce_sweep.py
 
 from fuselab.ops import _launch
-from fuselab.ops import _reduce_plan as P
 
 CASES = [  # label, shape, dtype, dim
     ("dim=0/10000x10000", (10000, 10000), torch.float32, 0),
@@ -37,11 +36,10 @@ VARIANTS = {  # name: knobs over the shipped ones
                                         MIN_COL_BYTES=dict.fromkeys((2, 4, 8), 1024)),
     "interleaved, 1 KiB column tiles": dict(INTERLEAVE_MIN_SPLIT=_order(True), MAX_COL_FRACTION=4,
                                             MIN_COL_BYTES=dict.fromkeys((2, 4, 8), 1024)),
-    # all-element plans in whole waves: Nsight Compute (probes/reduce_ncu.txt) shows 40 registers per thread, so 3 of
-    # the 16-warp programs are resident per SM and the shipped 8 per SM run 2.59 waves. Interleaved, the kernel takes
-    # 46 registers (2 resident: probes/reduce_waves_ab.txt), so the whole-wave grids are timed in chunked order
-    **{f"chunked, {n} programs per SM": dict(INTERLEAVE_MIN_SPLIT=_order(False), PROGRAMS_PER_SM=n)
-       for n in (3, 6, 9, 12)},
+    # all-element plans: interleaved reads took 46 registers (2 resident 16-warp programs per SM, chunked: 40, 3) and
+    # still ran level with chunked (probes/reduce_waves_ab.txt): with the residency back, do they win?
+    **{f"{order}, at most {cap} registers": dict(INTERLEAVE_MIN_SPLIT=_order(order == "interleaved"), ROWS_MAXNREG=cap)
+       for order in ("interleaved", "chunked") for cap in (32, 40)},
 }
 
 
@@ -61,7 +59,7 @@ def main() -> None:
     copy = timing.copy_gbps()
     print(f"# {torch.cuda.get_device_name()}  copy {copy:.0f} GB/s; fractions of it, median over {args.rounds} "
           "alternating rounds [min-max] (dirty flush | CUDA graph)")
-    defaults = {name: getattr(P, name) for name in KNOBS}
+    defaults = {name: getattr(_home(name), name) for name in KNOBS}
     for label, shape, dtype, dim in CASES:
         if args.cases and not any(c in label for c in args.cases):
             continue

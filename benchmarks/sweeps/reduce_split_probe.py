@@ -23,6 +23,7 @@ from reduce_sweep import case_input, run_once  # benchmarks/sweeps/reduce_sweep.
 
 from fuselab.ops import _launch
 from fuselab.ops import _reduce_plan as P
+from fuselab.ops import _reduce_triton as K
 
 CASES = [  # label, shape, dtype, dim
     ("all/8192x8192", (8192, 8192), torch.bfloat16, None),
@@ -34,12 +35,17 @@ CASES = [  # label, shape, dtype, dim
     ("dim=-1/8192x8192", (8192, 8192), torch.bfloat16, -1),  # the unsplit reference read of the same bytes
 ]
 KNOBS = ("INTERLEAVE_MIN_SPLIT", "PROGRAMS_PER_SM", "COLS_PROGRAMS_PER_SM", "MAX_COL_FRACTION", "MIN_COL_BYTES",
-         "TILE_BYTES")
+         "TILE_BYTES", "ROWS_MAXNREG")
+
+
+def _home(name: str):
+    """The module that holds a knob: the planner's, or the kernels' (register cap, eviction hint)."""
+    return P if hasattr(P, name) else K
 
 
 def _variant(x: torch.Tensor, dims: tuple[int, ...], **knobs):
     for name, value in knobs.items():
-        setattr(P, name, value)
+        setattr(_home(name), name, value)
     P._plan.cache_clear()
     _launch._COMPILED.clear()
     plan, fn = run_once(x, dims, None)
@@ -104,7 +110,7 @@ def main() -> None:
     args = parser.parse_args()
     copy = timing.copy_gbps()
     print(f"# {torch.cuda.get_device_name()}  copy {copy:.0f} GB/s; fractions of it (dirty flush | CUDA graph)")
-    defaults = {name: getattr(P, name) for name in KNOBS}
+    defaults = {name: getattr(_home(name), name) for name in KNOBS}
     for case in CASES:
         if args.cases is None or any(c in case[0] for c in args.cases):
             probe(*case, copy, defaults)

@@ -212,7 +212,7 @@ def launch(x: torch.Tensor, plan: ReducePlan, out: torch.Tensor, partials: torch
     tiles = plan.grid[0]
     # plan.block_i outputs per tile: rows of the rows kernel, columns of the cols kernel
     block_s = final_sum_rows(plan.split, plan.block_i) if split else 1
-    key = (plan, is_mean, acc_dtype, out.dtype, int64, evict)
+    key = (plan, is_mean, acc_dtype, out.dtype, int64, evict, ROWS_MAXNREG)
     tensors = (x, out, partials if split else out, ticket_counters(x.device, tiles) if split else out)
 
     def constexprs() -> dict:  # built only the first time this signature launches
