@@ -44,11 +44,20 @@ def _home(name: str):
 
 
 def _variant(x: torch.Tensor, dims: tuple[int, ...], **knobs):
+    """The plan under ``knobs`` and a call that runs it. The planner's knobs are baked into the plan; the kernels'
+    (read at launch) are set again by every call, so variants can be timed alternately."""
     for name, value in knobs.items():
         setattr(_home(name), name, value)
     P._plan.cache_clear()
     _launch._COMPILED.clear()
-    plan, fn = run_once(x, dims, None)
+    plan, run = run_once(x, dims, None)
+    at_launch = {name: value for name, value in knobs.items() if _home(name) is K}
+
+    def fn():
+        for name, value in at_launch.items():
+            setattr(K, name, value)
+        run()
+
     fn()
     torch.cuda.synchronize()
     return plan, fn
