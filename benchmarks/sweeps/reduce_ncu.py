@@ -5,6 +5,9 @@ over ``dim=-1`` (one program per row, no tickets). Runs each once to compile, th
         --section SpeedOfLight --section Occupancy --section WarpStateStats --section MemoryWorkloadAnalysis \\
         python3 benchmarks/sweeps/reduce_ncu.py
 
+(``probes/reduce_ncu.txt``; with ``--section WarpStateStats --section MemoryWorkloadAnalysis_Tables --page raw``
+instead, every raw counter: stall reasons, DRAM and L2 sectors, ``probes/reduce_ncu_raw.txt``.)
+
 Question: in a CUDA graph the all-element plan reads at 0.92 of copy bandwidth and the dim=-1 plan at 1.01, with the
 same tile, warps and register cap (probes/reduce_split_ab.txt): where does the all-element kernel lose its time?
 """
