@@ -36,11 +36,10 @@ VARIANTS = {  # name: knobs over the shipped ones
                                         MIN_COL_BYTES=dict.fromkeys((2, 4, 8), 1024)),
     "interleaved, 1 KiB column tiles": dict(INTERLEAVE_MIN_SPLIT=_order(True), MAX_COL_FRACTION=4,
                                             MIN_COL_BYTES=dict.fromkeys((2, 4, 8), 1024)),
-    # dim=0 of short rows (65536x512 bf16: 1 KiB): read whole rows (each tile one contiguous block), which needs a
-    # split of ~500 and so two levels of tickets (one program summing 500 partial rows of 512 ran at 0.36)
-    **{f"{rows}, {levels}": dict(WHOLE_ROW_COL_BYTES=1024 if rows == "whole rows" else 0,
-                                 TICKET_GROUP={"rows": 0, "cols": 32 if levels == "groups of 32" else 0})
-       for rows in ("whole rows", "128 B column tiles") for levels in ("groups of 32", "one level")},
+    # all-element plans: interleaved reads took 46 registers (2 resident 16-warp programs per SM, chunked: 40, 3) and
+    # still ran level with chunked (probes/reduce_waves_ab.txt): with the residency back, do they win?
+    **{f"{order}, at most {cap} registers": dict(INTERLEAVE_MIN_SPLIT=_order(order == "interleaved"), ROWS_MAXNREG=cap)
+       for order in ("interleaved", "chunked") for cap in (32, 40)},
 }
 
 

@@ -35,7 +35,7 @@ CASES = [  # label, shape, dtype, dim
     ("dim=-1/8192x8192", (8192, 8192), torch.bfloat16, -1),  # the unsplit reference read of the same bytes
 ]
 KNOBS = ("INTERLEAVE_MIN_SPLIT", "PROGRAMS_PER_SM", "COLS_PROGRAMS_PER_SM", "MAX_COL_FRACTION", "MIN_COL_BYTES",
-         "TILE_BYTES", "ROWS_MAXNREG", "TICKET_GROUP", "WHOLE_ROW_COL_BYTES")
+         "TILE_BYTES", "ROWS_MAXNREG")
 
 
 def _home(name: str):

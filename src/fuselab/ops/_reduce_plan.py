@@ -49,16 +49,6 @@ MIN_COL_BYTES = {2: 128, 4: 1024, 8: 1024}
 #: 65536x512 bf16 (split 64) 0.636 -> 0.673; 10000² fp32 and 8192² bf16 (split 5-14) 1-8% slower interleaved, the
 #: rows kernel's all-element plans (split ~1024) 0.5-1.5% slower
 INTERLEAVE_MIN_SPLIT = {"rows": None, "cols": 16}
-#: splits per first-level ticket group, by kernel: a split larger than this uses two levels of tickets (the last of each
-#: group of splits sums the group, the last group sums the groups: no final sum reads more than ~GROUP partial rows,
-#: no counter takes more than ~GROUP atomics); 0: one level. The rows kernel's all-element plans lost 3-4% with two
-#: levels (6 more registers, one resident program fewer: benchmarks/results/h100/probes/reduce_tickets_ab.txt)
-TICKET_GROUP = {"rows": 0, "cols": 0}
-#: int32 slots between two first-level ticket counters (one 128-byte line each)
-COUNTER_STRIDE = 32
-#: rows of at most this many bytes (contiguous) are read whole by the cols kernel: each tile one contiguous block, no
-#: narrowing to more, thinner column tiles; 0: never
-WHOLE_ROW_COL_BYTES = 0
 #: widest column tile of the cols kernel (1 KiB rows on GPUs), and most rows per program of the rows
 #: kernel, as a fraction of the tile
 MAX_COL_FRACTION = 16
@@ -81,11 +71,6 @@ class ReducePlan:
     r_per_split: int
     num_warps: int
     interleave: bool  # split programs read every split-th block (see _chunk), not one contiguous chunk each
-    group: int  # splits per first-level ticket group (two levels of tickets); 0: one level
-
-    @property
-    def n_groups(self) -> int:
-        return cdiv(self.split, self.group) if self.group else 0
 
     @property
     def K(self) -> int:
@@ -171,26 +156,22 @@ def _plan(kept: tuple[tuple[int, int], ...], red: tuple[int, int], elsize: int, 
             if split == 1:
                 break
         warps = ROW_WARPS if rows == 1 and block_r * elsize >= ROW_TILE_BYTES else 8 if rows * block_r >= 4096 else 4
-        return ReducePlan("rows", O, I, R, s_o, s_i, s_r, block_r, rows, split, r_per_split, warps, interleave,
-                          _group("rows", split))
+        return ReducePlan("rows", O, I, R, s_o, s_i, s_r, block_r, rows, split, r_per_split, warps, interleave)
     if len(kept) == 2:
         (O, s_o), (I, s_i) = kept
     else:
         (O, s_o), (I, s_i) = (1, 0), kept[0]
     target = sms * cols_per_sm
-    if s_i == 1 and I * elsize <= WHOLE_ROW_COL_BYTES:  # short contiguous rows, read whole
-        block_i = min(next_power_of_2(I), tile)
-    else:  # widest column tile (≤ 1 KiB rows) that still leaves enough tiles to keep splits small
-        block_i = min(next_power_of_2(I), max(1, tile // MAX_COL_FRACTION))
-        min_block_i = max(1, MIN_COL_BYTES.get(elsize, 128) // elsize)
-        while block_i > min_block_i and O * cdiv(I, block_i) < target // 8:
-            block_i //= 2
+    # widest column tile (≤ 1 KiB rows) that still leaves enough tiles to keep splits small
+    block_i = min(next_power_of_2(I), max(1, tile // MAX_COL_FRACTION))
+    min_block_i = max(1, MIN_COL_BYTES.get(elsize, 128) // elsize)
+    while block_i > min_block_i and O * cdiv(I, block_i) < target // 8:
+        block_i //= 2
     block_r = max(1, min(tile // block_i, next_power_of_2(R)))
     tiles = O * cdiv(I, block_i)
     split, r_per_split, interleave = _split(R, block_r, tiles, target, "cols")
     warps = 8 if block_r * block_i >= 4096 else 4
-    return ReducePlan("cols", O, I, R, s_o, s_i, s_r, block_r, block_i, split, r_per_split, warps, interleave,
-                      _group("cols", split))
+    return ReducePlan("cols", O, I, R, s_o, s_i, s_r, block_r, block_i, split, r_per_split, warps, interleave)
 
 
 def _split(R: int, block_r: int, tiles: int, target: int, kind: str) -> tuple[int, int, bool]:
@@ -210,18 +191,6 @@ def _split(R: int, block_r: int, tiles: int, target: int, kind: str) -> tuple[in
     return split, r_per_split, threshold is not None and split >= threshold
 
 
-def _group(kind: str, split: int) -> int:
-    group = TICKET_GROUP[kind]
-    return group if group and split > group else 0
-
-
 def workspace_numel(plan: ReducePlan) -> int:
-    """fp32 (fp64) elements of the partials ``[split + groups, K]`` (0 without a second stage)."""
-    return (plan.split + plan.n_groups) * plan.K if plan.split > 1 else 0
-
-
-def ticket_slots(plan: ReducePlan) -> int:
-    """int32 ticket counters a split launch of ``plan`` uses: one per output tile, and with two levels one per
-    (tile, group), each on its own 128-byte line."""
-    tiles = plan.grid[0]
-    return tiles + tiles * plan.n_groups * COUNTER_STRIDE
+    """fp32 (fp64) elements of the stage-1 partials ``[split, K]`` (0 without a second stage)."""
+    return plan.split * plan.K if plan.split > 1 else 0

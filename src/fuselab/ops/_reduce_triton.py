@@ -27,7 +27,7 @@ import triton.language as tl
 
 from ._launch import INT32_MAX, needs_int64
 from ._launch import launch as launch_kernel
-from ._reduce_plan import COUNTER_STRIDE, ReducePlan, ticket_slots, workspace_numel
+from ._reduce_plan import ReducePlan, workspace_numel
 from ._tickets import final_sum_rows, last_to_arrive, sum_partials, ticket_counters
 
 #: register cap of the rows kernel. 32 (to fit 8 resident 8-warp programs per SM, session 11) starved the loads: the
@@ -57,39 +57,18 @@ def _cast_out(v, out_ptr, OUT_BF16: tl.constexpr):
         return v.to(out_ptr.dtype.element_ty)
 
 
-_COUNTER_STRIDE = tl.constexpr(COUNTER_STRIDE)
-
-
 @triton.jit
-def _store_result(total, idx, mask, out_ptr, part_ptr, count_ptr, tile, n_tiles, split, n_split, n_outputs, n_reduced,
-                  WIDTH: tl.constexpr, SPLIT_R: tl.constexpr, GROUP: tl.constexpr, BLOCK_G: tl.constexpr,
-                  BLOCK_S: tl.constexpr, ACC: tl.constexpr, IS_MEAN: tl.constexpr, OUT_BF16: tl.constexpr):
+def _store_result(total, idx, mask, out_ptr, part_ptr, count_ptr, tile, split, n_split, n_outputs, n_reduced,
+                  WIDTH: tl.constexpr, SPLIT_R: tl.constexpr, BLOCK_S: tl.constexpr, ACC: tl.constexpr,
+                  IS_MEAN: tl.constexpr, OUT_BF16: tl.constexpr):
     """Write ``total`` (``[WIDTH]`` sums of this program's chunk, for outputs ``idx``) to ``out_ptr``; with a split,
-    store it as partial ``[split, idx]`` and let the last of the tile's programs sum all of them in split order.
-
-    ``GROUP > 0``: two levels of tickets. The last of each group of ``GROUP`` consecutive splits sums the group's
-    partials (in order) into a group partial ``[n_split + group, idx]``; the last group to finish sums those (in
-    group order). No program then sums more than ``max(GROUP, n_groups)`` partial rows."""
+    store it as partial ``[split, idx]`` and let the last of the tile's programs sum all of them in split order."""
     done = True
     if SPLIT_R:
         tl.store(part_ptr + split * n_outputs + idx, total, mask=mask)
-        if GROUP > 0:
-            n_groups = tl.cdiv(n_split, GROUP)
-            group = split // GROUP
-            first = group * GROUP
-            size = tl.minimum(n_split - first, GROUP)
-            done = last_to_arrive(count_ptr + n_tiles + (tile * n_groups + group) * _COUNTER_STRIDE, size)
-            if done:
-                total = sum_partials(part_ptr + first * n_outputs, n_outputs, idx, mask, size, BLOCK_G, WIDTH, ACC)
-                tl.store(part_ptr + (n_split + group) * n_outputs + idx, total, mask=mask)
-                done = last_to_arrive(count_ptr + tile, n_groups)
-                if done:
-                    total = sum_partials(part_ptr + n_split * n_outputs, n_outputs, idx, mask, n_groups, BLOCK_S,
-                                         WIDTH, ACC)
-        else:
-            done = last_to_arrive(count_ptr + tile, n_split)
-            if done:
-                total = sum_partials(part_ptr, n_outputs, idx, mask, n_split, BLOCK_S, WIDTH, ACC)
+        done = last_to_arrive(count_ptr + tile, n_split)
+        if done:
+            total = sum_partials(part_ptr, n_outputs, idx, mask, n_split, BLOCK_S, WIDTH, ACC)
     if done:
         if IS_MEAN:
             total = total / n_reduced
@@ -132,15 +111,14 @@ def _chunk(split, n_split, R, r_per_split, BLOCK_R: tl.constexpr, SPLIT_R: tl.co
 def _rows_kernel(
     x_ptr,  # input; element (o, i, r) at o*s_o + i*s_i + r*s_r, o < K // I, i < I, r < R
     out_ptr,  # [K] result (output dtype)
-    part_ptr,  # [SPLIT + groups, K] partials (ACC dtype); only if SPLIT_R
-    count_ptr,  # [ticket_slots(plan)] int32 ticket counters, zero before and after; only if SPLIT_R
+    part_ptr,  # [SPLIT, K] partials (ACC dtype); only if SPLIT_R
+    count_ptr,  # [cdiv(K, ROWS)] int32 ticket counters, zero before and after; only if SPLIT_R
     K, I, R, s_o, s_i, s_r,
     r_per_split,  # reduced elements per split (a multiple of BLOCK_R); R when SPLIT == 1
     n_reduced,  # divisor of the mean (IS_MEAN only)
     ROWS: tl.constexpr, BLOCK_R: tl.constexpr, HAS_I: tl.constexpr, R_CONTIG: tl.constexpr,
-    SPLIT_R: tl.constexpr, HAS_TAIL: tl.constexpr, ACC: tl.constexpr, GROUP: tl.constexpr, BLOCK_G: tl.constexpr,
-    BLOCK_S: tl.constexpr, IS_MEAN: tl.constexpr, OUT_BF16: tl.constexpr, INT64: tl.constexpr, EVICT: tl.constexpr,
-    INTERLEAVE: tl.constexpr,
+    SPLIT_R: tl.constexpr, HAS_TAIL: tl.constexpr, ACC: tl.constexpr, BLOCK_S: tl.constexpr,
+    IS_MEAN: tl.constexpr, OUT_BF16: tl.constexpr, INT64: tl.constexpr, EVICT: tl.constexpr, INTERLEAVE: tl.constexpr,
 ):
     pid = tl.program_id(0)
     split = tl.program_id(1)
@@ -175,22 +153,22 @@ def _rows_kernel(
             offs = row_off[:, None] + r[None, :] * s_r
         mask = row_mask[:, None] & (r < r_end)[None, :]
         acc += tl.load(x_ptr + offs, mask=mask, other=0.0, eviction_policy=EVICT).to(ACC)
-    _store_result(tl.sum(acc, axis=1), rows, row_mask, out_ptr, part_ptr, count_ptr, pid, tl.num_programs(0), split,
-                  n_split, K, n_reduced, ROWS, SPLIT_R, GROUP, BLOCK_G, BLOCK_S, ACC, IS_MEAN, OUT_BF16)
+    _store_result(tl.sum(acc, axis=1), rows, row_mask, out_ptr, part_ptr, count_ptr, pid, split, n_split, K,
+                  n_reduced, ROWS, SPLIT_R, BLOCK_S, ACC, IS_MEAN, OUT_BF16)
 
 
 @triton.jit
 def _cols_kernel(
     x_ptr,  # input; element (o, r, i) at o*s_o + r*s_r + i*s_i, o < O, r < R, i < I
     out_ptr,  # [O*I] result (output dtype)
-    part_ptr,  # [SPLIT + groups, O*I] partials (ACC dtype); only if SPLIT_R
-    count_ptr,  # [ticket_slots(plan)] int32 ticket counters, zero before and after; only if SPLIT_R
+    part_ptr,  # [SPLIT, O*I] partials (ACC dtype); only if SPLIT_R
+    count_ptr,  # [O * cdiv(I, BLOCK_I)] int32 ticket counters, zero before and after; only if SPLIT_R
     O, I, R, s_o, s_r, s_i,
     r_per_split,  # reduced elements per split (a multiple of BLOCK_R); R when SPLIT == 1
     n_reduced,  # divisor of the mean (IS_MEAN only)
     BLOCK_R: tl.constexpr, BLOCK_I: tl.constexpr, I_CONTIG: tl.constexpr, SPLIT_R: tl.constexpr,
-    HAS_TAIL: tl.constexpr, ACC: tl.constexpr, GROUP: tl.constexpr, BLOCK_G: tl.constexpr, BLOCK_S: tl.constexpr,
-    IS_MEAN: tl.constexpr, OUT_BF16: tl.constexpr, INT64: tl.constexpr, EVICT: tl.constexpr, INTERLEAVE: tl.constexpr,
+    HAS_TAIL: tl.constexpr, ACC: tl.constexpr, BLOCK_S: tl.constexpr, IS_MEAN: tl.constexpr,
+    OUT_BF16: tl.constexpr, INT64: tl.constexpr, EVICT: tl.constexpr, INTERLEAVE: tl.constexpr,
 ):
     pid = tl.program_id(0)  # o * blocks_of_i + block of i
     split = tl.program_id(1)
@@ -220,27 +198,27 @@ def _cols_kernel(
         offs = r[:, None] * s_r + col_off[None, :]
         mask = (r < r_end)[:, None] & col_mask[None, :]
         acc += tl.load(x_ptr + offs, mask=mask, other=0.0, eviction_policy=EVICT).to(ACC)
-    _store_result(tl.sum(acc, axis=0), o * I + cols, col_mask, out_ptr, part_ptr, count_ptr, pid, tl.num_programs(0),
-                  split, n_split, O * I, n_reduced, BLOCK_I, SPLIT_R, GROUP, BLOCK_G, BLOCK_S, ACC, IS_MEAN, OUT_BF16)
+    _store_result(tl.sum(acc, axis=0), o * I + cols, col_mask, out_ptr, part_ptr, count_ptr, pid, split, n_split,
+                  O * I, n_reduced, BLOCK_I, SPLIT_R, BLOCK_S, ACC, IS_MEAN, OUT_BF16)
 
 
 def launch(x: torch.Tensor, plan: ReducePlan, out: torch.Tensor, partials: torch.Tensor | None, *, is_mean: bool,
            acc_dtype: torch.dtype) -> None:
-    """The one kernel launch of ``plan`` on ``x``, writing ``out`` (and ``partials``, :func:`workspace_numel`
-    elements, on the way, when ``plan.split > 1``)."""
+    """The one kernel launch of ``plan`` on ``x``, writing ``out`` (and ``partials`` ``[split, K]`` on the way,
+    when ``plan.split > 1``)."""
     split = plan.split > 1
     int64 = needs_int64(x, out) or plan.K * plan.split > INT32_MAX
     evict = STREAM_EVICTION.get(x.element_size(), "")
+    tiles = plan.grid[0]
     # plan.block_i outputs per tile: rows of the rows kernel, columns of the cols kernel
-    block_s = final_sum_rows(plan.n_groups or plan.split, plan.block_i) if split else 1
-    block_g = final_sum_rows(plan.group, plan.block_i) if plan.group else 1
+    block_s = final_sum_rows(plan.split, plan.block_i) if split else 1
     key = (plan, is_mean, acc_dtype, out.dtype, int64, evict, ROWS_MAXNREG)
-    tensors = (x, out, partials if split else out, ticket_counters(x.device, ticket_slots(plan)) if split else out)
+    tensors = (x, out, partials if split else out, ticket_counters(x.device, tiles) if split else out)
 
     def constexprs() -> dict:  # built only the first time this signature launches
         common = dict(EVICT=evict, SPLIT_R=split, INTERLEAVE=plan.interleave, HAS_TAIL=plan.R % plan.block_r != 0,
-                      ACC=_TL_ACC[acc_dtype], GROUP=plan.group, BLOCK_G=block_g, BLOCK_S=block_s,
-                      OUT_BF16=out.dtype == torch.bfloat16, IS_MEAN=is_mean, INT64=int64, num_warps=plan.num_warps)
+                      ACC=_TL_ACC[acc_dtype], BLOCK_S=block_s, OUT_BF16=out.dtype == torch.bfloat16, IS_MEAN=is_mean,
+                      INT64=int64, num_warps=plan.num_warps)
         if plan.kind == "rows":
             cap = {"maxnreg": ROWS_MAXNREG} if x.is_cuda else {}  # a CUDA compile option (not the interpreter's)
             return dict(ROWS=plan.block_i, BLOCK_R=plan.block_r, HAS_I=plan.I > 1, R_CONTIG=plan.s_r == 1, **common,
@@ -270,7 +248,7 @@ def reduce_into(x: torch.Tensor, dims: tuple[int, ...], out: torch.Tensor, works
         return
     if workspace is None or workspace.numel() < workspace_numel(plan):
         raise ValueError(f"workspace must hold {workspace_numel(plan)} elements")
-    partials = workspace[: workspace_numel(plan)]
+    partials = workspace[: workspace_numel(plan)].view(plan.split, plan.K)
     launch(x, plan, out, partials, is_mean=is_mean, acc_dtype=workspace.dtype)
 
 
