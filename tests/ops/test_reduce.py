@@ -248,6 +248,22 @@ def test_int64_variant(triton_backend, device, monkeypatch):
     for dim in (None, 0, -1):
         _check(x, dim, False, "mean")
     _check(x.t(), 0, False, "sum")
+    # interleaved splits with a ragged tail, in 64-bit index math
+    from fuselab.ops import reduce as module
+
+    monkeypatch.setattr(module, "_PLANNED", {})
+    monkeypatch.setattr(planner, "INTERLEAVE_MIN_SPLIT", {"rows": 2, "cols": 2})
+    for name in ("INTERPRETER_TILE_BYTES", "ROW_TILE_BYTES"):
+        monkeypatch.setattr(planner, name, 256)
+    monkeypatch.setattr(planner, "TILE_BYTES", dict.fromkeys((2, 4, 8), 256))
+    planner._plan.cache_clear()
+    try:
+        for shape, dim in (((3000,), None), ((3000, 7), 0)):
+            y = torch.randn(shape, device=device)
+            assert planner.plan_reduction(*planner.prepare(y, (0,))).interleave
+            _check(y, dim, False, "sum")
+    finally:
+        planner._plan.cache_clear()
 
 
 @pytest.mark.gpu
