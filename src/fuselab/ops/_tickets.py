@@ -32,14 +32,22 @@ _SCRATCH: dict[tuple, torch.Tensor] = {}
 MAX_SCRATCH = 64
 
 
+def _stream_key(device: torch.device) -> tuple[int, int] | None:
+    """(device index, current raw stream) of a CUDA device, the key of the per-stream buffers; None off CUDA and
+    while a CUDA graph is being captured (a graph gets buffers of its own)."""
+    if device.type != "cuda" or torch.cuda.is_current_stream_capturing():
+        return None
+    index = device.index if device.index is not None else torch.cuda.current_device()
+    return index, torch._C._cuda_getCurrentRawStream(index)
+
+
 def ticket_counters(device: torch.device, n: int) -> torch.Tensor:
     """At least ``n`` zeroed int32 counters on ``device`` for one launch on the current stream.
 
     Kernels that draw tickets from them must leave them zeroed (:func:`last_to_arrive` does)."""
-    if device.type != "cuda" or torch.cuda.is_current_stream_capturing():
+    key = _stream_key(device)
+    if key is None:
         return torch.zeros(n, dtype=torch.int32, device=device)
-    index = device.index if device.index is not None else torch.cuda.current_device()
-    key = (index, torch._C._cuda_getCurrentRawStream(index))
     counters = _COUNTERS.get(key)
     if counters is None or counters.numel() < n:
         counters = torch.zeros(max(n, MIN_COUNTERS), dtype=torch.int32, device=device)
@@ -53,10 +61,10 @@ def scratch(device: torch.device, shape: tuple[int, ...], dtype: torch.dtype) ->
     Reused by every later request of the same shape and dtype on that stream: launches on one stream run in
     order, so a kernel that writes the partials before it reads them may share it. Fresh while a CUDA graph is
     being captured (a graph keeps its own) and off CUDA. Saves an allocation per call in hot paths."""
-    if device.type != "cuda" or torch.cuda.is_current_stream_capturing():
+    stream = _stream_key(device)
+    if stream is None:
         return torch.empty(shape, dtype=dtype, device=device)
-    index = device.index if device.index is not None else torch.cuda.current_device()
-    key = (index, torch._C._cuda_getCurrentRawStream(index), shape, dtype)
+    key = (*stream, shape, dtype)
     buffer = _SCRATCH.get(key)
     if buffer is None:
         buffer = torch.empty(shape, dtype=dtype, device=device)
