@@ -15,6 +15,7 @@ import math
 import torch
 
 from fuselab.backend import triton_for, use_triton
+from fuselab.ops import _reduce_plan as planner
 from fuselab.ops._launch import keep
 from fuselab.ops._tickets import scratch
 from fuselab.reference import reduce as ref
@@ -27,8 +28,6 @@ Dim = ref.Dim
 def _plan_call(x: torch.Tensor, dims: tuple[int, ...], keepdim: bool, out_dtype: torch.dtype) -> tuple:
     """(the tensor the kernels read: ``x`` or its one layout copy, (output shape, output dtype, plan,
     accumulation dtype))."""
-    from fuselab.ops import _reduce_plan as planner
-
     src, kept, red = planner.prepare(x, dims)
     return src, (ref.output_shape(x, dims, keepdim), out_dtype, planner.plan_reduction(src, kept, red),
                  ref.accumulate_dtype(x.dtype, out_dtype))
@@ -36,7 +35,6 @@ def _plan_call(x: torch.Tensor, dims: tuple[int, ...], keepdim: bool, out_dtype:
 
 def _run_planned(src: torch.Tensor, dims: tuple[int, ...], planned: tuple, is_mean: bool) -> torch.Tensor:
     """Allocate the output (contiguous) and, for split reductions, the partials workspace; launch."""
-    from fuselab.ops import _reduce_plan as planner
     from fuselab.ops import _reduce_triton as kernels
 
     out_shape, out_dtype, plan, acc = planned
