@@ -209,12 +209,17 @@ SPLIT_CASES = [((1000,), None, "dense"), ((3000,), 0, "dense"), ((63, 1001), Non
                ((3001, 7), 0, "column-major"), ((9, 10001), 1, "every-other")]
 
 
-@pytest.mark.parametrize("interleave", [True, False], ids=["interleaved", "chunked"])
-@pytest.mark.parametrize("shape,dim,view", SPLIT_CASES, ids=str)
-def test_split_orders(triton_backend, device, monkeypatch, interleave, shape, dim, view):
-    """Both orders in which split programs read the reduced axis (interleaved blocks, contiguous chunks) match
-    float64, with tiles small enough for many splits and a ragged last block (owned, when interleaved, by the last
-    program or one in the middle, depending on the case)."""
+@pytest.fixture
+def plans_anew():
+    """For tests that patch the planner's knobs: its plan cache is emptied before and after the test."""
+    planner._plan.cache_clear()
+    yield
+    planner._plan.cache_clear()
+
+
+def _many_splits(monkeypatch, interleave: bool) -> None:
+    """256-byte tiles (many splits even on small inputs), split programs reading interleaved or in chunks, and no
+    plans remembered from earlier calls."""
     from fuselab.ops import reduce as module
 
     monkeypatch.setattr(module, "_PLANNED", {})
@@ -222,26 +227,31 @@ def test_split_orders(triton_backend, device, monkeypatch, interleave, shape, di
     for name in ("INTERPRETER_TILE_BYTES", "ROW_TILE_BYTES"):
         monkeypatch.setattr(planner, name, 256)
     monkeypatch.setattr(planner, "TILE_BYTES", dict.fromkeys((2, 4, 8), 256))
-    planner._plan.cache_clear()
-    try:
-        x = torch.randn(shape, device=device)
-        if view == "column-major":  # the rows kernel (reduced axis contiguous), kept axis strided
-            x = x.t().contiguous().t()
-        elif view == "every-other":  # the rows kernel over a strided reduced axis
-            x = x[:, ::2]
-        src, kept, red = planner.prepare(x, tuple(range(x.dim())) if dim is None else (dim,))
-        plan = planner.plan_reduction(src, kept, red)
-        assert plan.split > 2 and plan.R % plan.block_r and plan.interleave == interleave, plan
-        for op in OPS:
-            _check(x, dim, False, op)
-    finally:
-        planner._plan.cache_clear()
+
+
+@pytest.mark.parametrize("interleave", [True, False], ids=["interleaved", "chunked"])
+@pytest.mark.parametrize("shape,dim,view", SPLIT_CASES, ids=str)
+def test_split_orders(triton_backend, device, monkeypatch, plans_anew, interleave, shape, dim, view):
+    """Both orders in which split programs read the reduced axis (interleaved blocks, contiguous chunks) match
+    float64, with tiles small enough for many splits and a ragged last block (owned, when interleaved, by the last
+    program or one in the middle, depending on the case)."""
+    _many_splits(monkeypatch, interleave)
+    x = torch.randn(shape, device=device)
+    if view == "column-major":  # the rows kernel (reduced axis contiguous), kept axis strided
+        x = x.t().contiguous().t()
+    elif view == "every-other":  # the rows kernel over a strided reduced axis
+        x = x[:, ::2]
+    src, kept, red = planner.prepare(x, tuple(range(x.dim())) if dim is None else (dim,))
+    plan = planner.plan_reduction(src, kept, red)
+    assert plan.split > 2 and plan.R % plan.block_r and plan.interleave == interleave, plan
+    for op in OPS:
+        _check(x, dim, False, op)
 
 
 # ---------------------------------------------------------------- int64 offsets
 
 
-def test_int64_variant(triton_backend, device, monkeypatch):
+def test_int64_variant(triton_backend, device, monkeypatch, plans_anew):
     """The 64-bit index variant of both kernels (selected past 2^31 elements) computes the same result."""
     monkeypatch.setattr(kernels, "needs_int64", lambda *tensors: True)
     x = torch.randn(300, 257, device=device)
@@ -249,21 +259,12 @@ def test_int64_variant(triton_backend, device, monkeypatch):
         _check(x, dim, False, "mean")
     _check(x.t(), 0, False, "sum")
     # interleaved splits with a ragged tail, in 64-bit index math
-    from fuselab.ops import reduce as module
-
-    monkeypatch.setattr(module, "_PLANNED", {})
-    monkeypatch.setattr(planner, "INTERLEAVE_MIN_SPLIT", {"rows": 2, "cols": 2})
-    for name in ("INTERPRETER_TILE_BYTES", "ROW_TILE_BYTES"):
-        monkeypatch.setattr(planner, name, 256)
-    monkeypatch.setattr(planner, "TILE_BYTES", dict.fromkeys((2, 4, 8), 256))
-    planner._plan.cache_clear()
-    try:
-        for shape, dim in (((3000,), None), ((3000, 7), 0)):
-            y = torch.randn(shape, device=device)
-            assert planner.plan_reduction(*planner.prepare(y, (0,))).interleave
-            _check(y, dim, False, "sum")
-    finally:
-        planner._plan.cache_clear()
+    _many_splits(monkeypatch, interleave=True)
+    planner._plan.cache_clear()  # the plans above were made with the shipped knobs
+    for shape, dim in (((3000,), None), ((3000, 7), 0)):
+        y = torch.randn(shape, device=device)
+        assert planner.plan_reduction(*planner.prepare(y, (0,))).interleave
+        _check(y, dim, False, "sum")
 
 
 @pytest.mark.gpu
