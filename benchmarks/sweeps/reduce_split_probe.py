@@ -56,7 +56,7 @@ def _variant(x: torch.Tensor, dims: tuple[int, ...], **knobs):
     def fn():
         for name, value in at_launch.items():
             setattr(K, name, value)
-        run()
+        return run()
 
     fn()
     torch.cuda.synchronize()

@@ -248,6 +248,51 @@ def test_split_orders(triton_backend, device, monkeypatch, plans_anew, interleav
         _check(x, dim, False, op)
 
 
+def _stealing(monkeypatch) -> None:
+    """Work stealing on for both kernels, with small items (two 256-byte blocks each) and one 4-warp program per SM
+    (four on the CPU stand-in), so that small inputs have many more items than programs."""
+    monkeypatch.setattr(planner, "STEAL", {"rows": True, "cols": True})
+    monkeypatch.setattr(planner, "STEAL_ITEM_BYTES", 512)
+    monkeypatch.setattr(planner, "STEAL_WARPS_PER_SM", 4)
+
+
+STEAL_CASES = [*SPLIT_CASES, ((37, 1000), 1, "dense"), ((1000, 300), 0, "dense"), ((1000, 300), 0, "every-other")]
+
+
+@pytest.mark.parametrize("shape,dim,view", STEAL_CASES, ids=str)
+def test_work_stealing(triton_backend, device, monkeypatch, plans_anew, shape, dim, view):
+    """Plans run by a few programs taking (tile, chunk) items from a counter match float64, split (partials summed
+    by the last program) or not, with ragged last blocks, and give the same bits on every call."""
+    _many_splits(monkeypatch, interleave=False)
+    _stealing(monkeypatch)
+    x = torch.randn(shape, device=device)
+    if view == "column-major":
+        x = x.t().contiguous().t()
+    elif view == "every-other":
+        x = x[:, ::2]
+    dims = tuple(range(x.dim())) if dim is None else (dim,)
+    plan = planner.plan_reduction(*planner.prepare(x, dims))
+    assert plan.steal and plan.tiles * plan.split > plan.steal and not plan.interleave, plan
+    assert plan.split > 1 or dim is not None, plan
+    for op in OPS:
+        first = _check(x, dim, False, op)
+        assert torch.equal(first, OPS[op][0](x, dim)), "stealing changed the bits from one call to the next"
+
+
+@pytest.mark.gpu
+def test_work_stealing_leaves_counters_zeroed(device):
+    """A stealing launch leaves the stream's item and ticket counters at zero for the next launch."""
+    from fuselab.ops import _tickets
+
+    x = torch.randn(4096, 4096, device=device)
+    for dim in (None, -1):
+        plan = planner.plan_reduction(*planner.prepare(x, (0, 1) if dim is None else (1,)))
+        assert plan.steal, plan
+        _check(x, dim, False, "sum")
+        torch.cuda.synchronize()
+        assert not _tickets.ticket_counters(x.device, 2)[:2].any()
+
+
 # ---------------------------------------------------------------- int64 offsets
 
 
@@ -264,6 +309,14 @@ def test_int64_variant(triton_backend, device, monkeypatch, plans_anew):
     for shape, dim in (((3000,), None), ((3000, 7), 0)):
         y = torch.randn(shape, device=device)
         assert planner.plan_reduction(*planner.prepare(y, (0,))).interleave
+        _check(y, dim, False, "sum")
+    # work stealing, split or not, in 64-bit index math
+    _many_splits(monkeypatch, interleave=False)
+    _stealing(monkeypatch)
+    planner._plan.cache_clear()
+    for shape, dim in (((3000,), None), ((3000, 7), 0), ((37, 1000), 1)):
+        y = torch.randn(shape, device=device)
+        assert planner.plan_reduction(*planner.prepare(y, (dim or 0,))).steal
         _check(y, dim, False, "sum")
 
 

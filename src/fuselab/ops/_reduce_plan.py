@@ -11,6 +11,7 @@ that set it (``benchmarks/notes/reduce.md``).
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 from dataclasses import dataclass
 
@@ -52,6 +53,17 @@ INTERLEAVE_MIN_SPLIT = {"rows": None, "cols": 16}
 #: widest column tile of the cols kernel (1 KiB rows on GPUs), and most rows per program of the rows
 #: kernel, as a fraction of the tile
 MAX_COL_FRACTION = 16
+#: kernels whose plans are run by work stealing (see ReducePlan.steal): a grid of resident programs takes work items
+#: (a tile of outputs x a chunk of the reduced axis) from an atomic counter until none is left, so no SM idles while
+#: another finishes a long program. H100, all of 8192² bf16 under the lab's dirty flush: 0.81 -> 0.85 of copy
+#: bandwidth (benchmarks/results/h100/probes/reduce_steal_ab.txt)
+STEAL = {"rows": True, "cols": False}
+#: bytes of input per work item of a split plan (chunks of the reduced axis): 16 KiB chunks were 13% slower than
+#: 32-64 KiB for all of 8192² bf16 (per-item atomics and partials), 64 KiB the best there and for 10000² fp32
+STEAL_ITEM_BYTES = 65536
+#: warps a stealing grid puts on each SM (programs = this // warps per program): the resident limit of 16-warp rows
+#: programs at 40 registers is 3 per SM; 4 per SM ran 1% slower
+STEAL_WARPS_PER_SM = 48
 
 
 @dataclass(frozen=True)
@@ -71,6 +83,14 @@ class ReducePlan:
     r_per_split: int
     num_warps: int
     interleave: bool  # split programs read every split-th block (see _chunk), not one contiguous chunk each
+    steal: int = 0  # > 0: that many programs take the tiles x split items from a counter (0: one program per item)
+
+    @property
+    def tiles(self) -> int:
+        """Output tiles: rows-kernel programs of ``block_i`` outputs, cols-kernel column blocks."""
+        if self.kind == "rows":
+            return cdiv(self.K, self.block_i)
+        return self.O * cdiv(self.I, self.block_i)
 
     @property
     def K(self) -> int:
@@ -78,9 +98,7 @@ class ReducePlan:
 
     @property
     def grid(self) -> tuple[int, int]:
-        if self.kind == "rows":
-            return (cdiv(self.K, self.block_i), self.split)
-        return (self.O * cdiv(self.I, self.block_i), self.split)
+        return (self.steal, 1) if self.steal else (self.tiles, self.split)
 
 
 def _coalesce(dims: list[tuple[int, int]]) -> list[tuple[int, int]]:
@@ -156,7 +174,8 @@ def _plan(kept: tuple[tuple[int, int], ...], red: tuple[int, int], elsize: int, 
             if split == 1:
                 break
         warps = ROW_WARPS if rows == 1 and block_r * elsize >= ROW_TILE_BYTES else 8 if rows * block_r >= 4096 else 4
-        return ReducePlan("rows", O, I, R, s_o, s_i, s_r, block_r, rows, split, r_per_split, warps, interleave)
+        return _stealing(ReducePlan("rows", O, I, R, s_o, s_i, s_r, block_r, rows, split, r_per_split, warps,
+                                    interleave), elsize, sms)
     if len(kept) == 2:
         (O, s_o), (I, s_i) = kept
     else:
@@ -171,7 +190,26 @@ def _plan(kept: tuple[tuple[int, int], ...], red: tuple[int, int], elsize: int, 
     tiles = O * cdiv(I, block_i)
     split, r_per_split, interleave = _split(R, block_r, tiles, target, "cols")
     warps = 8 if block_r * block_i >= 4096 else 4
-    return ReducePlan("cols", O, I, R, s_o, s_i, s_r, block_r, block_i, split, r_per_split, warps, interleave)
+    return _stealing(ReducePlan("cols", O, I, R, s_o, s_i, s_r, block_r, block_i, split, r_per_split, warps,
+                                interleave), elsize, sms)
+
+
+def _stealing(plan: ReducePlan, elsize: int, sms: int) -> ReducePlan:
+    """``plan`` run by work stealing where :data:`STEAL` says so and there are more items than resident programs:
+    a split plan's chunks become ``STEAL_ITEM_BYTES`` each (whole blocks, read in order); the rest is unchanged."""
+    if not STEAL.get(plan.kind):
+        return plan
+    split, r_per_split = plan.split, plan.r_per_split
+    if split > 1:
+        width = plan.block_i  # outputs per tile: rows of the rows kernel, columns of the cols kernel
+        r_per_split = max(1, STEAL_ITEM_BYTES // (elsize * width * plan.block_r)) * plan.block_r
+        split = cdiv(plan.R, r_per_split)
+        if split <= 1:
+            return plan
+    programs = max(1, STEAL_WARPS_PER_SM // plan.num_warps) * sms
+    if plan.tiles * split <= programs:
+        return plan
+    return dataclasses.replace(plan, split=split, r_per_split=r_per_split, interleave=False, steal=programs)
 
 
 def _split(R: int, block_r: int, tiles: int, target: int, kind: str) -> tuple[int, int, bool]:

@@ -17,6 +17,11 @@ programs of an output tile to finish (an int32 ticket, :mod:`fuselab.ops._ticket
 tile's partials in split order and writes the result: one launch, no float atomics, so the same
 shape on the same device gives the same bits on every run. Bytes: read the input once, write ``K``
 outputs (+ ``2·SPLIT·K·4`` bytes of partials, kept ≤ a few percent of the input, served from L2).
+
+Work stealing (``STEAL``, plans with ``steal > 0``): instead of one program per (tile, chunk) item, a grid of resident
+programs takes items from an atomic counter until none is left, so no SM idles while another finishes a long
+program. Each item's partial still lands at ``[chunk, outputs]``, and the last program to finish sums them in chunk
+order: which program read which item does not change the bits.
 """
 
 from __future__ import annotations
@@ -108,25 +113,70 @@ def _chunk(split, n_split, R, r_per_split, BLOCK_R: tl.constexpr, SPLIT_R: tl.co
 
 
 @triton.jit
-def _rows_kernel(
-    x_ptr,  # input; element (o, i, r) at o*s_o + i*s_i + r*s_r, o < K // I, i < I, r < R
-    out_ptr,  # [K] result (output dtype)
-    part_ptr,  # [SPLIT, K] partials (ACC dtype); only if SPLIT_R
-    count_ptr,  # [cdiv(K, ROWS)] int32 ticket counters, zero before and after; only if SPLIT_R
-    K, I, R, s_o, s_i, s_r,
-    r_per_split,  # reduced elements per split (a multiple of BLOCK_R); R when SPLIT == 1
-    n_reduced,  # divisor of the mean (IS_MEAN only)
-    ROWS: tl.constexpr, BLOCK_R: tl.constexpr, HAS_I: tl.constexpr, R_CONTIG: tl.constexpr,
-    SPLIT_R: tl.constexpr, HAS_TAIL: tl.constexpr, ACC: tl.constexpr, BLOCK_S: tl.constexpr,
-    IS_MEAN: tl.constexpr, OUT_BF16: tl.constexpr, INT64: tl.constexpr, EVICT: tl.constexpr, INTERLEAVE: tl.constexpr,
-):
-    pid = tl.program_id(0)
-    split = tl.program_id(1)
-    n_split = tl.num_programs(1)
+def _grab(count_ptr):
+    """The next work item of a stealing launch: a ticket from the launch's item counter (``count_ptr[0]``)."""
+    return tl.atomic_add(count_ptr, 1, sem="relaxed", scope="gpu")
+
+
+@triton.jit
+def _item_coords(item, n_tiles, INT64: tl.constexpr):
+    """(output tile, split) of a stealing item. Items run split-major: the programs reading at one moment cover all
+    tiles of neighbouring chunks (one window of memory)."""
     if INT64:
-        pid = pid.to(tl.int64)
+        item = item.to(tl.int64)
+    return item % n_tiles, item // n_tiles
+
+
+@triton.jit
+def _program_coords(INT64: tl.constexpr):
+    """(output tile, split) of a program of a grid with one program per item."""
+    tile = tl.program_id(0)
+    split = tl.program_id(1)
+    if INT64:
+        tile = tile.to(tl.int64)
         split = split.to(tl.int64)
-    rows = pid * ROWS + tl.arange(0, ROWS)
+    return tile, split
+
+
+@triton.jit
+def _store_item(total, idx, mask, out_ptr, part_ptr, split, n_outputs, n_reduced, SPLIT_R: tl.constexpr,
+                IS_MEAN: tl.constexpr, OUT_BF16: tl.constexpr):
+    """A stealing item's sums: partial ``[split, idx]`` of a split plan, else the outputs themselves."""
+    if SPLIT_R:
+        tl.store(part_ptr + split * n_outputs + idx, total, mask=mask)
+    else:
+        if IS_MEAN:
+            total = total / n_reduced
+        tl.store(out_ptr + idx, _cast_out(total, out_ptr, OUT_BF16), mask=mask)
+
+
+@triton.jit
+def _steal_done(out_ptr, part_ptr, count_ptr, n_outputs, n_split, n_reduced, WIDTH: tl.constexpr,
+                SPLIT_R: tl.constexpr, BLOCK_S: tl.constexpr, ACC: tl.constexpr, IS_MEAN: tl.constexpr,
+                OUT_BF16: tl.constexpr):
+    """End of a stealing program: the last program to finish (a ticket on ``count_ptr[1]``) zeroes the item counter
+    and, for a split plan, sums every output's partials in split order (so the bits do not depend on which program
+    read which item)."""
+    if last_to_arrive(count_ptr + 1, tl.num_programs(0)):
+        tl.atomic_xchg(count_ptr, 0, sem="relaxed", scope="gpu")
+        if SPLIT_R:
+            for start in range(0, n_outputs, WIDTH):
+                idx = start + tl.arange(0, WIDTH)
+                mask = idx < n_outputs
+                total = sum_partials(part_ptr, n_outputs, idx, mask, n_split, BLOCK_S, WIDTH, ACC)
+                if IS_MEAN:
+                    total = total / n_reduced
+                tl.store(out_ptr + idx, _cast_out(total, out_ptr, OUT_BF16), mask=mask)
+
+
+@triton.jit
+def _rows_item(x_ptr, tile, split, n_split, K, I, R, s_o, s_i, s_r, r_per_split, ROWS: tl.constexpr,
+               BLOCK_R: tl.constexpr, HAS_I: tl.constexpr, R_CONTIG: tl.constexpr, SPLIT_R: tl.constexpr,
+               HAS_TAIL: tl.constexpr, ACC: tl.constexpr, INT64: tl.constexpr, EVICT: tl.constexpr,
+               INTERLEAVE: tl.constexpr):
+    """One work item of the rows kernel: the ``[ROWS]`` sums of output tile ``tile`` over chunk ``split`` of the
+    reduced axis, and those outputs' indices and mask (``tile`` and ``split`` are int64 where INT64)."""
+    rows = tile * ROWS + tl.arange(0, ROWS)
     row_mask = rows < K
     if HAS_I:
         row_off = (rows // I) * s_o + (rows % I) * s_i
@@ -153,32 +203,54 @@ def _rows_kernel(
             offs = row_off[:, None] + r[None, :] * s_r
         mask = row_mask[:, None] & (r < r_end)[None, :]
         acc += tl.load(x_ptr + offs, mask=mask, other=0.0, eviction_policy=EVICT).to(ACC)
-    _store_result(tl.sum(acc, axis=1), rows, row_mask, out_ptr, part_ptr, count_ptr, pid, split, n_split, K,
-                  n_reduced, ROWS, SPLIT_R, BLOCK_S, ACC, IS_MEAN, OUT_BF16)
+    return tl.sum(acc, axis=1), rows, row_mask
 
 
 @triton.jit
-def _cols_kernel(
-    x_ptr,  # input; element (o, r, i) at o*s_o + r*s_r + i*s_i, o < O, r < R, i < I
-    out_ptr,  # [O*I] result (output dtype)
-    part_ptr,  # [SPLIT, O*I] partials (ACC dtype); only if SPLIT_R
-    count_ptr,  # [O * cdiv(I, BLOCK_I)] int32 ticket counters, zero before and after; only if SPLIT_R
-    O, I, R, s_o, s_r, s_i,
-    r_per_split,  # reduced elements per split (a multiple of BLOCK_R); R when SPLIT == 1
+def _rows_kernel(
+    x_ptr,  # input; element (o, i, r) at o*s_o + i*s_i + r*s_r, o < K // I, i < I, r < R
+    out_ptr,  # [K] result (output dtype)
+    part_ptr,  # [n_split, K] partials (ACC dtype); only if SPLIT_R
+    count_ptr,  # int32 counters, zero before and after: [n_tiles] tickets if SPLIT_R, [2] if STEAL (see _steal_done)
+    K, I, R, s_o, s_i, s_r,
+    r_per_split,  # reduced elements per split (a multiple of BLOCK_R); R when n_split == 1
     n_reduced,  # divisor of the mean (IS_MEAN only)
-    BLOCK_R: tl.constexpr, BLOCK_I: tl.constexpr, I_CONTIG: tl.constexpr, SPLIT_R: tl.constexpr,
-    HAS_TAIL: tl.constexpr, ACC: tl.constexpr, BLOCK_S: tl.constexpr, IS_MEAN: tl.constexpr,
-    OUT_BF16: tl.constexpr, INT64: tl.constexpr, EVICT: tl.constexpr, INTERLEAVE: tl.constexpr,
+    n_tiles, n_split,  # output tiles of ROWS outputs, chunks of the reduced axis
+    ROWS: tl.constexpr, BLOCK_R: tl.constexpr, HAS_I: tl.constexpr, R_CONTIG: tl.constexpr,
+    SPLIT_R: tl.constexpr, HAS_TAIL: tl.constexpr, ACC: tl.constexpr, BLOCK_S: tl.constexpr,
+    IS_MEAN: tl.constexpr, OUT_BF16: tl.constexpr, INT64: tl.constexpr, EVICT: tl.constexpr, INTERLEAVE: tl.constexpr,
+    STEAL: tl.constexpr,
 ):
-    pid = tl.program_id(0)  # o * blocks_of_i + block of i
-    split = tl.program_id(1)
-    n_split = tl.num_programs(1)
-    if INT64:
-        pid = pid.to(tl.int64)
-        split = split.to(tl.int64)
+    if STEAL:
+        item = _grab(count_ptr)
+        while item < n_tiles * n_split:
+            ahead = _grab(count_ptr)  # the next item, asked for before this one is read
+            tile, split = _item_coords(item, n_tiles, INT64)
+            total, rows, row_mask = _rows_item(x_ptr, tile, split, n_split, K, I, R, s_o, s_i, s_r,
+                                               r_per_split, ROWS, BLOCK_R, HAS_I, R_CONTIG, SPLIT_R, HAS_TAIL, ACC,
+                                               INT64, EVICT, False)
+            _store_item(total, rows, row_mask, out_ptr, part_ptr, split, K, n_reduced, SPLIT_R, IS_MEAN,
+                        OUT_BF16)
+            item = ahead
+        _steal_done(out_ptr, part_ptr, count_ptr, K, n_split, n_reduced, ROWS, SPLIT_R, BLOCK_S, ACC, IS_MEAN,
+                    OUT_BF16)
+    else:
+        tile, split = _program_coords(INT64)
+        total, rows, row_mask = _rows_item(x_ptr, tile, split, n_split, K, I, R, s_o, s_i, s_r, r_per_split, ROWS,
+                                           BLOCK_R, HAS_I, R_CONTIG, SPLIT_R, HAS_TAIL, ACC, INT64, EVICT, INTERLEAVE)
+        _store_result(total, rows, row_mask, out_ptr, part_ptr, count_ptr, tile, split, n_split, K, n_reduced, ROWS,
+                      SPLIT_R, BLOCK_S, ACC, IS_MEAN, OUT_BF16)
+
+
+@triton.jit
+def _cols_item(x_ptr, tile, split, n_split, O, I, R, s_o, s_r, s_i, r_per_split, BLOCK_R: tl.constexpr,
+               BLOCK_I: tl.constexpr, I_CONTIG: tl.constexpr, SPLIT_R: tl.constexpr, HAS_TAIL: tl.constexpr,
+               ACC: tl.constexpr, INT64: tl.constexpr, EVICT: tl.constexpr, INTERLEAVE: tl.constexpr):
+    """One work item of the cols kernel: the ``[BLOCK_I]`` sums of column tile ``tile`` (``o * blocks_of_i + block of
+    i``) over chunk ``split`` of the reduced axis, and those outputs' indices and mask (int64 where INT64)."""
     i_blocks = tl.cdiv(I, BLOCK_I)
-    o = pid // i_blocks
-    cols = (pid % i_blocks) * BLOCK_I + tl.arange(0, BLOCK_I)
+    o = tile // i_blocks
+    cols = (tile % i_blocks) * BLOCK_I + tl.arange(0, BLOCK_I)
     col_mask = cols < I
     if I_CONTIG:
         col_off = o * s_o + cols
@@ -198,8 +270,42 @@ def _cols_kernel(
         offs = r[:, None] * s_r + col_off[None, :]
         mask = (r < r_end)[:, None] & col_mask[None, :]
         acc += tl.load(x_ptr + offs, mask=mask, other=0.0, eviction_policy=EVICT).to(ACC)
-    _store_result(tl.sum(acc, axis=0), o * I + cols, col_mask, out_ptr, part_ptr, count_ptr, pid, split, n_split,
-                  O * I, n_reduced, BLOCK_I, SPLIT_R, BLOCK_S, ACC, IS_MEAN, OUT_BF16)
+    return tl.sum(acc, axis=0), o * I + cols, col_mask
+
+
+@triton.jit
+def _cols_kernel(
+    x_ptr,  # input; element (o, r, i) at o*s_o + r*s_r + i*s_i, o < O, r < R, i < I
+    out_ptr,  # [O*I] result (output dtype)
+    part_ptr,  # [n_split, O*I] partials (ACC dtype); only if SPLIT_R
+    count_ptr,  # int32 counters, zero before and after: [n_tiles] tickets if SPLIT_R, [2] if STEAL (see _steal_done)
+    O, I, R, s_o, s_r, s_i,
+    r_per_split,  # reduced elements per split (a multiple of BLOCK_R); R when n_split == 1
+    n_reduced,  # divisor of the mean (IS_MEAN only)
+    n_tiles, n_split,  # column tiles (O * cdiv(I, BLOCK_I)), chunks of the reduced axis
+    BLOCK_R: tl.constexpr, BLOCK_I: tl.constexpr, I_CONTIG: tl.constexpr, SPLIT_R: tl.constexpr,
+    HAS_TAIL: tl.constexpr, ACC: tl.constexpr, BLOCK_S: tl.constexpr, IS_MEAN: tl.constexpr,
+    OUT_BF16: tl.constexpr, INT64: tl.constexpr, EVICT: tl.constexpr, INTERLEAVE: tl.constexpr, STEAL: tl.constexpr,
+):
+    if STEAL:
+        item = _grab(count_ptr)
+        while item < n_tiles * n_split:
+            ahead = _grab(count_ptr)  # the next item, asked for before this one is read
+            tile, split = _item_coords(item, n_tiles, INT64)
+            total, idx, mask = _cols_item(x_ptr, tile, split, n_split, O, I, R, s_o, s_r, s_i,
+                                          r_per_split, BLOCK_R, BLOCK_I, I_CONTIG, SPLIT_R, HAS_TAIL, ACC, INT64, EVICT,
+                                          False)
+            _store_item(total, idx, mask, out_ptr, part_ptr, split, O * I, n_reduced, SPLIT_R, IS_MEAN,
+                        OUT_BF16)
+            item = ahead
+        _steal_done(out_ptr, part_ptr, count_ptr, O * I, n_split, n_reduced, BLOCK_I, SPLIT_R, BLOCK_S, ACC, IS_MEAN,
+                    OUT_BF16)
+    else:
+        tile, split = _program_coords(INT64)
+        total, idx, mask = _cols_item(x_ptr, tile, split, n_split, O, I, R, s_o, s_r, s_i, r_per_split, BLOCK_R,
+                                      BLOCK_I, I_CONTIG, SPLIT_R, HAS_TAIL, ACC, INT64, EVICT, INTERLEAVE)
+        _store_result(total, idx, mask, out_ptr, part_ptr, count_ptr, tile, split, n_split, O * I, n_reduced, BLOCK_I,
+                      SPLIT_R, BLOCK_S, ACC, IS_MEAN, OUT_BF16)
 
 
 def launch(x: torch.Tensor, plan: ReducePlan, out: torch.Tensor, partials: torch.Tensor | None, *, is_mean: bool,
@@ -209,14 +315,15 @@ def launch(x: torch.Tensor, plan: ReducePlan, out: torch.Tensor, partials: torch
     split = plan.split > 1
     int64 = needs_int64(x, out) or plan.K * plan.split > INT32_MAX
     evict = STREAM_EVICTION.get(x.element_size(), "")
-    tiles = plan.grid[0]
     # plan.block_i outputs per tile: rows of the rows kernel, columns of the cols kernel
     block_s = final_sum_rows(plan.split, plan.block_i) if split else 1
     key = (plan, is_mean, acc_dtype, out.dtype, int64, evict, ROWS_MAXNREG)
-    tensors = (x, out, partials if split else out, ticket_counters(x.device, tiles) if split else out)
+    counters = ticket_counters(x.device, 2) if plan.steal else ticket_counters(x.device, plan.tiles) if split else out
+    tensors = (x, out, partials if split else out, counters)
 
     def constexprs() -> dict:  # built only the first time this signature launches
-        common = dict(EVICT=evict, SPLIT_R=split, INTERLEAVE=plan.interleave, HAS_TAIL=plan.R % plan.block_r != 0,
+        common = dict(EVICT=evict, SPLIT_R=split, INTERLEAVE=plan.interleave, STEAL=plan.steal > 0,
+                      HAS_TAIL=plan.R % plan.block_r != 0,
                       ACC=_TL_ACC[acc_dtype], BLOCK_S=block_s, OUT_BF16=out.dtype == torch.bfloat16, IS_MEAN=is_mean,
                       INT64=int64, num_warps=plan.num_warps)
         if plan.kind == "rows":
@@ -226,10 +333,12 @@ def launch(x: torch.Tensor, plan: ReducePlan, out: torch.Tensor, partials: torch
         return dict(BLOCK_R=plan.block_r, BLOCK_I=plan.block_i, I_CONTIG=plan.s_i == 1, **common)
 
     if plan.kind == "rows":
-        scalars = (plan.K, plan.I, plan.R, plan.s_o, plan.s_i, plan.s_r, plan.r_per_split, plan.R)
+        scalars = (plan.K, plan.I, plan.R, plan.s_o, plan.s_i, plan.s_r, plan.r_per_split, plan.R, plan.tiles,
+                   plan.split)
         launch_kernel(_rows_kernel, key, plan.grid, tensors, scalars, constexprs)
     else:
-        scalars = (plan.O, plan.I, plan.R, plan.s_o, plan.s_r, plan.s_i, plan.r_per_split, plan.R)
+        scalars = (plan.O, plan.I, plan.R, plan.s_o, plan.s_r, plan.s_i, plan.r_per_split, plan.R, plan.tiles,
+                   plan.split)
         launch_kernel(_cols_kernel, key, plan.grid, tensors, scalars, constexprs)
 
 
