@@ -32,18 +32,21 @@ CASES = [  # label, shape, dtype, dim: the lab's nine, and two more
     ("dim=0/65536x512", (65536, 512), torch.bfloat16, 0),
     ("dim=0/10000x10000", (10000, 10000), torch.float32, 0),
 ]
-KNOBS = ("STEAL", "STEAL_ITEM_BYTES", "STEAL_WARPS_PER_SM")
-ROWS_ONLY = {"rows": True, "cols": False}
+KNOBS = ("STEAL", "STEAL_ITEM_BYTES", "STEAL_WARPS_PER_SM", "STEAL_MAX_PARTIALS")
+SPLIT_ONLY = {"rows": "split", "cols": None}
 VARIANTS = {  # name: knobs over the shipped ones
-    "no stealing": dict(STEAL={"rows": False, "cols": False}),
-    "rows stealing, 64 KiB items, 48 warps/SM": dict(STEAL=ROWS_ONLY, STEAL_ITEM_BYTES=65536, STEAL_WARPS_PER_SM=48),
-    "rows stealing, 32 KiB items": dict(STEAL=ROWS_ONLY, STEAL_ITEM_BYTES=32768),
-    "rows stealing, 128 KiB items": dict(STEAL=ROWS_ONLY, STEAL_ITEM_BYTES=131072),
-    "rows stealing, 32 warps/SM": dict(STEAL=ROWS_ONLY, STEAL_WARPS_PER_SM=32),
-    "rows stealing, 64 warps/SM": dict(STEAL=ROWS_ONLY, STEAL_WARPS_PER_SM=64),
-    "rows and cols stealing, 64 KiB items": dict(STEAL={"rows": True, "cols": True}, STEAL_ITEM_BYTES=65536),
-    "rows and cols stealing, 16 KiB items": dict(STEAL={"rows": True, "cols": True}, STEAL_ITEM_BYTES=16384),
-    "rows and cols stealing, 32 warps/SM": dict(STEAL={"rows": True, "cols": True}, STEAL_WARPS_PER_SM=32),
+    "no stealing": dict(STEAL={"rows": None, "cols": None}),
+    "rows split plans steal, 64 KiB items, 48 warps/SM": dict(STEAL=SPLIT_ONLY, STEAL_ITEM_BYTES=65536,
+                                                              STEAL_WARPS_PER_SM=48),
+    "rows split plans steal, 32 KiB items": dict(STEAL=SPLIT_ONLY, STEAL_ITEM_BYTES=32768),
+    "rows split plans steal, 128 KiB items": dict(STEAL=SPLIT_ONLY, STEAL_ITEM_BYTES=131072),
+    "rows split plans steal, 32 warps/SM": dict(STEAL=SPLIT_ONLY, STEAL_WARPS_PER_SM=32),
+    "rows split plans steal, 64 warps/SM": dict(STEAL=SPLIT_ONLY, STEAL_WARPS_PER_SM=64),
+    "every rows plan steals": dict(STEAL={"rows": "all", "cols": None}),
+    "every rows plan steals, 32 warps/SM": dict(STEAL={"rows": "all", "cols": None}, STEAL_WARPS_PER_SM=32),
+    "cols split plans steal too": dict(STEAL={"rows": "split", "cols": "split"}),
+    "cols split plans steal too, 16 KiB items": dict(STEAL={"rows": "split", "cols": "split"}, STEAL_ITEM_BYTES=16384),
+    "every cols plan steals": dict(STEAL={"rows": "split", "cols": "all"}),
 }
 
 
@@ -63,8 +66,6 @@ def main() -> None:
         expected = x.double().mean(dim=dims)
         variants = {}
         for name, knobs in VARIANTS.items():
-            if "cols" in name and dim != 0:
-                continue
             plan, fn = _variant(x, dims, **{**defaults, **knobs})
             if any(plan == p for p, _ in variants.values()):
                 continue  # the same plan as an earlier variant (stealing does not apply to this case)
@@ -81,7 +82,7 @@ def main() -> None:
         print(f"\n{label} {str(dtype)[6:]}")
         for name, (plan, _) in variants.items():
             d, g = dirty[name], graph[name]
-            print(f"  {statistics.median(d):.3f} [{min(d):.3f}-{max(d):.3f}] | {statistics.median(g):.3f}  {name:42s}"
+            print(f"  {statistics.median(d):.3f} [{min(d):.3f}-{max(d):.3f}] | {statistics.median(g):.3f}  {name:50s}"
                   f" grid {plan.grid} split {plan.split} block_r {plan.block_r} block_i {plan.block_i} "
                   f"warps {plan.num_warps} registers {regs.get(name)}", flush=True)
         del x, variants, expected

@@ -249,9 +249,10 @@ def test_split_orders(triton_backend, device, monkeypatch, plans_anew, interleav
 
 
 def _stealing(monkeypatch) -> None:
-    """Work stealing on for both kernels, with small items (two 256-byte blocks each) and one 4-warp program per SM
-    (four on the CPU stand-in), so that small inputs have many more items than programs."""
-    monkeypatch.setattr(planner, "STEAL", {"rows": True, "cols": True})
+    """Work stealing on for every plan of both kernels, with small items (two 256-byte blocks each) and one 4-warp
+    program on each of four SMs, so that small inputs have many more items than programs."""
+    monkeypatch.setattr(planner, "STEAL", {"rows": "all", "cols": "all"})
+    monkeypatch.setattr(planner, "sm_count", lambda device: 4)
     monkeypatch.setattr(planner, "STEAL_ITEM_BYTES", 512)
     monkeypatch.setattr(planner, "STEAL_WARPS_PER_SM", 4)
 

@@ -53,16 +53,20 @@ INTERLEAVE_MIN_SPLIT = {"rows": None, "cols": 16}
 #: widest column tile of the cols kernel (1 KiB rows on GPUs), and most rows per program of the rows
 #: kernel, as a fraction of the tile
 MAX_COL_FRACTION = 16
-#: kernels whose plans are run by work stealing (see ReducePlan.steal): a grid of resident programs takes work items
-#: (a tile of outputs x a chunk of the reduced axis) from an atomic counter until none is left, so no SM idles while
-#: another finishes a long program. H100, all of 8192² bf16 under the lab's dirty flush: 0.81 -> 0.85 of copy
-#: bandwidth (benchmarks/results/h100/probes/reduce_steal_ab.txt)
-STEAL = {"rows": True, "cols": False}
+#: which plans of each kernel are run by work stealing (see ReducePlan.steal): None (none), "split" (plans that split
+#: the reduced axis: few outputs) or "all". A grid of resident programs takes work items (a tile of outputs x a chunk
+#: of the reduced axis) from an atomic counter until none is left, so no SM idles while another finishes a long
+#: program. H100, all of 8192² bf16 under the lab's dirty flush: 0.81 -> 0.85 of copy bandwidth
+#: (benchmarks/results/h100/probes/reduce_steal_proto.txt)
+STEAL = {"rows": "split", "cols": None}
 #: bytes of input per work item of a split plan (chunks of the reduced axis): 16 KiB chunks were 13% slower than
 #: 32-64 KiB for all of 8192² bf16 (per-item atomics and partials), 64 KiB the best there and for 10000² fp32
 STEAL_ITEM_BYTES = 65536
-#: warps a stealing grid puts on each SM (programs = this // warps per program): the resident limit of 16-warp rows
-#: programs at 40 registers is 3 per SM; 4 per SM ran 1% slower
+#: most partials (split x outputs) of a stealing split plan: its last program sums all of them alone
+STEAL_MAX_PARTIALS = 65536
+#: warps a stealing grid puts on each SM (programs = this // warps per program). They must all be resident at once:
+#: the kernels cap their registers to fit (_reduce_triton.steal_maxnreg: 40 for 48 warps); a grid of 3 16-warp
+#: programs per SM at 44 registers (2 resident) ran a second, partial wave and lost the gain
 STEAL_WARPS_PER_SM = 48
 
 
@@ -197,14 +201,15 @@ def _plan(kept: tuple[tuple[int, int], ...], red: tuple[int, int], elsize: int, 
 def _stealing(plan: ReducePlan, elsize: int, sms: int) -> ReducePlan:
     """``plan`` run by work stealing where :data:`STEAL` says so and there are more items than resident programs:
     a split plan's chunks become ``STEAL_ITEM_BYTES`` each (whole blocks, read in order); the rest is unchanged."""
-    if not STEAL.get(plan.kind):
+    which = STEAL.get(plan.kind)
+    if which is None or (which == "split" and plan.split == 1):
         return plan
     split, r_per_split = plan.split, plan.r_per_split
     if split > 1:
         width = plan.block_i  # outputs per tile: rows of the rows kernel, columns of the cols kernel
         r_per_split = max(1, STEAL_ITEM_BYTES // (elsize * width * plan.block_r)) * plan.block_r
         split = cdiv(plan.R, r_per_split)
-        if split <= 1:
+        if split <= 1 or split * plan.K > STEAL_MAX_PARTIALS:
             return plan
     programs = max(1, STEAL_WARPS_PER_SM // plan.num_warps) * sms
     if plan.tiles * split <= programs:

@@ -30,7 +30,7 @@ import torch
 import triton
 import triton.language as tl
 
-from ._launch import INT32_MAX, needs_int64
+from ._launch import INT32_MAX, cdiv, needs_int64, sm_count
 from ._launch import launch as launch_kernel
 from ._reduce_plan import ReducePlan, workspace_numel
 from ._tickets import final_sum_rows, last_to_arrive, sum_partials, ticket_counters
@@ -46,6 +46,18 @@ ROWS_MAXNREG = 64
 #: write-back would otherwise share DRAM bandwidth with the read. On the H100 it lifts the 64-134 MB bf16 cases by
 #: 8-33% (benchmarks/sweeps/l2_probe.py) but costs the 0.4-1 GB fp32 ones 2-4%. "" is Triton's default policy.
 STREAM_EVICTION = {2: "evict_first", 4: "", 8: ""}
+
+#: registers of one SM (every GPU fuselab targets, sm_80 to sm_90), for the register cap of stealing grids
+REGISTERS_PER_SM = 65536
+
+
+def steal_maxnreg(plan: ReducePlan, sms: int) -> int:
+    """Register cap under which all ``plan.steal`` programs of a stealing plan are resident at once on ``sms`` SMs (a
+    grid larger than what fits would run a second, partial wave: the imbalance stealing is there to remove):
+    registers per SM over the threads the grid puts on each SM, in the allocation's steps of 8."""
+    warps_per_sm = plan.num_warps * cdiv(plan.steal, sms)
+    return min(255, REGISTERS_PER_SM // (warps_per_sm * 32) // 8 * 8)
+
 
 _TL_ACC = {torch.float32: tl.float32, torch.float64: tl.float64}
 
@@ -317,7 +329,10 @@ def launch(x: torch.Tensor, plan: ReducePlan, out: torch.Tensor, partials: torch
     evict = STREAM_EVICTION.get(x.element_size(), "")
     # plan.block_i outputs per tile: rows of the rows kernel, columns of the cols kernel
     block_s = final_sum_rows(plan.split, plan.block_i) if split else 1
-    key = (plan, is_mean, acc_dtype, out.dtype, int64, evict, ROWS_MAXNREG)
+    maxnreg = ROWS_MAXNREG if plan.kind == "rows" else None
+    if plan.steal:
+        maxnreg = min(maxnreg or 255, steal_maxnreg(plan, sm_count(x.device)))
+    key = (plan, is_mean, acc_dtype, out.dtype, int64, evict, maxnreg)
     counters = ticket_counters(x.device, 2) if plan.steal else ticket_counters(x.device, plan.tiles) if split else out
     tensors = (x, out, partials if split else out, counters)
 
@@ -326,10 +341,10 @@ def launch(x: torch.Tensor, plan: ReducePlan, out: torch.Tensor, partials: torch
                       HAS_TAIL=plan.R % plan.block_r != 0,
                       ACC=_TL_ACC[acc_dtype], BLOCK_S=block_s, OUT_BF16=out.dtype == torch.bfloat16, IS_MEAN=is_mean,
                       INT64=int64, num_warps=plan.num_warps)
+        if maxnreg is not None and x.is_cuda:  # a CUDA compile option (not the interpreter's)
+            common["maxnreg"] = maxnreg
         if plan.kind == "rows":
-            cap = {"maxnreg": ROWS_MAXNREG} if x.is_cuda else {}  # a CUDA compile option (not the interpreter's)
-            return dict(ROWS=plan.block_i, BLOCK_R=plan.block_r, HAS_I=plan.I > 1, R_CONTIG=plan.s_r == 1, **common,
-                        **cap)
+            return dict(ROWS=plan.block_i, BLOCK_R=plan.block_r, HAS_I=plan.I > 1, R_CONTIG=plan.s_r == 1, **common)
         return dict(BLOCK_R=plan.block_r, BLOCK_I=plan.block_i, I_CONTIG=plan.s_i == 1, **common)
 
     if plan.kind == "rows":
