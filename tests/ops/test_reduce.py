@@ -281,15 +281,17 @@ def test_work_stealing(triton_backend, device, monkeypatch, plans_anew, shape, d
 
 
 @pytest.mark.gpu
-def test_work_stealing_leaves_counters_zeroed(device):
-    """A stealing launch leaves the stream's item and ticket counters at zero for the next launch."""
+def test_work_stealing_leaves_counters_zeroed(device, monkeypatch, plans_anew):
+    """A stealing launch, split or not, leaves the stream's item and ticket counters at zero for the next launch."""
     from fuselab.ops import _tickets
 
+    monkeypatch.setattr(planner, "STEAL", {"rows": "all", "cols": None})
     x = torch.randn(4096, 4096, device=device)
     for dim in (None, -1):
         plan = planner.plan_reduction(*planner.prepare(x, (0, 1) if dim is None else (1,)))
         assert plan.steal, plan
-        _check(x, dim, False, "sum")
+        for _ in range(2):
+            _check(x, dim, False, "sum")
         torch.cuda.synchronize()
         assert not _tickets.ticket_counters(x.device, 2)[:2].any()
 
