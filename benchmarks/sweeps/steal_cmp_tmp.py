@@ -59,3 +59,11 @@ for _ in range(3):
         res[name].append(nbytes / timing.events_ms(f, timing.dirty_flush) / 1e6 / copy)
 for name, v in res.items():
     print(f"{statistics.median(v):.3f}  {name}")
+import os
+out = os.environ.get("OUT", "/tmp")
+for i, (key, (compiled, tail, dev)) in enumerate(_launch._COMPILED.items()):
+    open(f"{out}/prod{i}_{compiled.n_regs}.ptx", "w").write(compiled.asm["ptx"])
+    open(f"{out}/prod{i}_{compiled.n_regs}.cubin", "wb").write(compiled.asm["cubin"])
+for i, c in enumerate(proto._steal_kernel.device_caches[0][0].values()):
+    open(f"{out}/proto{i}_{c.n_regs}.ptx", "w").write(c.asm["ptx"])
+    open(f"{out}/proto{i}_{c.n_regs}.cubin", "wb").write(c.asm["cubin"])
