@@ -34,6 +34,14 @@ variants = {
     "production kernel, fast launch": lambda: _launch.launch(K._rows_kernel, "r", (396, 1), (x, out16, parts, c), rargs,
                                                              rc),
 }
+rc64 = {**rc, "INT64": True}
+variants["production kernel, INT64"] = lambda: K._rows_kernel[(396, 1)](x, out16, parts, c, *rargs, **rc64)
+variants["production kernel, maxnreg 64, 2/SM"] = lambda: K._rows_kernel[(264, 1)](x, out16, parts, c, *rargs,
+                                                                                    **{**rc, "maxnreg": 64})
+variants["production kernel, INT64, maxnreg 64, 2/SM"] = lambda: K._rows_kernel[(264, 1)](
+    x, out16, parts, c, *rargs, **{**rc64, "maxnreg": 64})
+variants["proto, maxnreg 64, 2/SM"] = lambda: proto._steal_kernel[(264,)](x, out32, parts, c[0:1], c[1:2], n, nch,
+                                                                          1.0 / n, **{**pc, "maxnreg": 64})
 _, variants["fuselab.mean plan (steal)"] = _variant(x, (0, 1), STEAL={"rows": "split", "cols": None})
 _, variants["static plan"] = _variant(x, (0, 1), STEAL={"rows": None, "cols": None})
 ref = x.double().mean().item()
@@ -49,4 +57,10 @@ for _ in range(4):
         res[name][0].append(nbytes / timing.events_ms(f, timing.dirty_flush) / 1e6 / copy)
         res[name][1].append(nbytes / timing.graph_ms(f) / 1e6 / copy)
 for name, (d, g) in res.items():
+    regs = None
     print(f"{statistics.median(d):.3f} [{min(d):.3f}-{max(d):.3f}] | {statistics.median(g):.3f}  {name}")
+for kern in (proto._steal_kernel, K._rows_kernel):
+    for cache in kern.device_caches.values():
+        for key, ck in cache[0].items():
+            print(kern.__name__ if hasattr(kern, "__name__") else kern.fn.__name__, "regs", ck.n_regs, "spills", ck.n_spills,
+                  "maxnreg", ck.metadata.maxnreg, "INT64" in str(key) and str(key)[-200:])
