@@ -16,10 +16,8 @@ import statistics
 import _timing as timing  # benchmarks/sweeps/_timing.py
 import torch
 from reduce_split_ab import _registers  # benchmarks/sweeps/reduce_split_ab.py
-from reduce_split_probe import _variant  # benchmarks/sweeps/reduce_split_probe.py
+from reduce_split_probe import _home, _variant  # benchmarks/sweeps/reduce_split_probe.py
 from reduce_sweep import case_input  # benchmarks/sweeps/reduce_sweep.py
-
-from fuselab.ops import _reduce_plan as P
 
 CASES = [  # label, shape, dtype, dim: the lab's nine, and two more
     ("all/8192x8192", (8192, 8192), torch.bfloat16, None),
@@ -32,20 +30,19 @@ CASES = [  # label, shape, dtype, dim: the lab's nine, and two more
     ("dim=0/65536x512", (65536, 512), torch.bfloat16, 0),
     ("dim=0/10000x10000", (10000, 10000), torch.float32, 0),
 ]
-KNOBS = ("STEAL", "STEAL_ITEM_BYTES", "STEAL_WARPS_PER_SM", "STEAL_MAX_PARTIALS")
+KNOBS = ("STEAL", "STEAL_ITEM_BYTES", "STEAL_WARPS_PER_SM", "STEAL_MAX_PARTIALS", "STEAL_INT64")
 SPLIT_ONLY = {"rows": "split", "cols": None}
 VARIANTS = {  # name: knobs over the shipped ones
     "no stealing": dict(STEAL={"rows": None, "cols": None}),
-    "rows split plans steal, 64 KiB items, 48 warps/SM": dict(STEAL=SPLIT_ONLY, STEAL_ITEM_BYTES=65536,
-                                                              STEAL_WARPS_PER_SM=48),
+    "rows split plans steal, 64 KiB items, 32 warps/SM, int64": dict(STEAL=SPLIT_ONLY, STEAL_ITEM_BYTES=65536,
+                                                                     STEAL_WARPS_PER_SM=32, STEAL_INT64=True),
+    "rows split plans steal, 32-bit offsets": dict(STEAL=SPLIT_ONLY, STEAL_INT64=False),
     "rows split plans steal, 32 KiB items": dict(STEAL=SPLIT_ONLY, STEAL_ITEM_BYTES=32768),
     "rows split plans steal, 128 KiB items": dict(STEAL=SPLIT_ONLY, STEAL_ITEM_BYTES=131072),
-    "rows split plans steal, 32 warps/SM": dict(STEAL=SPLIT_ONLY, STEAL_WARPS_PER_SM=32),
-    "rows split plans steal, 64 warps/SM": dict(STEAL=SPLIT_ONLY, STEAL_WARPS_PER_SM=64),
+    "rows split plans steal, 48 warps/SM": dict(STEAL=SPLIT_ONLY, STEAL_WARPS_PER_SM=48),
     "every rows plan steals": dict(STEAL={"rows": "all", "cols": None}),
-    "every rows plan steals, 32 warps/SM": dict(STEAL={"rows": "all", "cols": None}, STEAL_WARPS_PER_SM=32),
+    "every rows plan steals, 48 warps/SM": dict(STEAL={"rows": "all", "cols": None}, STEAL_WARPS_PER_SM=48),
     "cols split plans steal too": dict(STEAL={"rows": "split", "cols": "split"}),
-    "cols split plans steal too, 16 KiB items": dict(STEAL={"rows": "split", "cols": "split"}, STEAL_ITEM_BYTES=16384),
     "every cols plan steals": dict(STEAL={"rows": "split", "cols": "all"}),
 }
 
@@ -58,7 +55,7 @@ def main() -> None:
     copy = timing.copy_gbps()
     print(f"# {torch.cuda.get_device_name()}  copy {copy:.0f} GB/s; fractions of it, median over {args.rounds} "
           "alternating rounds [min-max] (dirty flush | CUDA graph)")
-    defaults = {name: getattr(P, name) for name in KNOBS}
+    defaults = {name: getattr(_home(name), name) for name in KNOBS}
     for label, shape, dtype, dim in CASES:
         if args.cases and not any(c in label for c in args.cases):
             continue
@@ -87,7 +84,7 @@ def main() -> None:
                   f"warps {plan.num_warps} registers {regs.get(name)}", flush=True)
         del x, variants, expected
     for name, value in defaults.items():
-        setattr(P, name, value)
+        setattr(_home(name), name, value)
 
 
 if __name__ == "__main__":

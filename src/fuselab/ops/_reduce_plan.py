@@ -65,9 +65,10 @@ STEAL_ITEM_BYTES = 65536
 #: most partials (split x outputs) of a stealing split plan: its last program sums all of them alone
 STEAL_MAX_PARTIALS = 65536
 #: warps a stealing grid puts on each SM (programs = this // warps per program). They must all be resident at once:
-#: the kernels cap their registers to fit (_reduce_triton.steal_maxnreg: 40 for 48 warps); a grid of 3 16-warp
-#: programs per SM at 44 registers (2 resident) ran a second, partial wave and lost the gain
-STEAL_WARPS_PER_SM = 48
+#: the kernels cap their registers to fit (_reduce_triton.steal_maxnreg: 64 for 32 warps). H100, all of 8192² bf16: 2
+#: 16-warp programs per SM at up to 64 registers 0.853 of copy bandwidth, 3 at 40 registers 0.819; a grid of 3 per SM
+#: at 44 registers (2 resident) ran a second, partial wave and lost the gain
+STEAL_WARPS_PER_SM = 32
 
 
 @dataclass(frozen=True)

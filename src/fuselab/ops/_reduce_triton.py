@@ -47,6 +47,10 @@ ROWS_MAXNREG = 64
 #: 8-33% (benchmarks/sweeps/l2_probe.py) but costs the 0.4-1 GB fp32 ones 2-4%. "" is Triton's default policy.
 STREAM_EVICTION = {2: "evict_first", 4: "", 8: ""}
 
+#: 64-bit index math in stealing launches whatever their size. H100, all of 8192² bf16, 2 resident 16-warp programs per
+#: SM: 0.795 -> 0.853 of copy bandwidth under the dirty flush, 0.903 -> 0.965 in a CUDA graph (the prototype
+#: of benchmarks/sweeps/reduce_steal_proto.py, which used 64-bit offsets, ran at 0.845 / 0.963)
+STEAL_INT64 = True
 #: registers of one SM (every GPU fuselab targets, sm_80 to sm_90), for the register cap of stealing grids
 REGISTERS_PER_SM = 65536
 
@@ -325,14 +329,14 @@ def launch(x: torch.Tensor, plan: ReducePlan, out: torch.Tensor, partials: torch
     """The one kernel launch of ``plan`` on ``x``, writing ``out`` (and ``partials`` ``[split, K]`` on the way,
     when ``plan.split > 1``)."""
     split = plan.split > 1
-    int64 = needs_int64(x, out) or plan.K * plan.split > INT32_MAX
+    int64 = needs_int64(x, out) or plan.K * plan.split > INT32_MAX or (plan.steal > 0 and STEAL_INT64)
     evict = STREAM_EVICTION.get(x.element_size(), "")
     # plan.block_i outputs per tile: rows of the rows kernel, columns of the cols kernel
     block_s = final_sum_rows(plan.split, plan.block_i) if split else 1
     maxnreg = ROWS_MAXNREG if plan.kind == "rows" else None
     if plan.steal:
         maxnreg = min(maxnreg or 255, steal_maxnreg(plan, sm_count(x.device)))
-    key = (plan, is_mean, acc_dtype, out.dtype, int64, evict, maxnreg)
+    key = (plan, is_mean, acc_dtype, out.dtype, int64, evict, maxnreg)  # int64 and maxnreg: knobs read here
     counters = ticket_counters(x.device, 2) if plan.steal else ticket_counters(x.device, plan.tiles) if split else out
     tensors = (x, out, partials if split else out, counters)
 
