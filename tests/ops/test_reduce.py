@@ -249,21 +249,22 @@ def test_split_orders(triton_backend, device, monkeypatch, plans_anew, interleav
 
 
 def _stealing(monkeypatch) -> None:
-    """Work stealing on for every plan of both kernels, with small items (two 256-byte blocks each) and one 4-warp
+    """Work stealing on for every plan of the rows kernel, with small items (two 256-byte blocks each) and one 4-warp
     program on each of four SMs, so that small inputs have many more items than programs."""
-    monkeypatch.setattr(planner, "STEAL", {"rows": "all", "cols": "all"})
+    monkeypatch.setattr(planner, "STEAL", "all")
     monkeypatch.setattr(planner, "sm_count", lambda device: 4)
     monkeypatch.setattr(planner, "STEAL_ITEM_BYTES", 512)
     monkeypatch.setattr(planner, "STEAL_WARPS_PER_SM", 4)
 
 
-STEAL_CASES = [*SPLIT_CASES, ((37, 1000), 1, "dense"), ((1000, 300), 0, "dense"), ((1000, 300), 0, "every-other")]
+STEAL_CASES = [((1000,), None, "dense"), ((63, 1001), None, "dense"), ((3001, 7), 0, "column-major"),
+               ((9, 10001), 1, "every-other"), ((37, 1000), 1, "dense"), ((300, 1000), 1, "every-other")]
 
 
 @pytest.mark.parametrize("shape,dim,view", STEAL_CASES, ids=str)
 def test_work_stealing(triton_backend, device, monkeypatch, plans_anew, shape, dim, view):
-    """Plans run by a few programs taking (tile, chunk) items from a counter match float64, split (partials summed
-    by the last program) or not, with ragged last blocks, and give the same bits on every call."""
+    """Rows-kernel plans run by a few programs taking (tile, chunk) items from a counter match float64, split
+    (partials summed by the last program) or not, with ragged last blocks, and give the same bits on every call."""
     _many_splits(monkeypatch, interleave=False)
     _stealing(monkeypatch)
     x = torch.randn(shape, device=device)
@@ -273,7 +274,7 @@ def test_work_stealing(triton_backend, device, monkeypatch, plans_anew, shape, d
         x = x[:, ::2]
     dims = tuple(range(x.dim())) if dim is None else (dim,)
     plan = planner.plan_reduction(*planner.prepare(x, dims))
-    assert plan.steal and plan.tiles * plan.split > plan.steal and not plan.interleave, plan
+    assert plan.kind == "rows" and plan.steal and plan.tiles * plan.split > plan.steal and not plan.interleave, plan
     assert plan.split > 1 or dim is not None, plan
     for op in OPS:
         first = _check(x, dim, False, op)
@@ -285,7 +286,7 @@ def test_work_stealing_leaves_counters_zeroed(device, monkeypatch, plans_anew):
     """A stealing launch, split or not, leaves the stream's item and ticket counters at zero for the next launch."""
     from fuselab.ops import _tickets
 
-    monkeypatch.setattr(planner, "STEAL", {"rows": "all", "cols": None})
+    monkeypatch.setattr(planner, "STEAL", "all")
     x = torch.randn(4096, 4096, device=device)
     for dim in (None, -1):
         plan = planner.plan_reduction(*planner.prepare(x, (0, 1) if dim is None else (1,)))
@@ -317,7 +318,7 @@ def test_int64_variant(triton_backend, device, monkeypatch, plans_anew):
     _many_splits(monkeypatch, interleave=False)
     _stealing(monkeypatch)
     planner._plan.cache_clear()
-    for shape, dim in (((3000,), None), ((3000, 7), 0), ((37, 1000), 1)):
+    for shape, dim in (((3000,), None), ((37, 1000), 1)):
         y = torch.randn(shape, device=device)
         assert planner.plan_reduction(*planner.prepare(y, (dim or 0,))).steal
         _check(y, dim, False, "sum")

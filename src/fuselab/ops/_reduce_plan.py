@@ -53,12 +53,14 @@ INTERLEAVE_MIN_SPLIT = {"rows": None, "cols": 16}
 #: widest column tile of the cols kernel (1 KiB rows on GPUs), and most rows per program of the rows
 #: kernel, as a fraction of the tile
 MAX_COL_FRACTION = 16
-#: which plans of each kernel are run by work stealing (see ReducePlan.steal): None (none), "split" (plans that split
-#: the reduced axis: few outputs) or "all". A grid of resident programs takes work items (a tile of outputs x a chunk
-#: of the reduced axis) from an atomic counter until none is left, so no SM idles while another finishes a long
-#: program. H100, all of 8192² bf16 under the lab's dirty flush: 0.81 -> 0.85 of copy bandwidth
-#: (benchmarks/results/h100/probes/reduce_steal_proto.txt)
-STEAL = {"rows": "split", "cols": None}
+#: which plans of the rows kernel are run by work stealing (see ReducePlan.steal): None (none), "split" (plans that
+#: split the reduced axis: few outputs, e.g. all elements) or "all". A grid of resident programs takes work items (a
+#: tile of outputs x a chunk of the reduced axis) from an atomic counter until none is left, so no SM idles while
+#: another finishes a long program. H100 under the lab's dirty flush (results/h100/probes/reduce_steal_ab.txt): all
+#: of 8192² bf16 0.81 -> 0.85 of copy bandwidth, of 10000² fp32 0.93 -> 0.94, of 2^28 fp32 1.00 -> 1.02; dim=-1 plans
+#: (many short programs already) ran 3-19% slower stolen, and so did the cols kernel's plans (items of one column
+#: strip each; it has no stealing path)
+STEAL = "split"
 #: bytes of input per work item of a split plan (chunks of the reduced axis): 16 KiB chunks were 13% slower than
 #: 32-64 KiB for all of 8192² bf16 (per-item atomics and partials), 64 KiB the best there and for 10000² fp32
 STEAL_ITEM_BYTES = 65536
@@ -88,7 +90,7 @@ class ReducePlan:
     r_per_split: int
     num_warps: int
     interleave: bool  # split programs read every split-th block (see _chunk), not one contiguous chunk each
-    steal: int = 0  # > 0: that many programs take the tiles x split items from a counter (0: one program per item)
+    steal: int = 0  # rows: > 0: that many programs take the tiles x split items from a counter (0: one per item)
 
     @property
     def tiles(self) -> int:
@@ -195,20 +197,18 @@ def _plan(kept: tuple[tuple[int, int], ...], red: tuple[int, int], elsize: int, 
     tiles = O * cdiv(I, block_i)
     split, r_per_split, interleave = _split(R, block_r, tiles, target, "cols")
     warps = 8 if block_r * block_i >= 4096 else 4
-    return _stealing(ReducePlan("cols", O, I, R, s_o, s_i, s_r, block_r, block_i, split, r_per_split, warps,
-                                interleave), elsize, sms)
+    return ReducePlan("cols", O, I, R, s_o, s_i, s_r, block_r, block_i, split, r_per_split, warps, interleave)
 
 
 def _stealing(plan: ReducePlan, elsize: int, sms: int) -> ReducePlan:
-    """``plan`` run by work stealing where :data:`STEAL` says so and there are more items than resident programs:
-    a split plan's chunks become ``STEAL_ITEM_BYTES`` each (whole blocks, read in order); the rest is unchanged."""
-    which = STEAL.get(plan.kind)
-    if which is None or (which == "split" and plan.split == 1):
+    """A rows ``plan`` run by work stealing where :data:`STEAL` says so and there are more items than resident
+    programs: a split plan's chunks become ``STEAL_ITEM_BYTES`` each (whole blocks, read in order); the rest is
+    unchanged."""
+    if STEAL is None or (STEAL == "split" and plan.split == 1):
         return plan
     split, r_per_split = plan.split, plan.r_per_split
     if split > 1:
-        width = plan.block_i  # outputs per tile: rows of the rows kernel, columns of the cols kernel
-        r_per_split = max(1, STEAL_ITEM_BYTES // (elsize * width * plan.block_r)) * plan.block_r
+        r_per_split = max(1, STEAL_ITEM_BYTES // (elsize * plan.block_i * plan.block_r)) * plan.block_r
         split = cdiv(plan.R, r_per_split)
         if split <= 1 or split * plan.K > STEAL_MAX_PARTIALS:
             return plan

@@ -259,14 +259,27 @@ def _rows_kernel(
 
 
 @triton.jit
-def _cols_item(x_ptr, tile, split, n_split, O, I, R, s_o, s_r, s_i, r_per_split, BLOCK_R: tl.constexpr,
-               BLOCK_I: tl.constexpr, I_CONTIG: tl.constexpr, SPLIT_R: tl.constexpr, HAS_TAIL: tl.constexpr,
-               ACC: tl.constexpr, INT64: tl.constexpr, EVICT: tl.constexpr, INTERLEAVE: tl.constexpr):
-    """One work item of the cols kernel: the ``[BLOCK_I]`` sums of column tile ``tile`` (``o * blocks_of_i + block of
-    i``) over chunk ``split`` of the reduced axis, and those outputs' indices and mask (int64 where INT64)."""
+def _cols_kernel(
+    x_ptr,  # input; element (o, r, i) at o*s_o + r*s_r + i*s_i, o < O, r < R, i < I
+    out_ptr,  # [O*I] result (output dtype)
+    part_ptr,  # [SPLIT, O*I] partials (ACC dtype); only if SPLIT_R
+    count_ptr,  # [O * cdiv(I, BLOCK_I)] int32 ticket counters, zero before and after; only if SPLIT_R
+    O, I, R, s_o, s_r, s_i,
+    r_per_split,  # reduced elements per split (a multiple of BLOCK_R); R when SPLIT == 1
+    n_reduced,  # divisor of the mean (IS_MEAN only)
+    BLOCK_R: tl.constexpr, BLOCK_I: tl.constexpr, I_CONTIG: tl.constexpr, SPLIT_R: tl.constexpr,
+    HAS_TAIL: tl.constexpr, ACC: tl.constexpr, BLOCK_S: tl.constexpr, IS_MEAN: tl.constexpr,
+    OUT_BF16: tl.constexpr, INT64: tl.constexpr, EVICT: tl.constexpr, INTERLEAVE: tl.constexpr,
+):
+    pid = tl.program_id(0)  # o * blocks_of_i + block of i
+    split = tl.program_id(1)
+    n_split = tl.num_programs(1)
+    if INT64:
+        pid = pid.to(tl.int64)
+        split = split.to(tl.int64)
     i_blocks = tl.cdiv(I, BLOCK_I)
-    o = tile // i_blocks
-    cols = (tile % i_blocks) * BLOCK_I + tl.arange(0, BLOCK_I)
+    o = pid // i_blocks
+    cols = (pid % i_blocks) * BLOCK_I + tl.arange(0, BLOCK_I)
     col_mask = cols < I
     if I_CONTIG:
         col_off = o * s_o + cols
@@ -286,42 +299,8 @@ def _cols_item(x_ptr, tile, split, n_split, O, I, R, s_o, s_r, s_i, r_per_split,
         offs = r[:, None] * s_r + col_off[None, :]
         mask = (r < r_end)[:, None] & col_mask[None, :]
         acc += tl.load(x_ptr + offs, mask=mask, other=0.0, eviction_policy=EVICT).to(ACC)
-    return tl.sum(acc, axis=0), o * I + cols, col_mask
-
-
-@triton.jit
-def _cols_kernel(
-    x_ptr,  # input; element (o, r, i) at o*s_o + r*s_r + i*s_i, o < O, r < R, i < I
-    out_ptr,  # [O*I] result (output dtype)
-    part_ptr,  # [n_split, O*I] partials (ACC dtype); only if SPLIT_R
-    count_ptr,  # int32 counters, zero before and after: [n_tiles] tickets if SPLIT_R, [2] if STEAL (see _steal_done)
-    O, I, R, s_o, s_r, s_i,
-    r_per_split,  # reduced elements per split (a multiple of BLOCK_R); R when n_split == 1
-    n_reduced,  # divisor of the mean (IS_MEAN only)
-    n_tiles, n_split,  # column tiles (O * cdiv(I, BLOCK_I)), chunks of the reduced axis
-    BLOCK_R: tl.constexpr, BLOCK_I: tl.constexpr, I_CONTIG: tl.constexpr, SPLIT_R: tl.constexpr,
-    HAS_TAIL: tl.constexpr, ACC: tl.constexpr, BLOCK_S: tl.constexpr, IS_MEAN: tl.constexpr,
-    OUT_BF16: tl.constexpr, INT64: tl.constexpr, EVICT: tl.constexpr, INTERLEAVE: tl.constexpr, STEAL: tl.constexpr,
-):
-    if STEAL:
-        item = _grab(count_ptr)
-        while item < n_tiles * n_split:
-            ahead = _grab(count_ptr)  # the next item, asked for before this one is read
-            tile, split = _item_coords(item, n_tiles, INT64)
-            total, idx, mask = _cols_item(x_ptr, tile, split, n_split, O, I, R, s_o, s_r, s_i,
-                                          r_per_split, BLOCK_R, BLOCK_I, I_CONTIG, SPLIT_R, HAS_TAIL, ACC, INT64, EVICT,
-                                          False)
-            _store_item(total, idx, mask, out_ptr, part_ptr, split, O * I, n_reduced, SPLIT_R, IS_MEAN,
-                        OUT_BF16)
-            item = ahead
-        _steal_done(out_ptr, part_ptr, count_ptr, O * I, n_split, n_reduced, BLOCK_I, SPLIT_R, BLOCK_S, ACC, IS_MEAN,
-                    OUT_BF16)
-    else:
-        tile, split = _program_coords(INT64)
-        total, idx, mask = _cols_item(x_ptr, tile, split, n_split, O, I, R, s_o, s_r, s_i, r_per_split, BLOCK_R,
-                                      BLOCK_I, I_CONTIG, SPLIT_R, HAS_TAIL, ACC, INT64, EVICT, INTERLEAVE)
-        _store_result(total, idx, mask, out_ptr, part_ptr, count_ptr, tile, split, n_split, O * I, n_reduced, BLOCK_I,
-                      SPLIT_R, BLOCK_S, ACC, IS_MEAN, OUT_BF16)
+    _store_result(tl.sum(acc, axis=0), o * I + cols, col_mask, out_ptr, part_ptr, count_ptr, pid, split, n_split,
+                  O * I, n_reduced, BLOCK_I, SPLIT_R, BLOCK_S, ACC, IS_MEAN, OUT_BF16)
 
 
 def launch(x: torch.Tensor, plan: ReducePlan, out: torch.Tensor, partials: torch.Tensor | None, *, is_mean: bool,
@@ -349,6 +328,7 @@ def launch(x: torch.Tensor, plan: ReducePlan, out: torch.Tensor, partials: torch
             common["maxnreg"] = maxnreg
         if plan.kind == "rows":
             return dict(ROWS=plan.block_i, BLOCK_R=plan.block_r, HAS_I=plan.I > 1, R_CONTIG=plan.s_r == 1, **common)
+        del common["STEAL"]  # the rows kernel's only
         return dict(BLOCK_R=plan.block_r, BLOCK_I=plan.block_i, I_CONTIG=plan.s_i == 1, **common)
 
     if plan.kind == "rows":
@@ -356,8 +336,7 @@ def launch(x: torch.Tensor, plan: ReducePlan, out: torch.Tensor, partials: torch
                    plan.split)
         launch_kernel(_rows_kernel, key, plan.grid, tensors, scalars, constexprs)
     else:
-        scalars = (plan.O, plan.I, plan.R, plan.s_o, plan.s_r, plan.s_i, plan.r_per_split, plan.R, plan.tiles,
-                   plan.split)
+        scalars = (plan.O, plan.I, plan.R, plan.s_o, plan.s_r, plan.s_i, plan.r_per_split, plan.R)
         launch_kernel(_cols_kernel, key, plan.grid, tensors, scalars, constexprs)
 
 
