@@ -61,9 +61,10 @@ MAX_COL_FRACTION = 16
 #: (many short programs already) ran 3-19% slower stolen, and so did the cols kernel's plans (items of one column
 #: strip each; it has no stealing path)
 STEAL = "split"
-#: bytes of input per work item of a split plan (chunks of the reduced axis): 16 KiB chunks were 13% slower than
-#: 32-64 KiB for all of 8192² bf16 (per-item atomics and partials), 64 KiB the best there and for 10000² fp32
-STEAL_ITEM_BYTES = 65536
+#: bytes of input per work item of a split plan (chunks of the reduced axis). All of 8192² bf16, two runs of
+#: reduce_steal_ab.py: 32 KiB 0.853 / 0.842, 64 KiB 0.847 / 0.809, 128 KiB 0.819 / 0.790; fp32 level (±0.3%); 16 KiB
+#: 13% slower in the prototype (per-item atomics and partials)
+STEAL_ITEM_BYTES = 32768
 #: most partials (split x outputs) of a stealing split plan: its last program sums all of them alone
 STEAL_MAX_PARTIALS = 65536
 #: warps a stealing grid puts on each SM (programs = this // warps per program). They must all be resident at once:
