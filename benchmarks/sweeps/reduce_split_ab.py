@@ -51,34 +51,51 @@ def _registers(fn) -> int | None:
     return getattr(entries[-1][0], "n_regs", None) if entries else None
 
 
-def main() -> None:
+def start(rounds: int) -> tuple[argparse.Namespace, float]:
+    """The A/B scripts' command line (``--rounds``, ``--cases``), and the copy bandwidth, printed with the header."""
     parser = argparse.ArgumentParser()
-    parser.add_argument("--rounds", type=int, default=4)
+    parser.add_argument("--rounds", type=int, default=rounds)
     parser.add_argument("--cases", nargs="*", default=None, help="keep the cases whose label contains one of these")
     args = parser.parse_args()
     copy = timing.copy_gbps()
     print(f"# {torch.cuda.get_device_name()}  copy {copy:.0f} GB/s; fractions of it, median over {args.rounds} "
           "alternating rounds [min-max] (dirty flush | CUDA graph)")
+    return args, copy
+
+
+def selected(cases, args: argparse.Namespace, copy: float):
+    """The cases (label, shape, dtype, dim) that ``--cases`` keeps, each with a fresh input:
+    (label, dtype, dim, x, dims, ms -> fraction of copy bandwidth)."""
+    for label, shape, dtype, dim in cases:
+        if not args.cases or any(c in label for c in args.cases):
+            yield (label, dtype, dim, *case_input(shape, dtype, dim, copy))
+
+
+def alternate_and_report(label: str, dtype: torch.dtype, variants: dict, rounds: int, frac, width: int) -> None:
+    """Time ``variants`` (name -> (plan, call)) in alternating rounds, after a dirty flush and in a CUDA graph, and
+    print one line per variant: median [min-max] | graph median, the plan and the kernel's registers."""
+    regs = {name: _registers(fn) for name, (_, fn) in variants.items()}
+    dirty = {name: [] for name in variants}
+    graph = {name: [] for name in variants}
+    for _ in range(rounds):
+        for name, (_, fn) in variants.items():
+            dirty[name].append(frac(timing.events_ms(fn, timing.dirty_flush)))
+            graph[name].append(frac(timing.graph_ms(fn)))
+    print(f"\n{label} {str(dtype)[6:]}")
+    for name, (plan, _) in variants.items():
+        d, g = dirty[name], graph[name]
+        print(f"  {statistics.median(d):.3f} [{min(d):.3f}-{max(d):.3f}] | {statistics.median(g):.3f}  {name:{width}s}"
+              f" grid {plan.grid} split {plan.split} block_r {plan.block_r} block_i {plan.block_i} "
+              f"warps {plan.num_warps} registers {regs.get(name)}", flush=True)
+
+
+def main() -> None:
+    args, copy = start(rounds=4)
     defaults = {name: getattr(_home(name), name) for name in KNOBS}
-    for label, shape, dtype, dim in CASES:
-        if args.cases and not any(c in label for c in args.cases):
-            continue
-        x, dims, frac = case_input(shape, dtype, dim, copy)
+    for label, dtype, dim, x, dims, frac in selected(CASES, args, copy):
         variants = {name: _variant(x, dims, **{**defaults, **knobs}) for name, knobs in VARIANTS.items()
                     if ("column" not in name or dim == 0) and ("per SM" not in name or dim is None)}
-        regs = {name: _registers(fn) for name, (_, fn) in variants.items()}
-        dirty = {name: [] for name in variants}
-        graph = {name: [] for name in variants}
-        for _ in range(args.rounds):
-            for name, (_, fn) in variants.items():
-                dirty[name].append(frac(timing.events_ms(fn, timing.dirty_flush)))
-                graph[name].append(frac(timing.graph_ms(fn)))
-        print(f"\n{label} {str(dtype)[6:]}")
-        for name, (plan, _) in variants.items():
-            d, g = dirty[name], graph[name]
-            print(f"  {statistics.median(d):.3f} [{min(d):.3f}-{max(d):.3f}] | {statistics.median(g):.3f}  {name:36s}"
-                  f" grid {plan.grid} block_r {plan.block_r} block_i {plan.block_i} warps {plan.num_warps} "
-                  f"registers {regs.get(name)}", flush=True)
+        alternate_and_report(label, dtype, variants, args.rounds, frac, width=36)
         _variant(x, dims, **defaults)
         del x, variants
 

@@ -11,28 +11,13 @@ rounds of CUDA events after a dirty flush (the lab's method) [min-max] | per cal
 
 from __future__ import annotations
 
-import argparse
-import statistics
-
-import _timing as timing  # benchmarks/sweeps/_timing.py
 import torch
-from reduce_split_ab import _registers  # benchmarks/sweeps/reduce_split_ab.py
+from reduce_split_ab import alternate_and_report, selected, start  # benchmarks/sweeps/reduce_split_ab.py
 from reduce_split_probe import _home, _variant  # benchmarks/sweeps/reduce_split_probe.py
-from reduce_sweep import case_input  # benchmarks/sweeps/reduce_sweep.py
+from reduce_sweep import CASES  # benchmarks/sweeps/reduce_sweep.py
 
 from fuselab.ops import _reduce_plan as P
 
-CASES = [  # label, shape, dtype, dim: the lab's nine, and two more
-    ("all/8192x8192", (8192, 8192), torch.bfloat16, None),
-    ("all/10000x10000", (10000, 10000), torch.float32, None),
-    ("all/n=2^28", (2**28,), torch.float32, None),
-    ("dim=-1/8192x8192", (8192, 8192), torch.bfloat16, -1),
-    ("dim=-1/65536x512", (65536, 512), torch.bfloat16, -1),
-    ("dim=-1/10000x10000", (10000, 10000), torch.float32, -1),
-    ("dim=0/8192x8192", (8192, 8192), torch.bfloat16, 0),
-    ("dim=0/65536x512", (65536, 512), torch.bfloat16, 0),
-    ("dim=0/10000x10000", (10000, 10000), torch.float32, 0),
-]
 KNOBS = ("STEAL", "STEAL_ITEM_BYTES", "STEAL_WARPS_PER_SM", "STEAL_MAX_PARTIALS", "STEAL_INT64")
 VARIANTS = {  # name: knobs over the shipped ones
     "no stealing": dict(STEAL=None),
@@ -48,18 +33,9 @@ VARIANTS = {  # name: knobs over the shipped ones
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser()
-    parser.add_argument("--rounds", type=int, default=3)
-    parser.add_argument("--cases", nargs="*", default=None, help="keep the cases whose label contains one of these")
-    args = parser.parse_args()
-    copy = timing.copy_gbps()
-    print(f"# {torch.cuda.get_device_name()}  copy {copy:.0f} GB/s; fractions of it, median over {args.rounds} "
-          "alternating rounds [min-max] (dirty flush | CUDA graph)")
+    args, copy = start(rounds=3)
     defaults = {name: getattr(_home(name), name) for name in KNOBS}
-    for label, shape, dtype, dim in CASES:
-        if args.cases and not any(c in label for c in args.cases):
-            continue
-        x, dims, frac = case_input(shape, dtype, dim, copy)
+    for label, dtype, _, x, dims, frac in selected(CASES, args, copy):  # the lab's nine cases
         expected = x.double().mean(dim=dims)
         variants, seen = {}, []
         for name, knobs in VARIANTS.items():
@@ -71,19 +47,7 @@ def main() -> None:
             got = fn().double().view(expected.shape)
             assert torch.allclose(got, expected, rtol=1e-2, atol=1e-3), (name, (got - expected).abs().max().item())
             variants[name] = plan, fn
-        regs = {name: _registers(fn) for name, (_, fn) in variants.items()}
-        dirty = {name: [] for name in variants}
-        graph = {name: [] for name in variants}
-        for _ in range(args.rounds):
-            for name, (_, fn) in variants.items():
-                dirty[name].append(frac(timing.events_ms(fn, timing.dirty_flush)))
-                graph[name].append(frac(timing.graph_ms(fn)))
-        print(f"\n{label} {str(dtype)[6:]}")
-        for name, (plan, _) in variants.items():
-            d, g = dirty[name], graph[name]
-            print(f"  {statistics.median(d):.3f} [{min(d):.3f}-{max(d):.3f}] | {statistics.median(g):.3f}  {name:50s}"
-                  f" grid {plan.grid} split {plan.split} block_r {plan.block_r} block_i {plan.block_i} "
-                  f"warps {plan.num_warps} registers {regs.get(name)}", flush=True)
+        alternate_and_report(label, dtype, variants, args.rounds, frac, width=50)
         del x, variants, expected
     for name, value in defaults.items():
         setattr(_home(name), name, value)
