@@ -229,6 +229,16 @@ def _many_splits(monkeypatch, interleave: bool) -> None:
     monkeypatch.setattr(planner, "TILE_BYTES", dict.fromkeys((2, 4, 8), 256))
 
 
+def _view(x: torch.Tensor, view: str) -> torch.Tensor:
+    """``x`` as a SPLIT_CASES view: "dense"; "column-major" (rows kernel, kept axis strided); "every-other" (rows
+    kernel over a strided reduced axis)."""
+    if view == "column-major":
+        return x.t().contiguous().t()
+    if view == "every-other":
+        return x[:, ::2]
+    return x
+
+
 @pytest.mark.parametrize("interleave", [True, False], ids=["interleaved", "chunked"])
 @pytest.mark.parametrize("shape,dim,view", SPLIT_CASES, ids=str)
 def test_split_orders(triton_backend, device, monkeypatch, plans_anew, interleave, shape, dim, view):
@@ -236,11 +246,7 @@ def test_split_orders(triton_backend, device, monkeypatch, plans_anew, interleav
     float64, with tiles small enough for many splits and a ragged last block (owned, when interleaved, by the last
     program or one in the middle, depending on the case)."""
     _many_splits(monkeypatch, interleave)
-    x = torch.randn(shape, device=device)
-    if view == "column-major":  # the rows kernel (reduced axis contiguous), kept axis strided
-        x = x.t().contiguous().t()
-    elif view == "every-other":  # the rows kernel over a strided reduced axis
-        x = x[:, ::2]
+    x = _view(torch.randn(shape, device=device), view)
     src, kept, red = planner.prepare(x, tuple(range(x.dim())) if dim is None else (dim,))
     plan = planner.plan_reduction(src, kept, red)
     assert plan.split > 2 and plan.R % plan.block_r and plan.interleave == interleave, plan
@@ -267,11 +273,7 @@ def test_work_stealing(triton_backend, device, monkeypatch, plans_anew, shape, d
     (partials summed by the last program) or not, with ragged last blocks, and give the same bits on every call."""
     _many_splits(monkeypatch, interleave=False)
     _stealing(monkeypatch)
-    x = torch.randn(shape, device=device)
-    if view == "column-major":
-        x = x.t().contiguous().t()
-    elif view == "every-other":
-        x = x[:, ::2]
+    x = _view(torch.randn(shape, device=device), view)
     dims = tuple(range(x.dim())) if dim is None else (dim,)
     plan = planner.plan_reduction(*planner.prepare(x, dims))
     assert plan.kind == "rows" and plan.steal and plan.tiles * plan.split > plan.steal and not plan.interleave, plan

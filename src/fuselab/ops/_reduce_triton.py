@@ -79,6 +79,14 @@ def _cast_out(v, out_ptr, OUT_BF16: tl.constexpr):
 
 
 @triton.jit
+def _store_out(total, idx, mask, out_ptr, n_reduced, IS_MEAN: tl.constexpr, OUT_BF16: tl.constexpr):
+    """Write finished sums ``total`` to outputs ``idx``: divided by ``n_reduced`` for a mean, in the output dtype."""
+    if IS_MEAN:
+        total = total / n_reduced
+    tl.store(out_ptr + idx, _cast_out(total, out_ptr, OUT_BF16), mask=mask)
+
+
+@triton.jit
 def _store_result(total, idx, mask, out_ptr, part_ptr, count_ptr, tile, split, n_split, n_outputs, n_reduced,
                   WIDTH: tl.constexpr, SPLIT_R: tl.constexpr, BLOCK_S: tl.constexpr, ACC: tl.constexpr,
                   IS_MEAN: tl.constexpr, OUT_BF16: tl.constexpr):
@@ -91,9 +99,7 @@ def _store_result(total, idx, mask, out_ptr, part_ptr, count_ptr, tile, split, n
         if done:
             total = sum_partials(part_ptr, n_outputs, idx, mask, n_split, BLOCK_S, WIDTH, ACC)
     if done:
-        if IS_MEAN:
-            total = total / n_reduced
-        tl.store(out_ptr + idx, _cast_out(total, out_ptr, OUT_BF16), mask=mask)
+        _store_out(total, idx, mask, out_ptr, n_reduced, IS_MEAN, OUT_BF16)
 
 
 @triton.jit
@@ -161,9 +167,7 @@ def _store_item(total, idx, mask, out_ptr, part_ptr, split, n_outputs, n_reduced
     if SPLIT_R:
         tl.store(part_ptr + split * n_outputs + idx, total, mask=mask)
     else:
-        if IS_MEAN:
-            total = total / n_reduced
-        tl.store(out_ptr + idx, _cast_out(total, out_ptr, OUT_BF16), mask=mask)
+        _store_out(total, idx, mask, out_ptr, n_reduced, IS_MEAN, OUT_BF16)
 
 
 @triton.jit
@@ -180,9 +184,7 @@ def _steal_done(out_ptr, part_ptr, count_ptr, n_outputs, n_split, n_reduced, WID
                 idx = start + tl.arange(0, WIDTH)
                 mask = idx < n_outputs
                 total = sum_partials(part_ptr, n_outputs, idx, mask, n_split, BLOCK_S, WIDTH, ACC)
-                if IS_MEAN:
-                    total = total / n_reduced
-                tl.store(out_ptr + idx, _cast_out(total, out_ptr, OUT_BF16), mask=mask)
+                _store_out(total, idx, mask, out_ptr, n_reduced, IS_MEAN, OUT_BF16)
 
 
 @triton.jit
@@ -320,15 +322,14 @@ def launch(x: torch.Tensor, plan: ReducePlan, out: torch.Tensor, partials: torch
     tensors = (x, out, partials if split else out, counters)
 
     def constexprs() -> dict:  # built only the first time this signature launches
-        common = dict(EVICT=evict, SPLIT_R=split, INTERLEAVE=plan.interleave, STEAL=plan.steal > 0,
-                      HAS_TAIL=plan.R % plan.block_r != 0,
+        common = dict(EVICT=evict, SPLIT_R=split, INTERLEAVE=plan.interleave, HAS_TAIL=plan.R % plan.block_r != 0,
                       ACC=_TL_ACC[acc_dtype], BLOCK_S=block_s, OUT_BF16=out.dtype == torch.bfloat16, IS_MEAN=is_mean,
                       INT64=int64, num_warps=plan.num_warps)
         if maxnreg is not None and x.is_cuda:  # a CUDA compile option (not the interpreter's)
             common["maxnreg"] = maxnreg
         if plan.kind == "rows":
-            return dict(ROWS=plan.block_i, BLOCK_R=plan.block_r, HAS_I=plan.I > 1, R_CONTIG=plan.s_r == 1, **common)
-        del common["STEAL"]  # the rows kernel's only
+            return dict(ROWS=plan.block_i, BLOCK_R=plan.block_r, HAS_I=plan.I > 1, R_CONTIG=plan.s_r == 1,
+                        STEAL=plan.steal > 0, **common)
         return dict(BLOCK_R=plan.block_r, BLOCK_I=plan.block_i, I_CONTIG=plan.s_i == 1, **common)
 
     if plan.kind == "rows":
