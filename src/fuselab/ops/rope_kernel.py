@@ -29,7 +29,7 @@ LAYOUTS = ("bshd", "sbhd", "bhsd", "thd")
 def _rotate_heads(x_ptr, o_ptr, x_tok, o_tok, tmask, h_start, h_end, sxh, sxd, soh, sod, c, s,
                   BLOCK_T: tl.constexpr, BLOCK_H: tl.constexpr, HALF: tl.constexpr, BLOCK_HALF: tl.constexpr,
                   PASS: tl.constexpr, BLOCK_PASS: tl.constexpr, INTERLEAVED: tl.constexpr,
-                  COPY_PASS: tl.constexpr, INT64: tl.constexpr):
+                  COPY_PASS: tl.constexpr, INT64: tl.constexpr, LOAD_EVICT: tl.constexpr, STORE_EVICT: tl.constexpr):
     # x_ptr/o_ptr: one tensor's input/output; x_tok/o_tok: (BLOCK_T,) element offsets of each token's
     # head 0; c, s: (BLOCK_T, 1, BLOCK_HALF) compute-dtype cos/sin (sin already sign-flipped if CONJ)
     jj = tl.arange(0, BLOCK_HALF)
@@ -44,23 +44,28 @@ def _rotate_heads(x_ptr, o_ptr, x_tok, o_tok, tmask, h_start, h_end, sxh, sxd, s
         if INTERLEAVED:
             dd = tl.arange(0, 2 * BLOCK_HALF)
             m3 = m2[:, :, None] & (dd < 2 * HALF)[None, None, :]
-            x = tl.load(x_ptr + xrow + dd[None, None, :] * sxd, mask=m3, other=0.0).to(c.dtype)
+            x = tl.load(x_ptr + xrow + dd[None, None, :] * sxd, mask=m3, other=0.0,
+                        eviction_policy=LOAD_EVICT).to(c.dtype)
             x1, x2 = tl.split(tl.reshape(x, (BLOCK_T, BLOCK_H, BLOCK_HALF, 2)))
             o = tl.reshape(tl.join(x1 * c - x2 * s, x2 * c + x1 * s), (BLOCK_T, BLOCK_H, 2 * BLOCK_HALF))
-            tl.store(o_ptr + orow + dd[None, None, :] * sod, o.to(o_ptr.dtype.element_ty), mask=m3)
+            tl.store(o_ptr + orow + dd[None, None, :] * sod, o.to(o_ptr.dtype.element_ty), mask=m3,
+                     eviction_policy=STORE_EVICT)
         else:
             m3 = m2[:, :, None] & jmask[None, None, :]
             px = x_ptr + xrow + jj[None, None, :] * sxd
-            x1 = tl.load(px, mask=m3, other=0.0).to(c.dtype)
-            x2 = tl.load(px + HALF * sxd, mask=m3, other=0.0).to(c.dtype)
+            x1 = tl.load(px, mask=m3, other=0.0, eviction_policy=LOAD_EVICT).to(c.dtype)
+            x2 = tl.load(px + HALF * sxd, mask=m3, other=0.0, eviction_policy=LOAD_EVICT).to(c.dtype)
             po = o_ptr + orow + jj[None, None, :] * sod
-            tl.store(po, (x1 * c - x2 * s).to(o_ptr.dtype.element_ty), mask=m3)
-            tl.store(po + HALF * sod, (x2 * c + x1 * s).to(o_ptr.dtype.element_ty), mask=m3)
+            tl.store(po, (x1 * c - x2 * s).to(o_ptr.dtype.element_ty), mask=m3, eviction_policy=STORE_EVICT)
+            tl.store(po + HALF * sod, (x2 * c + x1 * s).to(o_ptr.dtype.element_ty), mask=m3,
+                     eviction_policy=STORE_EVICT)
         if COPY_PASS:
             pp = tl.arange(0, BLOCK_PASS)
             mp = m2[:, :, None] & (pp < PASS)[None, None, :]
-            v = tl.load(x_ptr + xrow + (2 * HALF + pp[None, None, :]) * sxd, mask=mp, other=0.0)
-            tl.store(o_ptr + orow + (2 * HALF + pp[None, None, :]) * sod, v.to(o_ptr.dtype.element_ty), mask=mp)
+            v = tl.load(x_ptr + xrow + (2 * HALF + pp[None, None, :]) * sxd, mask=mp, other=0.0,
+                        eviction_policy=LOAD_EVICT)
+            tl.store(o_ptr + orow + (2 * HALF + pp[None, None, :]) * sod, v.to(o_ptr.dtype.element_ty), mask=mp,
+                     eviction_policy=STORE_EVICT)
 
 
 @triton.jit
@@ -85,6 +90,7 @@ def _rope_kernel(
     INTERLEAVED: tl.constexpr, CONJ: tl.constexpr, HAS_K: tl.constexpr, USE_TABLE: tl.constexpr,
     POS_TENSOR: tl.constexpr, OFF_TENSOR: tl.constexpr, VARLEN: tl.constexpr, SEARCH_STEPS: tl.constexpr,
     COPY_PASS: tl.constexpr, INT64: tl.constexpr, F64: tl.constexpr,
+    LOAD_EVICT: tl.constexpr, STORE_EVICT: tl.constexpr,  # eviction hints of the q/k stream ("" = default)
 ):
     pid_t = tl.program_id(0)
     pid_h = tl.program_id(1)
@@ -138,12 +144,14 @@ def _rope_kernel(
     q_start = pid_h * q_chunk
     _rotate_heads(q_ptr, qo_ptr, b * sqb + s * sqs, b * soqb + s * soqs, tmask, q_start,
                   tl.minimum(q_start + q_chunk, HQ), sqh, sqd, soqh, soqd, c, sn,
-                  BLOCK_T, BLOCK_HQ, HALF, BLOCK_HALF, PASS, BLOCK_PASS, INTERLEAVED, COPY_PASS, INT64)
+                  BLOCK_T, BLOCK_HQ, HALF, BLOCK_HALF, PASS, BLOCK_PASS, INTERLEAVED, COPY_PASS, INT64,
+                  LOAD_EVICT, STORE_EVICT)
     if HAS_K:
         k_start = pid_h * k_chunk
         _rotate_heads(k_ptr, ko_ptr, b * skb + s * sks, b * sokb + s * soks, tmask, k_start,
                       tl.minimum(k_start + k_chunk, HK), skh, skd, sokh, sokd, c, sn,
-                      BLOCK_T, BLOCK_HK, HALF, BLOCK_HALF, PASS, BLOCK_PASS, INTERLEAVED, COPY_PASS, INT64)
+                      BLOCK_T, BLOCK_HK, HALF, BLOCK_HALF, PASS, BLOCK_PASS, INTERLEAVED, COPY_PASS, INT64,
+                      LOAD_EVICT, STORE_EVICT)
 
 
 def in_layout_order(values, layout: str, absent: int) -> tuple[int, int, int, int]:
@@ -163,6 +171,10 @@ def logical_strides(t: torch.Tensor, layout: str) -> tuple[int, int, int, int]:
     """Strides of ``t``'s (batch, seq, heads, head_dim) view in ``layout`` (thd: batch stride 0)."""
     return in_layout_order(t.stride(), layout, 0)
 
+
+#: eviction hints of the q/k loads and the output stores ("" is Triton's default)
+LOAD_EVICTION = ""
+STORE_EVICTION = ""
 
 # tile of one loop iteration, in elements (both halves of the rotary dims)
 TILE_ELEMENTS = 4096
@@ -302,7 +314,8 @@ def _make_plan(q, k, kk, q_out, ko, cos, sin, positions, offsets, cu_seqlens, *,
         PASS=n_pass, BLOCK_PASS=block_pass, INTERLEAVED=interleaved, CONJ=conj, HAS_K=has_k,
         USE_TABLE=use_table, POS_TENSOR=positions is not None, OFF_TENSOR=offsets is not None,
         VARLEN=varlen, SEARCH_STEPS=max(1, nseq.bit_length()), COPY_PASS=copy_pass,
-        INT64=False, F64=q.dtype == torch.float64, num_warps=warps,
+        INT64=False, F64=q.dtype == torch.float64, LOAD_EVICT=LOAD_EVICTION, STORE_EVICT=STORE_EVICTION,
+        num_warps=warps,
     )
     grid = (cdiv(n_tokens, block_t), splits)
     return grid, ints, constexprs, {**constexprs, "INT64": True}, extent
