@@ -1,0 +1,126 @@
+"""RoPE forward: launch knobs of ``rope_kernel``, alternating variants in rounds.
+
+    python3 benchmarks/sweeps/rope_knobs_ab.py {evict,fuse} [--rounds 4] [--cases 16x2048]
+
+``evict`` (session 18, ``probes/rope_evict.txt``): eviction hints of the q/k loads and the output stores. Under
+do_bench's flush L2 starts full of dirty lines. A kernel that reads N bytes and writes N bytes
+leaves L2 full of *something* when it ends; every dirty line still there is written back after the timer stops.
+With Triton's default hints the lines of the read stream (clean) compete with the outputs and the flush's lines
+(dirty), so part of L2 ends the kernel holding clean lines, and more dirty bytes are written back inside the
+timed region. ``evict_first`` on the loads should leave L2 to dirty lines and save up to the copy's own dirty
+penalty (a copy of the D=64 shape's bytes: 0.953 dirty vs 1.018 clean, ``probes/rope_tiles.txt``).
+
+``fuse`` (``probes/rope_fuse_qk.txt``): ``FUSE_QK``. A program that rotates q's heads and then k's has one tensor's
+bytes in flight at a time, and waits for two load latencies in a row; loading both before storing either doubles
+the bytes in flight per program. Inductor's kernel for the HF formula handles q and k at the same index in one
+kernel when their shapes agree (4x4096x32/32x128: 0.97 vs our 0.96).
+
+Each variant's launch is prepared once (``rope_launch`` with the knobs set) and replayed (``rope_relaunch``);
+per round every variant and a same-size ``copy_`` are timed once after a dirty flush and once in a CUDA graph.
+"""
+
+from __future__ import annotations
+
+import argparse
+import functools
+import statistics
+
+import _timing as timing  # benchmarks/sweeps/_timing.py
+import torch
+from rope_tiles import forget_launches, restore, set_config  # benchmarks/sweeps/rope_tiles.py
+
+from fuselab.bench.spec import CaseQuery
+from fuselab.bench.suites import rope as suite
+from fuselab.ops import _launch, rope_kernel
+
+SETS = {  # set: {variant name: knobs of rope_kernel over the shipped ones}
+    "evict": {
+        "shipped": {},
+        "default / default": dict(LOAD_EVICTION="", STORE_EVICTION=""),
+        "load evict_first": dict(LOAD_EVICTION="evict_first", STORE_EVICTION=""),
+        "store evict_first": dict(LOAD_EVICTION="", STORE_EVICTION="evict_first"),
+        "both evict_first": dict(LOAD_EVICTION="evict_first", STORE_EVICTION="evict_first"),
+        "load evict_first, store evict_last": dict(LOAD_EVICTION="evict_first", STORE_EVICTION="evict_last"),
+    },
+    "fuse": {
+        "shipped": {},
+        "q then k": dict(FUSE_QK=False),
+        "q and k loaded together": dict(FUSE_QK=True),
+        "q and k together, 4 warps": dict(FUSE_QK=True, WARPS=4),
+        "q and k together, 16 warps": dict(FUSE_QK=True, WARPS=16),
+    },
+}
+
+
+def prepared(q, k, cos, sin, layout, offsets, cu, inplace: bool, knobs: dict) -> tuple:
+    """A call that replays the launch planned with ``knobs`` set in ``rope_kernel`` (``WARPS``: the plan's warps),
+    its outputs, and a line describing its plan."""
+    shipped = {name: getattr(rope_kernel, name) for name in knobs if name != "WARPS"}
+    for name, value in knobs.items():
+        if name != "WARPS":
+            setattr(rope_kernel, name, value)
+    if "WARPS" in knobs:
+        set_config(rope_kernel.TILE_ELEMENTS, knobs["WARPS"])
+    forget_launches()
+    q_out, k_out = (q, k) if inplace else (torch.empty_like(q), torch.empty_like(k))
+    tensor_offsets = offsets if isinstance(offsets, torch.Tensor) else None
+    offset = 0 if tensor_offsets is not None else int(offsets or 0)
+    args = (cos, sin, None, None, tensor_offsets, cu)
+    record = rope_kernel.rope_launch(q, k, q_out, k_out, *args, layout=layout, half=cos.shape[-1],
+                                     interleaved=False, conj=False, offset=offset)
+    grid, _, constexprs, _, _ = next(iter(rope_kernel._PLANS.values()))
+    regs = getattr(next(iter(_launch._COMPILED.values()))[0], "n_regs", None)
+    plan = (f"grid {grid} T,HQ,HK {constexprs['BLOCK_T']},{constexprs['BLOCK_HQ']},{constexprs['BLOCK_HK']} "
+            f"warps {constexprs['num_warps']} fused {constexprs['FUSE_QK']} registers {regs}")
+    for name, value in shipped.items():
+        setattr(rope_kernel, name, value)
+    restore()
+    return (lambda: rope_kernel.rope_relaunch(record, q, k, q_out, k_out, *args, offset, 1.0)), q_out, k_out, plan
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("set", choices=sorted(SETS))
+    parser.add_argument("--rounds", type=int, default=4)
+    parser.add_argument("--cases", nargs="*", default=None, help="keep the cases whose label contains one of these")
+    args = parser.parse_args()
+    bw = timing.copy_gbps()
+    print(f"# {torch.cuda.get_device_name()}  copy {bw:.0f} GB/s; fractions of it, median over {args.rounds} "
+          "alternating rounds [min-max] (dirty flush | CUDA graph)")
+    query = CaseQuery(device_type="cuda", dtypes=(torch.bfloat16,), modes=("fwd",))
+    for case in suite.cases(query):
+        if case.params["kind"] == "decode" or (args.cases and not any(c in case.label for c in args.cases)):
+            continue
+        q, k, cos, sin, layout, offsets, cu, _ = suite.make_inputs(case, torch.device("cuda"))
+        flat = torch.randn((q.numel() + k.numel(),), device="cuda").to(torch.bfloat16)
+        dst = torch.empty_like(flat)
+        calls = {"copy_ of q, k (read + write)": (functools.partial(dst.copy_, flat), 2 * flat.numel() * 2)}
+        plans, reference = {}, None
+        for inplace in (False, True):
+            for name, knobs in SETS[args.set].items():
+                fn, q_out, k_out, plans[name] = prepared(q, k, cos, sin, layout, offsets, cu, inplace, knobs)
+                if not inplace:  # every variant must write the same bits
+                    fn()
+                    reference = reference or (q_out.clone(), k_out.clone())
+                    if not (torch.equal(q_out, reference[0]) and torch.equal(k_out, reference[1])):
+                        print(f"  MISMATCH: {name}")
+                calls[f"{'in place' if inplace else 'out of place'}: {name}"] = (fn, case.bytes)
+        dirty = {name: [] for name in calls}
+        graph = {name: [] for name in calls}
+        for _ in range(args.rounds):
+            for name, (fn, nbytes) in calls.items():
+                dirty[name].append(nbytes / timing.events_ms(fn, timing.dirty_flush) / 1e6 / bw)
+                graph[name].append(nbytes / timing.graph_ms(fn) / 1e6 / bw)
+        print(f"\n{case.label} ({case.bytes / 1e6:.0f} MB)")
+        for name, plan in plans.items():
+            print(f"  plan of {name}: {plan}")
+        for name in calls:
+            d, g = dirty[name], graph[name]
+            print(f"  {statistics.median(d):.3f} [{min(d):.3f}-{max(d):.3f}] | {statistics.median(g):.3f}  {name}",
+                  flush=True)
+        del q, k, flat, dst, calls
+        torch.cuda.empty_cache()
+
+
+if __name__ == "__main__":
+    main()
