@@ -1,6 +1,6 @@
 """RoPE forward: launch knobs of ``rope_kernel``, alternating variants in rounds.
 
-    python3 benchmarks/sweeps/rope_knobs_ab.py {evict,fuse} [--rounds 4] [--cases 16x2048]
+    python3 benchmarks/sweeps/rope_knobs_ab.py evict [--rounds 4] [--cases 16x2048]
 
 ``evict`` (session 18, ``probes/rope_evict.txt``): eviction hints of the q/k loads and the output stores. Under
 do_bench's flush L2 starts full of dirty lines. A kernel that reads N bytes and writes N bytes
@@ -10,10 +10,11 @@ With Triton's default hints the lines of the read stream (clean) compete with th
 timed region. ``evict_first`` on the loads should leave L2 to dirty lines and save up to the copy's own dirty
 penalty (a copy of the D=64 shape's bytes: 0.953 dirty vs 1.018 clean, ``probes/rope_tiles.txt``).
 
-``fuse`` (``probes/rope_fuse_qk.txt``): ``FUSE_QK``. A program that rotates q's heads and then k's has one tensor's
-bytes in flight at a time, and waits for two load latencies in a row; loading both before storing either doubles
-the bytes in flight per program. Inductor's kernel for the HF formula handles q and k at the same index in one
-kernel when their shapes agree (4x4096x32/32x128: 0.97 vs our 0.96).
+``fuse`` (``probes/rope_fuse_qk.txt``; the kernel flag and this set are in commit d4e3d49, not kept: thd +1.1%,
+8x4096x32/8 -0.5%, the rest within 0.4%): ``FUSE_QK``. A program that rotates q's heads and then k's has one
+tensor's bytes in flight at a time, and waits for two load latencies in a row; loading both before storing either
+doubles the bytes in flight per program. Inductor's kernel for the HF formula handles q and k at the same index in
+one kernel when their shapes agree (4x4096x32/32x128: 0.97 vs our 0.96).
 
 Each variant's launch is prepared once (``rope_launch`` with the knobs set) and replayed (``rope_relaunch``);
 per round every variant and a same-size ``copy_`` are timed once after a dirty flush and once in a CUDA graph.
@@ -27,7 +28,7 @@ import statistics
 
 import _timing as timing  # benchmarks/sweeps/_timing.py
 import torch
-from rope_tiles import forget_launches, restore, set_config  # benchmarks/sweeps/rope_tiles.py
+from rope_tiles import forget_launches  # benchmarks/sweeps/rope_tiles.py
 
 from fuselab.bench.spec import CaseQuery
 from fuselab.bench.suites import rope as suite
@@ -42,25 +43,15 @@ SETS = {  # set: {variant name: knobs of rope_kernel over the shipped ones}
         "both evict_first": dict(LOAD_EVICTION="evict_first", STORE_EVICTION="evict_first"),
         "load evict_first, store evict_last": dict(LOAD_EVICTION="evict_first", STORE_EVICTION="evict_last"),
     },
-    "fuse": {
-        "shipped": {},
-        "q then k": dict(FUSE_QK=False),
-        "q and k loaded together": dict(FUSE_QK=True),
-        "q and k together, 4 warps": dict(FUSE_QK=True, WARPS=4),
-        "q and k together, 16 warps": dict(FUSE_QK=True, WARPS=16),
-    },
 }
 
 
 def prepared(q, k, cos, sin, layout, offsets, cu, inplace: bool, knobs: dict) -> tuple:
-    """A call that replays the launch planned with ``knobs`` set in ``rope_kernel`` (``WARPS``: the plan's warps),
-    its outputs, and a line describing its plan."""
-    shipped = {name: getattr(rope_kernel, name) for name in knobs if name != "WARPS"}
+    """A call that replays the launch planned with ``knobs`` set in ``rope_kernel``, its outputs, and a line
+    describing its plan."""
+    shipped = {name: getattr(rope_kernel, name) for name in knobs}
     for name, value in knobs.items():
-        if name != "WARPS":
-            setattr(rope_kernel, name, value)
-    if "WARPS" in knobs:
-        set_config(rope_kernel.TILE_ELEMENTS, knobs["WARPS"])
+        setattr(rope_kernel, name, value)
     forget_launches()
     q_out, k_out = (q, k) if inplace else (torch.empty_like(q), torch.empty_like(k))
     tensor_offsets = offsets if isinstance(offsets, torch.Tensor) else None
@@ -71,10 +62,10 @@ def prepared(q, k, cos, sin, layout, offsets, cu, inplace: bool, knobs: dict) ->
     grid, _, constexprs, _, _ = next(iter(rope_kernel._PLANS.values()))
     regs = getattr(next(iter(_launch._COMPILED.values()))[0], "n_regs", None)
     plan = (f"grid {grid} T,HQ,HK {constexprs['BLOCK_T']},{constexprs['BLOCK_HQ']},{constexprs['BLOCK_HK']} "
-            f"warps {constexprs['num_warps']} fused {constexprs['FUSE_QK']} registers {regs}")
+            f"warps {constexprs['num_warps']} registers {regs}")
     for name, value in shipped.items():
         setattr(rope_kernel, name, value)
-    restore()
+    forget_launches()
     return (lambda: rope_kernel.rope_relaunch(record, q, k, q_out, k_out, *args, offset, 1.0)), q_out, k_out, plan
 
 

@@ -26,67 +26,39 @@ LAYOUTS = ("bshd", "sbhd", "bhsd", "thd")
 
 
 @triton.jit
-def _head_rows(tok_off, tmask, h0, h_end, s_head, BLOCK_H: tl.constexpr, INT64: tl.constexpr):
-    # (BLOCK_T, BLOCK_H, 1) element offsets of heads [h0, h0 + BLOCK_H) of each token, and their (BLOCK_T, BLOCK_H)
-    # mask; tok_off: (BLOCK_T,) offsets of each token's head 0
-    hh = h0 + tl.arange(0, BLOCK_H)
-    m2 = tmask[:, None] & (hh < h_end)[None, :]
-    if INT64:
-        hh = hh.to(tl.int64)
-    return (tok_off[:, None] + hh[None, :] * s_head)[:, :, None], m2
-
-
-@triton.jit
-def _load_halves(x_ptr, rows, m2, sxd, ct: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_H: tl.constexpr,
-                 HALF: tl.constexpr, BLOCK_HALF: tl.constexpr, INTERLEAVED: tl.constexpr, EVICT: tl.constexpr):
-    # the two (BLOCK_T, BLOCK_H, BLOCK_HALF) halves of each rotated pair, in ct: dims (j, j + HALF), or (2j, 2j + 1)
-    if INTERLEAVED:
-        dd = tl.arange(0, 2 * BLOCK_HALF)
-        m3 = m2[:, :, None] & (dd < 2 * HALF)[None, None, :]
-        x = tl.load(x_ptr + rows + dd[None, None, :] * sxd, mask=m3, other=0.0, eviction_policy=EVICT).to(ct)
-        x1, x2 = tl.split(tl.reshape(x, (BLOCK_T, BLOCK_H, BLOCK_HALF, 2)))
-    else:
-        jj = tl.arange(0, BLOCK_HALF)
-        m3 = m2[:, :, None] & (jj < HALF)[None, None, :]
-        px = x_ptr + rows + jj[None, None, :] * sxd
-        x1 = tl.load(px, mask=m3, other=0.0, eviction_policy=EVICT).to(ct)
-        x2 = tl.load(px + HALF * sxd, mask=m3, other=0.0, eviction_policy=EVICT).to(ct)
-    return x1, x2
-
-
-@triton.jit
-def _store_rotated(o_ptr, rows, m2, sod, x1, x2, c, s, BLOCK_T: tl.constexpr, BLOCK_H: tl.constexpr,
-                   HALF: tl.constexpr, BLOCK_HALF: tl.constexpr, INTERLEAVED: tl.constexpr, EVICT: tl.constexpr):
-    # rotate the halves by (c, s) ((BLOCK_T, 1, BLOCK_HALF)) and store them where _load_halves read them
-    r1 = (x1 * c - x2 * s).to(o_ptr.dtype.element_ty)
-    r2 = (x2 * c + x1 * s).to(o_ptr.dtype.element_ty)
-    if INTERLEAVED:
-        dd = tl.arange(0, 2 * BLOCK_HALF)
-        m3 = m2[:, :, None] & (dd < 2 * HALF)[None, None, :]
-        o = tl.reshape(tl.join(r1, r2), (BLOCK_T, BLOCK_H, 2 * BLOCK_HALF))
-        tl.store(o_ptr + rows + dd[None, None, :] * sod, o, mask=m3, eviction_policy=EVICT)
-    else:
-        jj = tl.arange(0, BLOCK_HALF)
-        m3 = m2[:, :, None] & (jj < HALF)[None, None, :]
-        po = o_ptr + rows + jj[None, None, :] * sod
-        tl.store(po, r1, mask=m3, eviction_policy=EVICT)
-        tl.store(po + HALF * sod, r2, mask=m3, eviction_policy=EVICT)
-
-
-@triton.jit
 def _rotate_heads(x_ptr, o_ptr, x_tok, o_tok, tmask, h_start, h_end, sxh, sxd, soh, sod, c, s,
                   BLOCK_T: tl.constexpr, BLOCK_H: tl.constexpr, HALF: tl.constexpr, BLOCK_HALF: tl.constexpr,
                   PASS: tl.constexpr, BLOCK_PASS: tl.constexpr, INTERLEAVED: tl.constexpr,
                   COPY_PASS: tl.constexpr, INT64: tl.constexpr, LOAD_EVICT: tl.constexpr, STORE_EVICT: tl.constexpr):
     # x_ptr/o_ptr: one tensor's input/output; x_tok/o_tok: (BLOCK_T,) element offsets of each token's
     # head 0; c, s: (BLOCK_T, 1, BLOCK_HALF) compute-dtype cos/sin (sin already sign-flipped if CONJ)
+    jj = tl.arange(0, BLOCK_HALF)
+    jmask = jj < HALF
     for h0 in range(h_start, h_end, BLOCK_H):
-        xrow, m2 = _head_rows(x_tok, tmask, h0, h_end, sxh, BLOCK_H, INT64)
-        orow, _ = _head_rows(o_tok, tmask, h0, h_end, soh, BLOCK_H, INT64)
-        x1, x2 = _load_halves(x_ptr, xrow, m2, sxd, c.dtype, BLOCK_T, BLOCK_H, HALF, BLOCK_HALF, INTERLEAVED,
-                              LOAD_EVICT)
-        _store_rotated(o_ptr, orow, m2, sod, x1, x2, c, s, BLOCK_T, BLOCK_H, HALF, BLOCK_HALF, INTERLEAVED,
-                       STORE_EVICT)
+        hh = h0 + tl.arange(0, BLOCK_H)
+        m2 = tmask[:, None] & (hh < h_end)[None, :]
+        if INT64:
+            hh = hh.to(tl.int64)
+        xrow = (x_tok[:, None] + hh[None, :] * sxh)[:, :, None]
+        orow = (o_tok[:, None] + hh[None, :] * soh)[:, :, None]
+        if INTERLEAVED:
+            dd = tl.arange(0, 2 * BLOCK_HALF)
+            m3 = m2[:, :, None] & (dd < 2 * HALF)[None, None, :]
+            x = tl.load(x_ptr + xrow + dd[None, None, :] * sxd, mask=m3, other=0.0,
+                        eviction_policy=LOAD_EVICT).to(c.dtype)
+            x1, x2 = tl.split(tl.reshape(x, (BLOCK_T, BLOCK_H, BLOCK_HALF, 2)))
+            o = tl.reshape(tl.join(x1 * c - x2 * s, x2 * c + x1 * s), (BLOCK_T, BLOCK_H, 2 * BLOCK_HALF))
+            tl.store(o_ptr + orow + dd[None, None, :] * sod, o.to(o_ptr.dtype.element_ty), mask=m3,
+                     eviction_policy=STORE_EVICT)
+        else:
+            m3 = m2[:, :, None] & jmask[None, None, :]
+            px = x_ptr + xrow + jj[None, None, :] * sxd
+            x1 = tl.load(px, mask=m3, other=0.0, eviction_policy=LOAD_EVICT).to(c.dtype)
+            x2 = tl.load(px + HALF * sxd, mask=m3, other=0.0, eviction_policy=LOAD_EVICT).to(c.dtype)
+            po = o_ptr + orow + jj[None, None, :] * sod
+            tl.store(po, (x1 * c - x2 * s).to(o_ptr.dtype.element_ty), mask=m3, eviction_policy=STORE_EVICT)
+            tl.store(po + HALF * sod, (x2 * c + x1 * s).to(o_ptr.dtype.element_ty), mask=m3,
+                     eviction_policy=STORE_EVICT)
         if COPY_PASS:
             pp = tl.arange(0, BLOCK_PASS)
             mp = m2[:, :, None] & (pp < PASS)[None, None, :]
@@ -94,28 +66,6 @@ def _rotate_heads(x_ptr, o_ptr, x_tok, o_tok, tmask, h_start, h_end, sxh, sxd, s
                         eviction_policy=LOAD_EVICT)
             tl.store(o_ptr + orow + (2 * HALF + pp[None, None, :]) * sod, v.to(o_ptr.dtype.element_ty), mask=mp,
                      eviction_policy=STORE_EVICT)
-
-
-@triton.jit
-def _rotate_q_and_k(q_ptr, k_ptr, qo_ptr, ko_ptr, q_tok, k_tok, qo_tok, ko_tok, tmask, q_start, q_end, k_start,
-                    k_end, sqh, sqd, skh, skd, soqh, soqd, sokh, sokd, c, s,
-                    BLOCK_T: tl.constexpr, BLOCK_HQ: tl.constexpr, BLOCK_HK: tl.constexpr, HALF: tl.constexpr,
-                    BLOCK_HALF: tl.constexpr, INTERLEAVED: tl.constexpr, INT64: tl.constexpr,
-                    LOAD_EVICT: tl.constexpr, STORE_EVICT: tl.constexpr):
-    # one head block of q and one of k per program (FUSE_QK): both loaded before either is stored, so a program
-    # has both tensors' bytes in flight at once instead of one after the other
-    qrow, qm = _head_rows(q_tok, tmask, q_start, q_end, sqh, BLOCK_HQ, INT64)
-    krow, km = _head_rows(k_tok, tmask, k_start, k_end, skh, BLOCK_HK, INT64)
-    q1, q2 = _load_halves(q_ptr, qrow, qm, sqd, c.dtype, BLOCK_T, BLOCK_HQ, HALF, BLOCK_HALF, INTERLEAVED,
-                          LOAD_EVICT)
-    k1, k2 = _load_halves(k_ptr, krow, km, skd, c.dtype, BLOCK_T, BLOCK_HK, HALF, BLOCK_HALF, INTERLEAVED,
-                          LOAD_EVICT)
-    qorow, _ = _head_rows(qo_tok, tmask, q_start, q_end, soqh, BLOCK_HQ, INT64)
-    korow, _ = _head_rows(ko_tok, tmask, k_start, k_end, sokh, BLOCK_HK, INT64)
-    _store_rotated(qo_ptr, qorow, qm, soqd, q1, q2, c, s, BLOCK_T, BLOCK_HQ, HALF, BLOCK_HALF, INTERLEAVED,
-                   STORE_EVICT)
-    _store_rotated(ko_ptr, korow, km, sokd, k1, k2, c, s, BLOCK_T, BLOCK_HK, HALF, BLOCK_HALF, INTERLEAVED,
-                   STORE_EVICT)
 
 
 @triton.jit
@@ -141,7 +91,6 @@ def _rope_kernel(
     POS_TENSOR: tl.constexpr, OFF_TENSOR: tl.constexpr, VARLEN: tl.constexpr, SEARCH_STEPS: tl.constexpr,
     COPY_PASS: tl.constexpr, INT64: tl.constexpr, F64: tl.constexpr,
     LOAD_EVICT: tl.constexpr, STORE_EVICT: tl.constexpr,  # eviction hints of the q/k stream ("" = default)
-    FUSE_QK: tl.constexpr,  # one head block of each of q and k per program, both loaded before storing (no PASS)
 ):
     pid_t = tl.program_id(0)
     pid_h = tl.program_id(1)
@@ -193,23 +142,16 @@ def _rope_kernel(
     c = c[:, None, :]
     sn = sn[:, None, :]
     q_start = pid_h * q_chunk
-    q_end = tl.minimum(q_start + q_chunk, HQ)
-    k_start = pid_h * k_chunk
-    k_end = tl.minimum(k_start + k_chunk, HK)
-    q_tok, qo_tok = b * sqb + s * sqs, b * soqb + s * soqs
-    k_tok, ko_tok = b * skb + s * sks, b * sokb + s * soks
-    if FUSE_QK:
-        _rotate_q_and_k(q_ptr, k_ptr, qo_ptr, ko_ptr, q_tok, k_tok, qo_tok, ko_tok, tmask, q_start, q_end, k_start,
-                        k_end, sqh, sqd, skh, skd, soqh, soqd, sokh, sokd, c, sn, BLOCK_T, BLOCK_HQ, BLOCK_HK, HALF,
-                        BLOCK_HALF, INTERLEAVED, INT64, LOAD_EVICT, STORE_EVICT)
-    else:
-        _rotate_heads(q_ptr, qo_ptr, q_tok, qo_tok, tmask, q_start, q_end, sqh, sqd, soqh, soqd, c, sn,
-                      BLOCK_T, BLOCK_HQ, HALF, BLOCK_HALF, PASS, BLOCK_PASS, INTERLEAVED, COPY_PASS, INT64,
+    _rotate_heads(q_ptr, qo_ptr, b * sqb + s * sqs, b * soqb + s * soqs, tmask, q_start,
+                  tl.minimum(q_start + q_chunk, HQ), sqh, sqd, soqh, soqd, c, sn,
+                  BLOCK_T, BLOCK_HQ, HALF, BLOCK_HALF, PASS, BLOCK_PASS, INTERLEAVED, COPY_PASS, INT64,
+                  LOAD_EVICT, STORE_EVICT)
+    if HAS_K:
+        k_start = pid_h * k_chunk
+        _rotate_heads(k_ptr, ko_ptr, b * skb + s * sks, b * sokb + s * soks, tmask, k_start,
+                      tl.minimum(k_start + k_chunk, HK), skh, skd, sokh, sokd, c, sn,
+                      BLOCK_T, BLOCK_HK, HALF, BLOCK_HALF, PASS, BLOCK_PASS, INTERLEAVED, COPY_PASS, INT64,
                       LOAD_EVICT, STORE_EVICT)
-        if HAS_K:
-            _rotate_heads(k_ptr, ko_ptr, k_tok, ko_tok, tmask, k_start, k_end, skh, skd, sokh, sokd, c, sn,
-                          BLOCK_T, BLOCK_HK, HALF, BLOCK_HALF, PASS, BLOCK_PASS, INTERLEAVED, COPY_PASS, INT64,
-                          LOAD_EVICT, STORE_EVICT)
 
 
 def in_layout_order(values, layout: str, absent: int) -> tuple[int, int, int, int]:
@@ -233,8 +175,6 @@ def logical_strides(t: torch.Tensor, layout: str) -> tuple[int, int, int, int]:
 #: eviction hints of the q/k loads and the output stores ("" is Triton's default)
 LOAD_EVICTION = ""
 STORE_EVICTION = ""
-#: when each program has one head block of q and one of k, load both before storing either
-FUSE_QK = True
 
 # tile of one loop iteration, in elements (both halves of the rotary dims)
 TILE_ELEMENTS = 4096
@@ -375,7 +315,6 @@ def _make_plan(q, k, kk, q_out, ko, cos, sin, positions, offsets, cu_seqlens, *,
         USE_TABLE=use_table, POS_TENSOR=positions is not None, OFF_TENSOR=offsets is not None,
         VARLEN=varlen, SEARCH_STEPS=max(1, nseq.bit_length()), COPY_PASS=copy_pass,
         INT64=False, F64=q.dtype == torch.float64, LOAD_EVICT=LOAD_EVICTION, STORE_EVICT=STORE_EVICTION,
-        FUSE_QK=FUSE_QK and has_k and not copy_pass and q_chunk <= block_hq and k_chunk <= block_hk,
         num_warps=warps,
     )
     grid = (cdiv(n_tokens, block_t), splits)
