@@ -28,7 +28,7 @@ import statistics
 
 import _timing as timing  # benchmarks/sweeps/_timing.py
 import torch
-from rope_tiles import forget_launches  # benchmarks/sweeps/rope_tiles.py
+from rope_tiles import forget_launches, restore, set_config  # benchmarks/sweeps/rope_tiles.py
 
 from fuselab.bench.spec import CaseQuery
 from fuselab.bench.suites import rope as suite
@@ -43,15 +43,44 @@ SETS = {  # set: {variant name: knobs of rope_kernel over the shipped ones}
         "both evict_first": dict(LOAD_EVICTION="evict_first", STORE_EVICTION="evict_first"),
         "load evict_first, store evict_last": dict(LOAD_EVICTION="evict_first", STORE_EVICTION="evict_last"),
     },
+    # "plan" and "small" ran on commit d4e3d49's kernel, which had FUSE_QK; they were not kept
+    "plan": {  # tile x warps x FUSE_QK, for another GPU than the H100 of the sweeps
+        "shipped": {},
+        "fused": dict(FUSE_QK=True),
+        "tile 4096, 4 warps": dict(TILE=4096, WARPS=4),
+        "tile 4096, 4 warps, fused": dict(TILE=4096, WARPS=4, FUSE_QK=True),
+        "tile 8192, 4 warps": dict(TILE=8192, WARPS=4),
+        "tile 8192, 4 warps, fused": dict(TILE=8192, WARPS=4, FUSE_QK=True),
+        "tile 8192, 8 warps, fused": dict(TILE=8192, WARPS=8, FUSE_QK=True),
+        "tile 16384, 8 warps": dict(TILE=16384, WARPS=8),
+        "tile 2048, 4 warps": dict(TILE=2048, WARPS=4),
+    },
+    "small": {  # smaller tiles and fewer warps, after "plan" found tile 2048 / 4 warps best on the H200
+        "shipped": {},
+        "fused": dict(FUSE_QK=True),
+        "tile 2048, 2 warps": dict(TILE=2048, WARPS=2),
+        "tile 2048, 4 warps": dict(TILE=2048, WARPS=4),
+        "tile 2048, 4 warps, fused": dict(TILE=2048, WARPS=4, FUSE_QK=True),
+        "tile 2048, 8 warps": dict(TILE=2048, WARPS=8),
+        "tile 1024, 2 warps": dict(TILE=1024, WARPS=2),
+        "tile 1024, 4 warps": dict(TILE=1024, WARPS=4),
+    },
 }
 
 
 def prepared(q, k, cos, sin, layout, offsets, cu, inplace: bool, knobs: dict) -> tuple:
-    """A call that replays the launch planned with ``knobs`` set in ``rope_kernel``, its outputs, and a line
-    describing its plan."""
-    shipped = {name: getattr(rope_kernel, name) for name in knobs}
+    """A call that replays the launch planned with ``knobs`` set in ``rope_kernel`` (``TILE``/``WARPS``: the plan's
+    tile elements and warps, through ``rope_tiles.set_config``), its outputs, and a line describing its plan."""
+    plan_knobs = {"TILE", "WARPS"}
+    unknown = [name for name in knobs if name not in plan_knobs and not hasattr(rope_kernel, name)]
+    if unknown:
+        raise SystemExit(f"rope_kernel has no knob {unknown}: FUSE_QK exists only in commit d4e3d49")
+    shipped = {name: getattr(rope_kernel, name) for name in knobs if name not in plan_knobs}
     for name, value in knobs.items():
-        setattr(rope_kernel, name, value)
+        if name not in plan_knobs:
+            setattr(rope_kernel, name, value)
+    if plan_knobs & set(knobs):
+        set_config(knobs.get("TILE", rope_kernel.tile_elements(q.device)), knobs.get("WARPS"))
     forget_launches()
     q_out, k_out = (q, k) if inplace else (torch.empty_like(q), torch.empty_like(k))
     tensor_offsets = offsets if isinstance(offsets, torch.Tensor) else None
@@ -62,10 +91,10 @@ def prepared(q, k, cos, sin, layout, offsets, cu, inplace: bool, knobs: dict) ->
     grid, _, constexprs, _, _ = next(iter(rope_kernel._PLANS.values()))
     regs = getattr(next(iter(_launch._COMPILED.values()))[0], "n_regs", None)
     plan = (f"grid {grid} T,HQ,HK {constexprs['BLOCK_T']},{constexprs['BLOCK_HQ']},{constexprs['BLOCK_HK']} "
-            f"warps {constexprs['num_warps']} registers {regs}")
+            f"warps {constexprs['num_warps']} fused {constexprs.get('FUSE_QK', '-')} registers {regs}")
     for name, value in shipped.items():
         setattr(rope_kernel, name, value)
-    forget_launches()
+    restore()
     return (lambda: rope_kernel.rope_relaunch(record, q, k, q_out, k_out, *args, offset, 1.0)), q_out, k_out, plan
 
 
@@ -73,6 +102,7 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("set", choices=sorted(SETS))
     parser.add_argument("--rounds", type=int, default=4)
+    parser.add_argument("--no-inplace", action="store_true", help="time the out-of-place launches only")
     parser.add_argument("--cases", nargs="*", default=None, help="keep the cases whose label contains one of these")
     args = parser.parse_args()
     bw = timing.copy_gbps()
@@ -87,7 +117,7 @@ def main() -> None:
         dst = torch.empty_like(flat)
         calls = {"copy_ of q, k (read + write)": (functools.partial(dst.copy_, flat), 2 * flat.numel() * 2)}
         plans, reference = {}, None
-        for inplace in (False, True):
+        for inplace in (False,) if args.no_inplace else (False, True):
             for name, knobs in SETS[args.set].items():
                 fn, q_out, k_out, plans[name] = prepared(q, k, cos, sin, layout, offsets, cu, inplace, knobs)
                 if not inplace:  # every variant must write the same bits

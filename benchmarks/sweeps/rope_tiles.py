@@ -6,7 +6,7 @@ The forward sits at 0.92-0.95 of the 1 GiB copy bandwidth at the four large bshd
 asks two questions, each case in one process:
 1. what a plain copy of the same bytes reaches under the same timing (do_bench's dirty L2 flush, and a
    CUDA-graph replay after a clean flush): the ceiling for a kernel that reads q, k once and writes them once;
-2. whether another tile (elements per loop step: ``rope_kernel.TILE_ELEMENTS``) or warp count moves the kernel.
+2. whether another tile (elements per loop step: ``rope_kernel.tile_elements``) or warp count moves the kernel.
 """
 
 from __future__ import annotations
@@ -27,8 +27,8 @@ WARPS = (None, 4, 8)  # None: the planner's choice
 
 
 def set_config(tile: int, warps: int | None) -> None:
-    """Point the planner at ``tile``/``warps``; drop every cached plan and compiled launch."""
-    rope_kernel.TILE_ELEMENTS = tile
+    """Point the planner at ``tile``/``warps`` (on every device); drop every cached plan and compiled launch."""
+    rope_kernel.TILE_ELEMENTS = rope_kernel.FAST_MEMORY_TILE_ELEMENTS = tile
     rope_kernel._config = _config_with(warps)
     forget_launches()
 
@@ -42,11 +42,11 @@ def forget_launches() -> None:
 
 
 _ORIGINAL = rope_kernel._config
-_SHIPPED_TILE = rope_kernel.TILE_ELEMENTS
+_SHIPPED_TILES = rope_kernel.TILE_ELEMENTS, rope_kernel.FAST_MEMORY_TILE_ELEMENTS
 
 
 def restore() -> None:
-    rope_kernel.TILE_ELEMENTS = _SHIPPED_TILE
+    rope_kernel.TILE_ELEMENTS, rope_kernel.FAST_MEMORY_TILE_ELEMENTS = _SHIPPED_TILES
     rope_kernel._config = _ORIGINAL
     forget_launches()
 

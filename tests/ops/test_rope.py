@@ -293,6 +293,22 @@ def test_int64_offsets_path(triton_backend, poisoned, device, monkeypatch):
     check(q, k, cos, sin, layout="bhsd", interleaved=True, grads=False)
 
 
+@pytest.mark.parametrize("gbps_per_sm,tile_heads,warps", [(25.4, 32, 8), (37.2, 16, 4)])
+def test_tile_by_memory_bandwidth(triton_backend, poisoned, device, monkeypatch, gbps_per_sm, tile_heads, warps):
+    """Devices with more DRAM bandwidth per SM (H200) plan 2048-element tiles and 4 warps, others (H100) 4096 and 8;
+    both plans compute the same rotation (at D=128 the small tile takes q's 32 heads in two steps)."""
+    monkeypatch.setattr(rope_kernel, "dram_gbps_per_sm", lambda device: gbps_per_sm)
+    # plans and kept launches made under the real bandwidth must not answer for this test's calls
+    monkeypatch.setattr(rope_kernel, "_PLANS", {})
+    monkeypatch.setattr(rope_mod, "_CALLS", {})
+    monkeypatch.setattr(rope_mod, "_PREPARED", {})
+    q, k = make("bshd", 1, 9, 32, 128, device=device), make("bshd", 1, 9, 8, 128, device=device)  # >= 2 tokens per SM
+    cos, sin = fuselab.rope_cos_sin(9, 128, device=device)
+    check(q, k, cos, sin)
+    plans = [p for p in rope_kernel._PLANS.values() if p[2].get("HALF") == 64 and p[2]["HAS_K"]]
+    assert plans and all(p[2]["BLOCK_HQ"] == tile_heads and p[2]["num_warps"] == warps for p in plans)
+
+
 def test_reference_backend_matches(torch_backend, device):
     """The pure-PyTorch path (CPU tensors by default) has the same semantics: bf16 in, bf16 out."""
     q, k = make("bshd", 2, 5, 3, 16, torch.bfloat16, device=device), make("bshd", 2, 5, 1, 16, torch.bfloat16)

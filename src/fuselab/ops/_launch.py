@@ -31,6 +31,25 @@ def sm_count(device: torch.device) -> int:
     return _sm_count(device.index if device.index is not None else torch.cuda.current_device())
 
 
+@functools.cache
+def _dram_gbps_per_sm(index: int) -> float:
+    from triton.testing import get_dram_gbps  # peak: memory clock x bus width x 2 (DDR), from the driver
+
+    return get_dram_gbps(index) / _sm_count(index)
+
+
+#: what :func:`dram_gbps_per_sm` answers off CUDA (the interpreter): an H100 SXM's 3352 GB/s over 132 SMs
+INTERPRETER_DRAM_GBPS_PER_SM = 25.4
+
+
+def dram_gbps_per_sm(device: torch.device) -> float:
+    """Peak DRAM bandwidth per multiprocessor of a CUDA device, in GB/s (H100 SXM: 25.4, H200: ~37); off CUDA a
+    fixed H100-like stand-in, so that plans under the interpreter do not depend on the machine."""
+    if device.type != "cuda":
+        return INTERPRETER_DRAM_GBPS_PER_SM
+    return _dram_gbps_per_sm(device.index if device.index is not None else torch.cuda.current_device())
+
+
 def max_element_offset(t: torch.Tensor) -> int:
     """Largest element offset a kernel can reach through ``t``'s strides (storage offset included)."""
     if t.is_contiguous():  # the common case, without a Python loop over the dims

@@ -20,7 +20,17 @@ import triton.language as tl
 
 from fuselab.backend import interpreter_enabled
 
-from ._launch import INT32_MAX, cdiv, keep, launch, max_element_offset, next_power_of_2, relaunch, sm_count
+from ._launch import (
+    INT32_MAX,
+    cdiv,
+    dram_gbps_per_sm,
+    keep,
+    launch,
+    max_element_offset,
+    next_power_of_2,
+    relaunch,
+    sm_count,
+)
 
 LAYOUTS = ("bshd", "sbhd", "bhsd", "thd")
 
@@ -176,17 +186,31 @@ def logical_strides(t: torch.Tensor, layout: str) -> tuple[int, int, int, int]:
 LOAD_EVICTION = ""
 STORE_EVICTION = ""
 
-# tile of one loop iteration, in elements (both halves of the rotary dims)
+#: tile of one loop iteration, in elements (both halves of the rotary dims), by the device's DRAM bandwidth per SM.
+#: On the H100 (25 GB/s per SM) 4096-element tiles with 8 warps were best at every large bshd shape (+1-2% over
+#: 2048 / 4; ``probes/rope_tiles.txt``, ``probes/rope_small_h100.txt``). On the H200 (~37 GB/s per SM) those ran at
+#: 0.87-0.94 of copy bandwidth and 2048-element tiles with 4 warps at 0.90-0.96, best or level at every shape
+#: (``benchmarks/results/h200/probes/rope_plan.txt``, ``rope_small.txt``).
 TILE_ELEMENTS = 4096
+FAST_MEMORY_TILE_ELEMENTS = 2048
+#: DRAM GB/s per SM from which the smaller tile is used
+FAST_MEMORY_GBPS_PER_SM = 30.0
 MAX_BLOCK_T = 16
 
 
+def tile_elements(device: torch.device) -> int:
+    """Elements per loop step of a RoPE program on ``device`` (see :data:`TILE_ELEMENTS`)."""
+    fast = dram_gbps_per_sm(device) >= FAST_MEMORY_GBPS_PER_SM
+    return FAST_MEMORY_TILE_ELEMENTS if fast else TILE_ELEMENTS
+
+
 @functools.lru_cache(maxsize=1024)
-def _config(n_tokens: int, hq: int, hk: int, half: int, n_pass: int, sms: int, interp: bool) -> tuple:
+def _config(n_tokens: int, hq: int, hk: int, half: int, n_pass: int, sms: int, interp: bool,
+            tile: int = TILE_ELEMENTS) -> tuple:
     """(BLOCK_T, BLOCK_HQ, BLOCK_HK, BLOCK_HALF, BLOCK_PASS, head splits, q chunk, k chunk, warps)."""
     block_half = next_power_of_2(half)
     row = 2 * block_half
-    per_tile = max(1, TILE_ELEMENTS // row)
+    per_tile = max(1, tile // row)
     block_hq = min(next_power_of_2(hq), per_tile)
     block_hk = min(next_power_of_2(max(hk, 1)), per_tile)
     max_t = 64 if interp else MAX_BLOCK_T
@@ -204,9 +228,9 @@ def _config(n_tokens: int, hq: int, hk: int, half: int, n_pass: int, sms: int, i
     q_chunk = cdiv(cdiv(hq, splits), block_hq) * block_hq
     k_chunk = cdiv(cdiv(max(hk, 1), splits), block_hk) * block_hk
     # 8 warps on full 4096-element tiles: +1-2% at every large bshd shape on the H100 over 4
-    # (benchmarks/results/h100/probes/rope_tiles.txt), 2 on the small decode tiles
-    tile = block_t * block_hq * row
-    warps = 8 if tile >= 4096 else (4 if tile >= 2048 else 2)
+    # (benchmarks/results/h100/probes/rope_tiles.txt), 4 on 2048-element tiles, 2 on the small decode tiles
+    elements = block_t * block_hq * row
+    warps = 8 if elements >= 4096 else (4 if elements >= 2048 else 2)
     return block_t, block_hq, block_hk, block_half, next_power_of_2(max(n_pass, 1)), splits, q_chunk, k_chunk, warps
 
 
@@ -283,7 +307,7 @@ def _make_plan(q, k, kk, q_out, ko, cos, sin, positions, offsets, cu_seqlens, *,
     hk = (k.shape[1] if layout == "bhsd" else k.shape[-2]) if has_k else 0
     n_pass = d - 2 * half
     copy_pass = n_pass > 0 and not inplace
-    cfg = _config(n_tokens, hq, hk, half, n_pass, sm_count(q.device), interpreter_enabled())
+    cfg = _config(n_tokens, hq, hk, half, n_pass, sm_count(q.device), interpreter_enabled(), tile_elements(q.device))
     block_t, block_hq, block_hk, block_half, block_pass, splits, q_chunk, k_chunk, warps = cfg
     sq_, sk_ = logical_strides(q, layout), logical_strides(kk, layout)
     soq, sok = logical_strides(q_out, layout), logical_strides(ko, layout)
