@@ -18,6 +18,7 @@ from triton.testing import do_bench
 
 import fuselab
 from fuselab.ops import _bias_act_triton as ba
+from fuselab.ops import bias_act as bias_act_op
 
 SHAPES = ((65536, 512), (16384, 4096), (262144, 1024))
 TILES = (4096, 8192, 16384)
@@ -29,10 +30,14 @@ def eager(x, b, r):
     return torch.relu(x + r + b)
 
 
-def fused(tile: int, vectors: int, x, b, r):
+def set_knobs(tile: int, vectors: int) -> None:
+    """Point the forward planner at ``tile``/``vectors`` and drop every plan and launch kept by earlier calls
+    (``bias_act._FORWARDS`` keeps each call signature's launch: without clearing it, the first variant's plan
+    answers for all; the session-18 H200 run before this fix printed the same figure for every variant)."""
     ba.FWD_TILE_BYTES, ba.FWD_VECTORS_PER_THREAD = tile, vectors
     ba._fwd_plan.cache_clear()
-    return fuselab.bias_act(x, b, residual=r, activation="relu")
+    bias_act_op._FORWARDS.clear()
+    bias_act_op._PREPARED.clear()
 
 
 def main() -> None:
@@ -49,20 +54,22 @@ def main() -> None:
             x, r = (torch.randn(m, n, dtype=dtype, device="cuda") for _ in range(2))
             b = torch.randn(n, dtype=dtype, device="cuda")
             nbytes = (3 * m * n + n) * dtype.itemsize
-            variants = {"torch.compile": functools.partial(compiled, x, b, r)}
+            ours = functools.partial(fuselab.bias_act, x, b, residual=r, activation="relu")
+            variants = {"torch.compile": (None, functools.partial(compiled, x, b, r))}
             for tile in TILES:
                 for vectors in VECTORS:
-                    variants[f"{tile // 1024}K/v{vectors}"] = functools.partial(fused, tile, vectors, x, b, r)
+                    variants[f"{tile // 1024}K/v{vectors}"] = ((tile, vectors), ours)
             best = dict.fromkeys(variants, float("inf"))
             for _ in range(ROUNDS):
-                for name, fn in variants.items():
-                    fn()  # sets the knobs (and compiles) before the timing
+                for name, (knobs, fn) in variants.items():
+                    if knobs is not None:
+                        set_knobs(*knobs)
+                    fn()  # plans (and compiles) before the timing
                     best[name] = min(best[name], do_bench(fn))
             row = "  ".join(f"{name} {nbytes / t / 1e6 / copy:.3f}" for name, t in best.items())
             print(f"{m}x{n} {str(dtype)[6:]:8s} {row}", flush=True)
             del x, r, b
-    ba.FWD_TILE_BYTES, ba.FWD_VECTORS_PER_THREAD = defaults
-    ba._fwd_plan.cache_clear()
+    set_knobs(*defaults)
 
 
 if __name__ == "__main__":

@@ -4,7 +4,8 @@
 
 For each case of the ``reduce`` suite (mean over all / dim=-1 / dim=0) and each setting of (TILE_BYTES,
 programs per SM (PROGRAMS_PER_SM and COLS_PROGRAMS_PER_SM alike), MIN_COL_BYTES, num_warps), the planner's constants
-are patched, the plan is rebuilt, and ``fuselab.mean`` is timed with CUDA events after do_bench's kind of L2 flush
+are patched, the plan is rebuilt, and ``fuselab.mean`` is timed (the shipped plan first) with CUDA events after
+do_bench's kind of L2 flush
 (median; ``_timing.py``).
 ``--cases`` keeps the cases whose label contains one of the given strings. Fractions are of the
 D2D copy bandwidth measured in the same run (read + write counted). This is an exploration tool: the
@@ -72,7 +73,13 @@ def main() -> None:
         cols_case = dim == 0
         grid = itertools.product((4096, 8192, 16384, 32768), (4, 8, 16), (128, 512, 1024) if cols_case else (128,),
                                  (None, 4, 8, 16))
-        results = []
+        P._plan.cache_clear()
+        plan, fn = run_once(x, dims, None)  # the shipped knobs
+        ms = events_ms(fn, dirty_flush, reps=30)
+        default = dict(case=label, tile=None, per_sm=None, min_col=None, warps=plan.num_warps, grid=list(plan.grid),
+                       block_r=plan.block_r, block_i=plan.block_i, steal=plan.steal, us=ms * 1e3,
+                       fraction=fraction(ms), default=True)
+        results = [default]
         for tile, per_sm, min_col, warps in grid:
             P.TILE_BYTES, P.ROW_TILE_BYTES = dict.fromkeys((2, 4, 8), tile), tile
             P.MIN_COL_BYTES = dict.fromkeys((2, 4, 8), min_col)
@@ -82,23 +89,20 @@ def main() -> None:
             if warps is not None and warps == plan.num_warps:
                 continue
             ms = events_ms(fn, dirty_flush, reps=30)
-            frac = fraction(ms)
-            default_per_sm = defaults[2] if cols_case else defaults[1]
-            el = x.element_size()
-            is_default = (tile, per_sm, min_col, warps) == (defaults[0][el], default_per_sm, defaults[3][el], None)
             results.append(dict(case=label, tile=tile, per_sm=per_sm, min_col=min_col, warps=plan.num_warps,
-                                grid=list(plan.grid), block_r=plan.block_r, block_i=plan.block_i, us=ms * 1e3,
-                                fraction=frac, default=is_default))
+                                grid=list(plan.grid), block_r=plan.block_r, block_i=plan.block_i, steal=plan.steal,
+                                us=ms * 1e3, fraction=fraction(ms), default=False))
         P.TILE_BYTES, P.PROGRAMS_PER_SM, P.COLS_PROGRAMS_PER_SM, P.MIN_COL_BYTES, P.ROW_TILE_BYTES = defaults
         P._plan.cache_clear()
         results.sort(key=lambda r: -r["fraction"])
-        default = next(r for r in results if r["default"])
-        print(f"{label:20s} {dtype}  default {default['fraction']:.3f} ({default['us']:.1f} us, grid {default['grid']},"
-              f" block_r {default['block_r']}, block_i {default['block_i']}, warps {default['warps']})", flush=True)
+        print(f"{label:20s} {dtype}  shipped {default['fraction']:.3f} ({default['us']:.1f} us, grid {default['grid']},"
+              f" block_r {default['block_r']}, block_i {default['block_i']}, warps {default['warps']}, "
+              f"steal {default['steal']})", flush=True)
         for r in results[:4]:
-            print(f"    best {r['fraction']:.3f} {r['us']:7.1f} us  tile {r['tile']:5d} per_sm {r['per_sm']:2d} "
-                  f"min_col {r['min_col']:4d} warps {r['warps']:2d} grid {r['grid']} block_r {r['block_r']} "
-                  f"block_i {r['block_i']}", flush=True)
+            knobs = "shipped knobs" if r["default"] else (f"tile {r['tile']:5d} per_sm {r['per_sm']:2d} "
+                                                         f"min_col {r['min_col']:4d}")
+            print(f"    best {r['fraction']:.3f} {r['us']:7.1f} us  {knobs} warps {r['warps']:2d} grid {r['grid']} "
+                  f"block_r {r['block_r']} block_i {r['block_i']} steal {r['steal']}", flush=True)
         rows += results
         del x
     if args.out:

@@ -302,8 +302,9 @@ def test_tile_by_memory_bandwidth(triton_backend, poisoned, device, monkeypatch,
     monkeypatch.setattr(rope_kernel, "_PLANS", {})
     monkeypatch.setattr(rope_mod, "_CALLS", {})
     monkeypatch.setattr(rope_mod, "_PREPARED", {})
-    q, k = make("bshd", 1, 9, 32, 128, device=device), make("bshd", 1, 9, 8, 128, device=device)  # >= 2 tokens per SM
-    cos, sin = fuselab.rope_cos_sin(9, 128, device=device)
+    s = 2 * rope_kernel.sm_count(torch.device(device)) + 1  # enough tokens that the plan does not split heads
+    q, k = make("bshd", 1, s, 32, 128, device=device), make("bshd", 1, s, 8, 128, device=device)
+    cos, sin = fuselab.rope_cos_sin(s, 128, device=device)
     check(q, k, cos, sin)
     plans = [p for p in rope_kernel._PLANS.values() if p[2].get("HALF") == 64 and p[2]["HAS_K"]]
     assert plans and all(p[2]["BLOCK_HQ"] == tile_heads and p[2]["num_warps"] == warps for p in plans)
