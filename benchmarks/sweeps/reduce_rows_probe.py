@@ -38,6 +38,7 @@ def _variant(x, dims, maxnreg, warps, tile, evict, per_sm, row_tile):
     P.PROGRAMS_PER_SM = per_sm
     P.TILE_BYTES = dict.fromkeys((2, 4, 8), tile)
     P.ROW_TILE_BYTES = row_tile
+    P.FAST_MEMORY_ROW_TILE_BYTES = {}  # row_tile on every GPU (the H200's own step: reduce_rowtile_ab.py)
     K.STREAM_EVICTION = dict.fromkeys((2, 4, 8), evict)
     P._plan.cache_clear()
     _launch._COMPILED.clear()
@@ -57,7 +58,7 @@ def probe(label: str, shape: tuple, dtype: torch.dtype, dim: int | None, copy: f
     default_tile = defaults[1][x.element_size()]
     default_evict = defaults[2][x.element_size()]
     plan, fn = _variant(x, dims, defaults[0], None, default_tile, default_evict, defaults[3], defaults[4])
-    rows.append((f"shipped: grid {plan.grid} warps {plan.num_warps} block_r {plan.block_r}",
+    rows.append((f"shipped (H100 rules): grid {plan.grid} warps {plan.num_warps} block_r {plan.block_r}",
                  frac(timing.events_ms(fn, timing.dirty_flush)), frac(timing.graph_ms(fn))))
     grid = itertools.product((32, 64, 255), (None, 8, 16), (default_tile // 2, default_tile),
                              (default_evict, "" if default_evict else "evict_first"),
@@ -70,7 +71,7 @@ def probe(label: str, shape: tuple, dtype: torch.dtype, dim: int | None, copy: f
                 f"per_sm {per_sm} grid {plan.grid}")
         rows.append((name, frac(timing.events_ms(fn, timing.dirty_flush)), frac(timing.graph_ms(fn))))
     K.ROWS_MAXNREG, P.TILE_BYTES, K.STREAM_EVICTION = defaults[0], dict(defaults[1]), dict(defaults[2])
-    P.PROGRAMS_PER_SM, P.ROW_TILE_BYTES = defaults[3], defaults[4]
+    P.PROGRAMS_PER_SM, P.ROW_TILE_BYTES, P.FAST_MEMORY_ROW_TILE_BYTES = defaults[3], defaults[4], dict(defaults[5])
     P._plan.cache_clear()
     _launch._COMPILED.clear()
     print(f"\n{label} {str(dtype)[6:]} ({x.numel() * x.element_size() / 1e6:.0f} MB)")
@@ -83,7 +84,8 @@ def probe(label: str, shape: tuple, dtype: torch.dtype, dim: int | None, copy: f
 def main() -> None:
     copy = timing.copy_gbps()
     print(f"# {torch.cuda.get_device_name()}  copy {copy:.0f} GB/s; fractions of it (dirty flush | CUDA graph)")
-    defaults = (K.ROWS_MAXNREG, dict(P.TILE_BYTES), dict(K.STREAM_EVICTION), P.PROGRAMS_PER_SM, P.ROW_TILE_BYTES)
+    defaults = (K.ROWS_MAXNREG, dict(P.TILE_BYTES), dict(K.STREAM_EVICTION), P.PROGRAMS_PER_SM, P.ROW_TILE_BYTES,
+                dict(P.FAST_MEMORY_ROW_TILE_BYTES))
     for case in CASES:
         probe(*case, copy, defaults)
 

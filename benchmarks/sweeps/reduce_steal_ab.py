@@ -32,26 +32,28 @@ VARIANTS = {  # name: knobs over the shipped ones
 }
 
 
-def main() -> None:
+def run(knobs: tuple[str, ...], variants_by_name: dict[str, dict], width: int = 50) -> None:
+    """Time ``variants_by_name`` (name -> values of ``knobs`` over the shipped ones) on the lab's cases that
+    ``--cases`` keeps, alternating in rounds; variants that give a case the same plan and launch are timed once."""
     args, copy = start(rounds=3)
-    defaults = {name: getattr(_home(name), name) for name in KNOBS}
+    defaults = {name: getattr(_home(name), name) for name in knobs}
     for label, dtype, _, x, dims, frac in selected(CASES, args, copy):  # the lab's nine cases
         expected = x.double().mean(dim=dims)
         variants, seen = {}, []
-        for name, knobs in VARIANTS.items():
-            plan, fn = _variant(x, dims, **{**defaults, **knobs})
-            launch_knobs = {k: v for k, v in knobs.items() if _home(k) is not P}
+        for name, values in variants_by_name.items():
+            plan, fn = _variant(x, dims, **{**defaults, **values})
+            launch_knobs = {k: v for k, v in values.items() if _home(k) is not P}
             if any(plan == p and launch_knobs == k for p, k in seen):
                 continue  # the same plan and launch as an earlier variant (stealing does not apply to this case)
             seen.append((plan, launch_knobs))
             got = fn().double().view(expected.shape)
             assert torch.allclose(got, expected, rtol=1e-2, atol=1e-3), (name, (got - expected).abs().max().item())
             variants[name] = plan, fn
-        alternate_and_report(label, dtype, variants, args.rounds, frac, width=50)
+        alternate_and_report(label, dtype, variants, args.rounds, frac, width=width)
         del x, variants, expected
     for name, value in defaults.items():
         setattr(_home(name), name, value)
 
 
 if __name__ == "__main__":
-    main()
+    run(KNOBS, VARIANTS)

@@ -64,7 +64,8 @@ def main() -> None:
     args = parser.parse_args()
     copy = copy_gbps()
     print(f"device {torch.cuda.get_device_name()}  copy {copy:.0f} GB/s", flush=True)
-    defaults = (dict(P.TILE_BYTES), P.PROGRAMS_PER_SM, P.COLS_PROGRAMS_PER_SM, dict(P.MIN_COL_BYTES), P.ROW_TILE_BYTES)
+    defaults = (dict(P.TILE_BYTES), P.PROGRAMS_PER_SM, P.COLS_PROGRAMS_PER_SM, dict(P.MIN_COL_BYTES), P.ROW_TILE_BYTES,
+                dict(P.FAST_MEMORY_ROW_TILE_BYTES))
     rows = []
     for label, shape, dtype, dim in CASES:
         if args.cases and not any(c in f"{label} {str(dtype)[6:]}" for c in args.cases):
@@ -81,7 +82,7 @@ def main() -> None:
                        fraction=fraction(ms), default=True)
         results = [default]
         for tile, per_sm, min_col, warps in grid:
-            P.TILE_BYTES, P.ROW_TILE_BYTES = dict.fromkeys((2, 4, 8), tile), tile
+            P.TILE_BYTES, P.ROW_TILE_BYTES, P.FAST_MEMORY_ROW_TILE_BYTES = dict.fromkeys((2, 4, 8), tile), tile, {}
             P.MIN_COL_BYTES = dict.fromkeys((2, 4, 8), min_col)
             P.PROGRAMS_PER_SM = P.COLS_PROGRAMS_PER_SM = per_sm
             P._plan.cache_clear()
@@ -92,7 +93,8 @@ def main() -> None:
             results.append(dict(case=label, tile=tile, per_sm=per_sm, min_col=min_col, warps=plan.num_warps,
                                 grid=list(plan.grid), block_r=plan.block_r, block_i=plan.block_i, steal=plan.steal,
                                 us=ms * 1e3, fraction=fraction(ms), default=False))
-        P.TILE_BYTES, P.PROGRAMS_PER_SM, P.COLS_PROGRAMS_PER_SM, P.MIN_COL_BYTES, P.ROW_TILE_BYTES = defaults
+        (P.TILE_BYTES, P.PROGRAMS_PER_SM, P.COLS_PROGRAMS_PER_SM, P.MIN_COL_BYTES, P.ROW_TILE_BYTES,
+         P.FAST_MEMORY_ROW_TILE_BYTES) = defaults
         P._plan.cache_clear()
         results.sort(key=lambda r: -r["fraction"])
         print(f"{label:20s} {dtype}  shipped {default['fraction']:.3f} ({default['us']:.1f} us, grid {default['grid']},"

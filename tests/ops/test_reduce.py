@@ -217,6 +217,19 @@ def plans_anew():
     planner._plan.cache_clear()
 
 
+@pytest.mark.parametrize("fast,dtype,block_r", [(False, torch.bfloat16, 4096), (True, torch.bfloat16, 2048),
+                                                (True, torch.float32, 2048), (False, torch.float32, 2048)])
+def test_row_step_by_memory_bandwidth(monkeypatch, plans_anew, fast, dtype, block_r):
+    """One-row plans step 8 KiB per iteration, except bf16/fp16 on a fast-memory device (H200): 4 KiB; 16 warps."""
+    monkeypatch.setattr(planner, "fast_memory", lambda device: fast)
+    x = torch.empty(8192, 8192, dtype=dtype)
+    _, kept, red = planner.prepare(x, (1,))
+    sms = 132  # the GPU plan (CPU tensors plan for the interpreter's tiles)
+    plan = planner._plan(tuple(kept), tuple(red), x.element_size(), True, sms, planner.PROGRAMS_PER_SM,
+                         planner.COLS_PROGRAMS_PER_SM, planner.row_tile_bytes(x))
+    assert (plan.block_r, plan.block_i, plan.split, plan.num_warps) == (block_r, 1, 1, 16)
+
+
 def _many_splits(monkeypatch, interleave: bool) -> None:
     """256-byte tiles (many splits even on small inputs), split programs reading interleaved or in chunks, and no
     plans remembered from earlier calls."""

@@ -50,6 +50,17 @@ def dram_gbps_per_sm(device: torch.device) -> float:
     return _dram_gbps_per_sm(device.index if device.index is not None else torch.cuda.current_device())
 
 
+#: DRAM GB/s per SM from which a device counts as fast-memory (H200: ~37; H100 SXM: 25.4). There the planners of
+#: RoPE and of one-row reductions take smaller steps per program: on the H200 those ran 1-10% faster, on the H100
+#: 1-2% slower (benchmarks/notes/rope.md and reduce.md, session 18)
+FAST_MEMORY_GBPS_PER_SM = 30.0
+
+
+def fast_memory(device: torch.device) -> bool:
+    """True for a device whose DRAM bandwidth per SM is at least :data:`FAST_MEMORY_GBPS_PER_SM`."""
+    return dram_gbps_per_sm(device) >= FAST_MEMORY_GBPS_PER_SM
+
+
 def max_element_offset(t: torch.Tensor) -> int:
     """Largest element offset a kernel can reach through ``t``'s strides (storage offset included)."""
     if t.is_contiguous():  # the common case, without a Python loop over the dims

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 
 import torch
 
-from ._launch import cdiv, next_power_of_2, sm_count
+from ._launch import cdiv, fast_memory, next_power_of_2, sm_count
 
 #: bytes each program loads per loop iteration (enough in flight to cover DRAM latency), by element size. H100
 #: sweeps (benchmarks/sweeps/reduce_sweep.py): 8 KiB beats 16 KiB by 1-4% for bf16; fp32 is best at 16-32 KiB
@@ -26,6 +26,11 @@ TILE_BYTES = {2: 8192, 4: 16384, 8: 16384}
 #: dim=-1 of 10000² fp32 at 16 KiB wastes half of its last, masked tile per row (10000 = 2·4096 + 1808): 0.91 of copy
 #: bandwidth against 0.95-0.96 at 8 KiB (benchmarks/results/h100/probes/reduce_rows_probe.txt)
 ROW_TILE_BYTES = 8192
+#: the same on devices with :func:`~fuselab.ops._launch.fast_memory`, by element size (others as ROW_TILE_BYTES):
+#: 2048 bf16 elements per step, Inductor's choice. Alternating rounds (probes/reduce_rowtile_ab.txt of each GPU):
+#: dim=-1 of 8192² / 65536x512 bf16 on the H200 0.833 / 0.730 -> 0.874 / 0.754, on the H100 0.905 / 0.789 -> 0.883 /
+#: 0.775; fp32 wants 8 KiB on both
+FAST_MEMORY_ROW_TILE_BYTES = {2: 4096}
 #: the same under the interpreter (CPU): larger tiles, fewer (serially run) programs
 INTERPRETER_TILE_BYTES = 262144
 #: programs per SM a split reduction of the rows kernel aims for (grid ≈ 8 x SMs). Three 16-warp programs of 40
@@ -155,12 +160,19 @@ def plan_reduction(x: torch.Tensor, kept, red: tuple[int, int]) -> ReducePlan:
     """Pick kernel, tile sizes and split for reading ``x`` with the layout from :func:`prepare`."""
     on_gpu = x.device.type == "cuda"
     return _plan(tuple(kept), tuple(red), x.element_size(), on_gpu, sm_count(x.device), PROGRAMS_PER_SM,
-                 COLS_PROGRAMS_PER_SM)
+                 COLS_PROGRAMS_PER_SM, row_tile_bytes(x))
+
+
+def row_tile_bytes(x: torch.Tensor) -> int:
+    """Bytes per loop step of a rows-kernel program that reads whole rows of ``x`` (see :data:`ROW_TILE_BYTES`)."""
+    if fast_memory(x.device):
+        return FAST_MEMORY_ROW_TILE_BYTES.get(x.element_size(), ROW_TILE_BYTES)
+    return ROW_TILE_BYTES
 
 
 @functools.lru_cache(maxsize=4096)
 def _plan(kept: tuple[tuple[int, int], ...], red: tuple[int, int], elsize: int, on_gpu: bool, sms: int,
-          rows_per_sm: int, cols_per_sm: int) -> ReducePlan:
+          rows_per_sm: int, cols_per_sm: int, row_tile_bytes: int = ROW_TILE_BYTES) -> ReducePlan:
     R, s_r = red
     tile = (TILE_BYTES.get(elsize, 16384) if on_gpu else INTERPRETER_TILE_BYTES) // elsize
     inner_stride = kept[-1][1] if kept else None
@@ -172,8 +184,8 @@ def _plan(kept: tuple[tuple[int, int], ...], red: tuple[int, int], elsize: int, 
             (O, s_o), (I, s_i) = kept[0], (1, 0)
         else:
             O, s_o, I, s_i = 1, 0, 1, 0
-        # one pass per row first (ROW_TILE_BYTES); a plan that must split the rows takes the larger split tile
-        for tile_bytes in (ROW_TILE_BYTES, TILE_BYTES.get(elsize, 16384)):
+        # one pass per row first (row_tile_bytes); a plan that must split the rows takes the larger split tile
+        for tile_bytes in (row_tile_bytes, TILE_BYTES.get(elsize, 16384)):
             tile = (tile_bytes if on_gpu else INTERPRETER_TILE_BYTES) // elsize
             block_r = min(next_power_of_2(R), tile)
             rows = max(1, min(tile // block_r, tile // MAX_COL_FRACTION, next_power_of_2(O * I)))
@@ -181,7 +193,7 @@ def _plan(kept: tuple[tuple[int, int], ...], red: tuple[int, int], elsize: int, 
             split, r_per_split, interleave = _split(R, block_r, tiles, sms * rows_per_sm, "rows")
             if split == 1:
                 break
-        warps = ROW_WARPS if rows == 1 and block_r * elsize >= ROW_TILE_BYTES else 8 if rows * block_r >= 4096 else 4
+        warps = ROW_WARPS if rows == 1 and block_r * elsize >= row_tile_bytes else 8 if rows * block_r >= 4096 else 4
         return _stealing(ReducePlan("rows", O, I, R, s_o, s_i, s_r, block_r, rows, split, r_per_split, warps,
                                     interleave), elsize, sms)
     if len(kept) == 2:

@@ -23,7 +23,7 @@ from fuselab.backend import interpreter_enabled
 from ._launch import (
     INT32_MAX,
     cdiv,
-    dram_gbps_per_sm,
+    fast_memory,
     keep,
     launch,
     max_element_offset,
@@ -192,16 +192,14 @@ STORE_EVICTION = ""
 #: 0.87-0.94 of copy bandwidth and 2048-element tiles with 4 warps at 0.90-0.96, best or level at every shape
 #: (``benchmarks/results/h200/probes/rope_plan.txt``, ``rope_small.txt``).
 TILE_ELEMENTS = 4096
+#: the tile on devices with :func:`~fuselab.ops._launch.fast_memory`
 FAST_MEMORY_TILE_ELEMENTS = 2048
-#: DRAM GB/s per SM from which the smaller tile is used
-FAST_MEMORY_GBPS_PER_SM = 30.0
 MAX_BLOCK_T = 16
 
 
 def tile_elements(device: torch.device) -> int:
     """Elements per loop step of a RoPE program on ``device`` (see :data:`TILE_ELEMENTS`)."""
-    fast = dram_gbps_per_sm(device) >= FAST_MEMORY_GBPS_PER_SM
-    return FAST_MEMORY_TILE_ELEMENTS if fast else TILE_ELEMENTS
+    return FAST_MEMORY_TILE_ELEMENTS if fast_memory(device) else TILE_ELEMENTS
 
 
 @functools.lru_cache(maxsize=1024)
