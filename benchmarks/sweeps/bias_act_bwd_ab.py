@@ -28,7 +28,8 @@ VARIANTS = {  # name: knobs over the shipped ones
     "16 KiB tiles": dict(BWD_TILE_BYTES=16384),
     "2 programs per SM": dict(BWD_PROGRAMS_PER_SM=2),
     "8 programs per SM": dict(BWD_PROGRAMS_PER_SM=8),
-    "256 B columns": dict(BWD_COL_BYTES=256),
+    "128 B columns": dict(BWD_COL_BYTES=128),
+    "512 B columns": dict(BWD_COL_BYTES=512),  # shipped until session 18 (the probes' "shipped")
     "1 KiB columns": dict(BWD_COL_BYTES=1024),
 }
 

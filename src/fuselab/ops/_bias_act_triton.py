@@ -37,7 +37,10 @@ FWD_TILE_BYTES = 16384
 BWD_TILE_BYTES = 8192
 FWD_PROGRAMS_PER_SM = 256
 BWD_PROGRAMS_PER_SM = 4
-BWD_COL_BYTES = 512
+#: backward column block: 256 B of each row (64 fp32 / 128 bf16 columns; was 512 B). Alternating rounds of the
+#: launcher alone (probes/bias_act_bwd_ab.txt, H100 and H200): better or level at 11 of the 12 cases, e.g. 65536x512
+#: bf16 0.826 -> 0.869 (H100) and 0.727 -> 0.807 (H200); 262144x1024 fp32 on the H200 -1.4%
+BWD_COL_BYTES = 256
 MAX_WARPS = 8
 #: 16-byte vectors per thread per tensor in a forward tile (it sets num_warps from the tile bytes)
 FWD_VECTORS_PER_THREAD = 4
