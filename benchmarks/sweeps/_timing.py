@@ -88,6 +88,28 @@ def graph_ms(fn) -> float:
     return events_ms(graph.replay, clean_flush, reps=20) / GRAPH_CALLS
 
 
+def alternate(calls: dict, rounds: int) -> dict:
+    """Time every call (name -> (fn, ms -> fraction of copy bandwidth)) once per round, the calls alternating: after
+    a dirty flush (the lab's method) and per call of a CUDA graph. Returns name -> (dirty fractions, graph ones)."""
+    out = {name: ([], []) for name in calls}
+    for _ in range(rounds):
+        for name, (fn, fraction) in calls.items():
+            out[name][0].append(fraction(events_ms(fn, dirty_flush)))
+            out[name][1].append(fraction(graph_ms(fn)))
+    return out
+
+
+def spread(dirty: list[float], graph: list[float]) -> str:
+    """``median [min-max] | graph median`` of :func:`alternate`'s fractions for one call."""
+    return f"{statistics.median(dirty):.3f} [{min(dirty):.3f}-{max(dirty):.3f}] | {statistics.median(graph):.3f}"
+
+
+def ab_header(copy: float, rounds: int) -> None:
+    """The first line of an alternating A/B's output: device, copy bandwidth, what the columns are."""
+    print(f"# {torch.cuda.get_device_name()}  copy {copy:.0f} GB/s; fractions of it, median over {rounds} "
+          "alternating rounds [min-max] (dirty flush | CUDA graph)")
+
+
 def copy_gbps() -> float:
     src = torch.randn(2**28, device="cuda")
     dst = torch.empty_like(src)

@@ -13,7 +13,6 @@ grad_x and grad_residual, bias gradient fused), CUDA events after a dirty flush 
 from __future__ import annotations
 
 import argparse
-import statistics
 
 import _timing as timing  # benchmarks/sweeps/_timing.py
 import torch
@@ -61,8 +60,7 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=3)
     args = parser.parse_args()
     bw = timing.copy_gbps()
-    print(f"# {torch.cuda.get_device_name()}  copy {bw:.0f} GB/s; fractions of it, median over {args.rounds} "
-          "alternating rounds [min-max] (dirty flush | CUDA graph)")
+    timing.ab_header(bw, args.rounds)
     defaults = {name: getattr(ba, name) for name in KNOBS}
     for dtype in (torch.float32, torch.bfloat16):
         for m, n in SHAPES:
@@ -70,24 +68,17 @@ def main() -> None:
             saved = torch.relu(torch.randn(m, n, device="cuda", dtype=dtype))
             nbytes = 4 * m * n * dtype.itemsize  # read grad, saved; write grad_x, grad_residual
             expected = (grad.double() * (saved > 0)).sum(0)
-            calls = {}
+            calls, plans = {}, {}
             for name, knobs in VARIANTS.items():
-                fn, plan = prepared(grad, saved, knobs, defaults)
+                fn, plans[name] = prepared(grad, saved, knobs, defaults)
                 got = fn().double()
                 assert torch.allclose(got, expected, rtol=2e-2, atol=2e-2 * m**0.5), name
-                calls[name] = (fn, plan)
-            dirty = {name: [] for name in calls}
-            graph = {name: [] for name in calls}
-            for _ in range(args.rounds):
-                for name, (fn, _) in calls.items():
-                    dirty[name].append(nbytes / timing.events_ms(fn, timing.dirty_flush) / 1e6 / bw)
-                    graph[name].append(nbytes / timing.graph_ms(fn) / 1e6 / bw)
+                calls[name] = (fn, lambda ms, nbytes=nbytes: nbytes / ms / 1e6 / bw)
+            times = timing.alternate(calls, args.rounds)
             print(f"\n{m}x{n} {str(dtype)[6:]} relu backward ({nbytes / 1e6:.0f} MB)")
-            for name, (_, plan) in calls.items():
-                d, g = dirty[name], graph[name]
-                grid, block_m, block_n, warps, _ = plan
-                print(f"  {statistics.median(d):.3f} [{min(d):.3f}-{max(d):.3f}] | {statistics.median(g):.3f}  "
-                      f"{name:18s} grid {grid} block {block_m}x{block_n} warps {warps}", flush=True)
+            for name, (grid, block_m, block_n, warps, _) in plans.items():
+                print(f"  {timing.spread(*times[name])}  {name:18s} grid {grid} block {block_m}x{block_n} "
+                      f"warps {warps}", flush=True)
             del grad, saved, calls
             torch.cuda.empty_cache()
 

@@ -10,7 +10,6 @@ the spread (dirty flush, the lab's method; and the CUDA-graph per-call time).
 from __future__ import annotations
 
 import argparse
-import statistics
 
 import _timing as timing  # benchmarks/sweeps/_timing.py
 import torch
@@ -58,8 +57,7 @@ def start(rounds: int) -> tuple[argparse.Namespace, float]:
     parser.add_argument("--cases", nargs="*", default=None, help="keep the cases whose label contains one of these")
     args = parser.parse_args()
     copy = timing.copy_gbps()
-    print(f"# {torch.cuda.get_device_name()}  copy {copy:.0f} GB/s; fractions of it, median over {args.rounds} "
-          "alternating rounds [min-max] (dirty flush | CUDA graph)")
+    timing.ab_header(copy, args.rounds)
     return args, copy
 
 
@@ -75,16 +73,10 @@ def alternate_and_report(label: str, dtype: torch.dtype, variants: dict, rounds:
     """Time ``variants`` (name -> (plan, call)) in alternating rounds, after a dirty flush and in a CUDA graph, and
     print one line per variant: median [min-max] | graph median, the plan and the kernel's registers."""
     regs = {name: _registers(fn) for name, (_, fn) in variants.items()}
-    dirty = {name: [] for name in variants}
-    graph = {name: [] for name in variants}
-    for _ in range(rounds):
-        for name, (_, fn) in variants.items():
-            dirty[name].append(frac(timing.events_ms(fn, timing.dirty_flush)))
-            graph[name].append(frac(timing.graph_ms(fn)))
+    times = timing.alternate({name: (fn, frac) for name, (_, fn) in variants.items()}, rounds)
     print(f"\n{label} {str(dtype)[6:]}")
     for name, (plan, _) in variants.items():
-        d, g = dirty[name], graph[name]
-        print(f"  {statistics.median(d):.3f} [{min(d):.3f}-{max(d):.3f}] | {statistics.median(g):.3f}  {name:{width}s}"
+        print(f"  {timing.spread(*times[name])}  {name:{width}s}"
               f" grid {plan.grid} split {plan.split} block_r {plan.block_r} block_i {plan.block_i} "
               f"warps {plan.num_warps} registers {regs.get(name)}", flush=True)
 

@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import argparse
 import functools
-import statistics
 
 import _timing as timing  # benchmarks/sweeps/_timing.py
 import torch
@@ -98,6 +97,10 @@ def prepared(q, k, cos, sin, layout, offsets, cu, inplace: bool, knobs: dict) ->
     return (lambda: rope_kernel.rope_relaunch(record, q, k, q_out, k_out, *args, offset, 1.0)), q_out, k_out, plan
 
 
+def _fraction(nbytes: int, ms: float, bw: float) -> float:
+    return nbytes / ms / 1e6 / bw
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("set", choices=sorted(SETS))
@@ -106,8 +109,7 @@ def main() -> None:
     parser.add_argument("--cases", nargs="*", default=None, help="keep the cases whose label contains one of these")
     args = parser.parse_args()
     bw = timing.copy_gbps()
-    print(f"# {torch.cuda.get_device_name()}  copy {bw:.0f} GB/s; fractions of it, median over {args.rounds} "
-          "alternating rounds [min-max] (dirty flush | CUDA graph)")
+    timing.ab_header(bw, args.rounds)
     query = CaseQuery(device_type="cuda", dtypes=(torch.bfloat16,), modes=("fwd",))
     for case in suite.cases(query):
         if case.params["kind"] == "decode" or (args.cases and not any(c in case.label for c in args.cases)):
@@ -115,7 +117,9 @@ def main() -> None:
         q, k, cos, sin, layout, offsets, cu, _ = suite.make_inputs(case, torch.device("cuda"))
         flat = torch.randn((q.numel() + k.numel(),), device="cuda").to(torch.bfloat16)
         dst = torch.empty_like(flat)
-        calls = {"copy_ of q, k (read + write)": (functools.partial(dst.copy_, flat), 2 * flat.numel() * 2)}
+        fraction = functools.partial(_fraction, bw=bw)
+        calls = {"copy_ of q, k (read + write)": (functools.partial(dst.copy_, flat),
+                                                  functools.partial(fraction, 2 * flat.numel() * 2))}
         plans, reference = {}, None
         for inplace in (False,) if args.no_inplace else (False, True):
             for name, knobs in SETS[args.set].items():
@@ -125,20 +129,14 @@ def main() -> None:
                     reference = reference or (q_out.clone(), k_out.clone())
                     if not (torch.equal(q_out, reference[0]) and torch.equal(k_out, reference[1])):
                         print(f"  MISMATCH: {name}")
-                calls[f"{'in place' if inplace else 'out of place'}: {name}"] = (fn, case.bytes)
-        dirty = {name: [] for name in calls}
-        graph = {name: [] for name in calls}
-        for _ in range(args.rounds):
-            for name, (fn, nbytes) in calls.items():
-                dirty[name].append(nbytes / timing.events_ms(fn, timing.dirty_flush) / 1e6 / bw)
-                graph[name].append(nbytes / timing.graph_ms(fn) / 1e6 / bw)
+                label = f"{'in place' if inplace else 'out of place'}: {name}"
+                calls[label] = (fn, functools.partial(fraction, case.bytes))
+        times = timing.alternate(calls, args.rounds)
         print(f"\n{case.label} ({case.bytes / 1e6:.0f} MB)")
         for name, plan in plans.items():
             print(f"  plan of {name}: {plan}")
         for name in calls:
-            d, g = dirty[name], graph[name]
-            print(f"  {statistics.median(d):.3f} [{min(d):.3f}-{max(d):.3f}] | {statistics.median(g):.3f}  {name}",
-                  flush=True)
+            print(f"  {timing.spread(*times[name])}  {name}", flush=True)
         del q, k, flat, dst, calls
         torch.cuda.empty_cache()
 
