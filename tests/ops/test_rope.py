@@ -6,8 +6,8 @@ import pytest
 import torch
 
 import fuselab
+from fuselab.ops import _launch, rope_kernel
 from fuselab.ops import rope as rope_mod
-from fuselab.ops import rope_kernel
 from fuselab.reference import rope as ref
 from fuselab.testing import assert_close, poison_
 
@@ -295,9 +295,9 @@ def test_int64_offsets_path(triton_backend, poisoned, device, monkeypatch):
 
 @pytest.mark.parametrize("gbps_per_sm,tile_heads,warps", [(25.4, 32, 8), (37.2, 16, 4)])
 def test_tile_by_memory_bandwidth(triton_backend, poisoned, device, monkeypatch, gbps_per_sm, tile_heads, warps):
-    """Devices with more DRAM bandwidth per SM (H200) plan 2048-element tiles and 4 warps, others (H100) 4096 and 8;
-    both plans compute the same rotation (at D=128 the small tile takes q's 32 heads in two steps)."""
-    monkeypatch.setattr(rope_kernel, "dram_gbps_per_sm", lambda device: gbps_per_sm)
+    """Devices with more DRAM bandwidth per SM (H200: 36.5 GB/s) plan 2048-element tiles and 4 warps, others (H100:
+    25.4) 4096 and 8; both plans compute the same rotation (at D=128 the small tile takes q's 32 heads in two steps)."""
+    monkeypatch.setattr(_launch, "dram_gbps_per_sm", lambda device: gbps_per_sm)  # what fast_memory reads
     # plans and kept launches made under the real bandwidth must not answer for this test's calls
     monkeypatch.setattr(rope_kernel, "_PLANS", {})
     monkeypatch.setattr(rope_mod, "_CALLS", {})
