@@ -19,6 +19,11 @@ def next_power_of_2(n: int) -> int:
     return 1 if n <= 1 else 1 << (n - 1).bit_length()
 
 
+def device_index(device: torch.device) -> int:
+    """The CUDA device index of ``device`` (the current device when it names none)."""
+    return device.index if device.index is not None else torch.cuda.current_device()
+
+
 @functools.cache
 def _sm_count(index: int) -> int:
     return torch.cuda.get_device_properties(index).multi_processor_count
@@ -28,7 +33,7 @@ def sm_count(device: torch.device) -> int:
     """Multiprocessors of a CUDA device; a small stand-in (4) for CPU under the interpreter."""
     if device.type != "cuda":
         return 4
-    return _sm_count(device.index if device.index is not None else torch.cuda.current_device())
+    return _sm_count(device_index(device))
 
 
 @functools.cache
@@ -51,7 +56,7 @@ def dram_gbps_per_sm(device: torch.device) -> float:
     fixed H100-like stand-in, so that plans under the interpreter do not depend on the machine."""
     if device.type != "cuda":
         return INTERPRETER_DRAM_GBPS_PER_SM
-    return _dram_gbps_per_sm(device.index if device.index is not None else torch.cuda.current_device())
+    return _dram_gbps_per_sm(device_index(device))
 
 
 #: DRAM GB/s per SM from which a device counts as fast-memory (H200: ~37; H100 SXM: 25.4). There the planners of

@@ -172,7 +172,7 @@ def row_tile_bytes(x: torch.Tensor) -> int:
 
 @functools.lru_cache(maxsize=4096)
 def _plan(kept: tuple[tuple[int, int], ...], red: tuple[int, int], elsize: int, on_gpu: bool, sms: int,
-          rows_per_sm: int, cols_per_sm: int, row_tile_bytes: int = ROW_TILE_BYTES) -> ReducePlan:
+          rows_per_sm: int, cols_per_sm: int, row_bytes: int) -> ReducePlan:
     R, s_r = red
     tile = (TILE_BYTES.get(elsize, 16384) if on_gpu else INTERPRETER_TILE_BYTES) // elsize
     inner_stride = kept[-1][1] if kept else None
@@ -184,8 +184,8 @@ def _plan(kept: tuple[tuple[int, int], ...], red: tuple[int, int], elsize: int, 
             (O, s_o), (I, s_i) = kept[0], (1, 0)
         else:
             O, s_o, I, s_i = 1, 0, 1, 0
-        # one pass per row first (row_tile_bytes); a plan that must split the rows takes the larger split tile
-        for tile_bytes in (row_tile_bytes, TILE_BYTES.get(elsize, 16384)):
+        # one pass per row first (row_bytes: row_tile_bytes()); a plan that must split the rows takes the larger tile
+        for tile_bytes in (row_bytes, TILE_BYTES.get(elsize, 16384)):
             tile = (tile_bytes if on_gpu else INTERPRETER_TILE_BYTES) // elsize
             block_r = min(next_power_of_2(R), tile)
             rows = max(1, min(tile // block_r, tile // MAX_COL_FRACTION, next_power_of_2(O * I)))
@@ -193,7 +193,7 @@ def _plan(kept: tuple[tuple[int, int], ...], red: tuple[int, int], elsize: int, 
             split, r_per_split, interleave = _split(R, block_r, tiles, sms * rows_per_sm, "rows")
             if split == 1:
                 break
-        warps = ROW_WARPS if rows == 1 and block_r * elsize >= row_tile_bytes else 8 if rows * block_r >= 4096 else 4
+        warps = ROW_WARPS if rows == 1 and block_r * elsize >= row_bytes else 8 if rows * block_r >= 4096 else 4
         return _stealing(ReducePlan("rows", O, I, R, s_o, s_i, s_r, block_r, rows, split, r_per_split, warps,
                                     interleave), elsize, sms)
     if len(kept) == 2:

@@ -18,7 +18,7 @@ import torch
 import triton
 import triton.language as tl
 
-from ._launch import keep, next_power_of_2
+from ._launch import device_index, keep, next_power_of_2
 
 #: smallest counter buffer kept per (device, stream)
 MIN_COUNTERS = 1024
@@ -37,7 +37,7 @@ def _stream_key(device: torch.device) -> tuple[int, int] | None:
     while a CUDA graph is being captured (a graph gets buffers of its own)."""
     if device.type != "cuda" or torch.cuda.is_current_stream_capturing():
         return None
-    index = device.index if device.index is not None else torch.cuda.current_device()
+    index = device_index(device)
     return index, torch._C._cuda_getCurrentRawStream(index)
 
 

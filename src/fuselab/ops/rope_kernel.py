@@ -203,8 +203,7 @@ def tile_elements(device: torch.device) -> int:
 
 
 @functools.lru_cache(maxsize=1024)
-def _config(n_tokens: int, hq: int, hk: int, half: int, n_pass: int, sms: int, interp: bool,
-            tile: int = TILE_ELEMENTS) -> tuple:
+def _config(n_tokens: int, hq: int, hk: int, half: int, n_pass: int, sms: int, interp: bool, tile: int) -> tuple:
     """(BLOCK_T, BLOCK_HQ, BLOCK_HK, BLOCK_HALF, BLOCK_PASS, head splits, q chunk, k chunk, warps)."""
     block_half = next_power_of_2(half)
     row = 2 * block_half
