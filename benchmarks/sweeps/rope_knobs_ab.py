@@ -42,24 +42,19 @@ SETS = {  # set: {variant name: knobs of rope_kernel over the shipped ones}
         "both evict_first": dict(LOAD_EVICTION="evict_first", STORE_EVICTION="evict_first"),
         "load evict_first, store evict_last": dict(LOAD_EVICTION="evict_first", STORE_EVICTION="evict_last"),
     },
-    # "plan" and "small" ran on commit d4e3d49's kernel, which had FUSE_QK; they were not kept
-    "plan": {  # tile x warps x FUSE_QK, for another GPU than the H100 of the sweeps
+    # "plan" and "small" as run (results/h200/probes/rope_plan.txt, rope_small.txt; results/h100/probes/
+    # rope_small_h100.txt) also had FUSE_QK variants: that flag is in commit d4e3d49's kernel only
+    "plan": {  # tile x warps, for another GPU than the H100 of the sweeps
         "shipped": {},
-        "fused": dict(FUSE_QK=True),
         "tile 4096, 4 warps": dict(TILE=4096, WARPS=4),
-        "tile 4096, 4 warps, fused": dict(TILE=4096, WARPS=4, FUSE_QK=True),
         "tile 8192, 4 warps": dict(TILE=8192, WARPS=4),
-        "tile 8192, 4 warps, fused": dict(TILE=8192, WARPS=4, FUSE_QK=True),
-        "tile 8192, 8 warps, fused": dict(TILE=8192, WARPS=8, FUSE_QK=True),
         "tile 16384, 8 warps": dict(TILE=16384, WARPS=8),
         "tile 2048, 4 warps": dict(TILE=2048, WARPS=4),
     },
     "small": {  # smaller tiles and fewer warps, after "plan" found tile 2048 / 4 warps best on the H200
         "shipped": {},
-        "fused": dict(FUSE_QK=True),
         "tile 2048, 2 warps": dict(TILE=2048, WARPS=2),
         "tile 2048, 4 warps": dict(TILE=2048, WARPS=4),
-        "tile 2048, 4 warps, fused": dict(TILE=2048, WARPS=4, FUSE_QK=True),
         "tile 2048, 8 warps": dict(TILE=2048, WARPS=8),
         "tile 1024, 2 warps": dict(TILE=1024, WARPS=2),
         "tile 1024, 4 warps": dict(TILE=1024, WARPS=4),
@@ -73,7 +68,7 @@ def prepared(q, k, cos, sin, layout, offsets, cu, inplace: bool, knobs: dict) ->
     plan_knobs = {"TILE", "WARPS"}
     unknown = [name for name in knobs if name not in plan_knobs and not hasattr(rope_kernel, name)]
     if unknown:
-        raise SystemExit(f"rope_kernel has no knob {unknown}: FUSE_QK exists only in commit d4e3d49")
+        raise SystemExit(f"rope_kernel has no knob {unknown}")
     shipped = {name: getattr(rope_kernel, name) for name in knobs if name not in plan_knobs}
     for name, value in knobs.items():
         if name not in plan_knobs:
@@ -90,7 +85,7 @@ def prepared(q, k, cos, sin, layout, offsets, cu, inplace: bool, knobs: dict) ->
     grid, _, constexprs, _, _ = next(iter(rope_kernel._PLANS.values()))
     regs = getattr(next(iter(_launch._COMPILED.values()))[0], "n_regs", None)
     plan = (f"grid {grid} T,HQ,HK {constexprs['BLOCK_T']},{constexprs['BLOCK_HQ']},{constexprs['BLOCK_HK']} "
-            f"warps {constexprs['num_warps']} fused {constexprs.get('FUSE_QK', '-')} registers {regs}")
+            f"warps {constexprs['num_warps']} registers {regs}")
     for name, value in shipped.items():
         setattr(rope_kernel, name, value)
     restore()
