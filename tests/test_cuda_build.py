@@ -26,5 +26,17 @@ def test_translation_units_are_written_for_ci(tmp_path):
     assert unit.index("bias_act_fwd_kernel") < unit.index("FusedLinearFunction")
 
 
+def test_public_functions_stay_functions():
+    """``fuselab.cuda.bias_act`` & co. are functions on every access, also after their modules (and the other
+    backends') were imported: a submodule of the same name used to replace the function on the package."""
+    import fuselab.cuda as cuda
+    from fuselab.cuda import _bias_act, _fused_linear, _square  # noqa: F401 (imported for the side effect)
+
+    for _ in range(2):
+        for name in ("bias_act", "square", "fused_linear"):
+            assert callable(getattr(cuda, name)) and not isinstance(getattr(cuda, name), type(cuda)), name
+    assert {"bias_act", "square", "fused_linear"} <= set(dir(cuda))
+
+
 def test_usage_error_without_a_folder():
     assert _build.main([]) == 2

@@ -349,13 +349,13 @@ CUDA_CASES = [(a, torch.float32) for a in fuselab.ACTIVATIONS] + [
 
 
 def _cuda_fused_linear(x, w, b, activation):
-    from fuselab.cuda.fused_linear import fused_linear as cuda_fused_linear
+    from fuselab.cuda import fused_linear as cuda_fused_linear
 
     return cuda_fused_linear(x, w, b, activation)
 
 
 def test_cuda_fused_linear_rejects_bad_arguments():
-    from fuselab.cuda.fused_linear import fused_linear as cuda_fused_linear
+    from fuselab.cuda import fused_linear as cuda_fused_linear
 
     w = torch.randn(8, 4)
     with pytest.raises(ValueError, match="backend"):

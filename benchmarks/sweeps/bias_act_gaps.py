@@ -40,7 +40,7 @@ def _stamp(fn):
 
 def _wrap_launchers() -> None:
     """Stamp the host clock at each launch: the Triton launcher and the CUDA extension's two entry points."""
-    from fuselab.cuda import bias_act as cuda_mod
+    from fuselab.cuda import _bias_act as cuda_mod
     from fuselab.ops import _bias_act_triton as bt
 
     bt.launch = _stamp(bt.launch)
@@ -56,7 +56,7 @@ def _wrap_launchers() -> None:
 
 def providers():
     import fuselab
-    import fuselab.cuda.bias_act as cuda_mod
+    import fuselab.cuda._bias_act as cuda_mod
 
     return {
         "fuselab": lambda x, r, b, act: fuselab.bias_act(x, b, residual=r, alpha=ALPHA, activation=act),

@@ -45,7 +45,7 @@ def _check_backend(backend: str) -> str:
 @functools.cache
 def _cuda_fused_linear():
     """:func:`fuselab.cuda.fused_linear`, imported on first use (it imports Triton's launcher module)."""
-    from fuselab.cuda.fused_linear import fused_linear as cuda_fused_linear
+    from fuselab.cuda import fused_linear as cuda_fused_linear
 
     return cuda_fused_linear
 

@@ -80,7 +80,7 @@ def test_size_label():
 
 
 def test_cuda_square_validates_inputs(device):
-    from fuselab.cuda.square import square
+    from fuselab.cuda import square
 
     with pytest.raises(TypeError, match="float32, float16 or bfloat16"):
         square(torch.ones(4, dtype=torch.int32))
@@ -95,7 +95,7 @@ def test_cuda_square_validates_inputs(device):
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16])
 @pytest.mark.parametrize("n", [1, 7, 4096 + 3, 2**20 + 1])
 def test_cuda_square_matches_reference(dtype, n):
-    from fuselab.cuda.square import square, square_out
+    from fuselab.cuda._square import square, square_out
     from fuselab.testing import assert_close, poison_
 
     x = torch.randn(n + 1, device="cuda", dtype=dtype)

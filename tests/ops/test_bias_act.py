@@ -396,7 +396,7 @@ def test_large_shapes_gpu(shape, activation):
 @pytest.mark.parametrize("activation", ACTS)
 @pytest.mark.parametrize("shape", [(3, 37), (1000, 4096), (257, 1000)])
 def test_cuda_backend_gpu(activation, dtype, shape):
-    from fuselab.cuda.bias_act import bias_act as cuda_bias_act
+    from fuselab.cuda import bias_act as cuda_bias_act
 
     m, n = shape
     x = torch.randn(m, n, dtype=dtype, device="cuda", requires_grad=True)
@@ -415,7 +415,7 @@ def test_cuda_backend_gpu(activation, dtype, shape):
 
 @pytest.mark.gpu
 def test_cuda_backend_strided_gpu():
-    from fuselab.cuda.bias_act import bias_act as cuda_bias_act
+    from fuselab.cuda import bias_act as cuda_bias_act
 
     x = torch.randn(64, 300, device="cuda")[:, 5:261]
     r = torch.randn(256, 64, device="cuda").t()
@@ -427,7 +427,7 @@ def test_cuda_backend_strided_gpu():
 @pytest.mark.gpu
 def test_cuda_extension_raises_on_bad_arguments_gpu():
     # the extension's own checks raise (a check whose message c10 assembled from parts once crashed the process)
-    from fuselab.cuda.bias_act import _extension
+    from fuselab.cuda._bias_act import _extension
 
     ext = _extension()
     x = torch.randn(4, 8, device="cuda")

@@ -1,7 +1,10 @@
 """CUDA C++ backends, compiled with ``torch.utils.cpp_extension.load_inline`` at first use.
 
-Each op with a CUDA backend has a ``.cu`` source here and a Python builder module; the
-public names resolve lazily, so importing :mod:`fuselab.cuda` compiles nothing.
+Each op with a CUDA backend has a ``.cu`` source here and a private Python builder module (``_bias_act``...);
+the public functions (``fuselab.cuda.bias_act``, ``square``, ``fused_linear``) resolve lazily, so importing
+:mod:`fuselab.cuda` compiles nothing. The modules are private so that no submodule shares a public function's name
+(importing a submodule sets the package attribute of its name: ``fuselab.cuda.bias_act`` turned into the module
+after the first call).
 """
 
 from __future__ import annotations
@@ -10,9 +13,9 @@ import importlib
 from typing import Any
 
 _API: dict[str, str] = {
-    "square": "fuselab.cuda.square",
-    "bias_act": "fuselab.cuda.bias_act",
-    "fused_linear": "fuselab.cuda.fused_linear",
+    "square": "fuselab.cuda._square",
+    "bias_act": "fuselab.cuda._bias_act",
+    "fused_linear": "fuselab.cuda._fused_linear",
 }
 
 
@@ -20,3 +23,7 @@ def __getattr__(name: str) -> Any:
     if name in _API:
         return getattr(importlib.import_module(_API[name]), name)
     raise AttributeError(f"module 'fuselab.cuda' has no attribute {name!r}")
+
+
+def __dir__() -> list[str]:
+    return sorted([*globals(), *_API])

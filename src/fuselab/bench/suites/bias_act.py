@@ -122,7 +122,7 @@ def fuselab_bias_act(x, residual, bias, alpha, activation):
 
 
 def _build_cuda(case: BenchCase):
-    from fuselab.cuda.bias_act import bias_act  # compiles with nvcc on first use
+    from fuselab.cuda import bias_act  # compiles with nvcc on first use
 
     def run(x, residual, bias, alpha, activation):
         return bias_act(x, bias, residual=residual, alpha=alpha, activation=activation)

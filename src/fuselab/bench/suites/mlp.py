@@ -98,7 +98,7 @@ def mlp_fuselab(x: torch.Tensor, *params: torch.Tensor) -> torch.Tensor:
 
 
 def mlp_cuda(x: torch.Tensor, *params: torch.Tensor) -> torch.Tensor:
-    from fuselab.cuda.fused_linear import fused_linear  # compiles with nvcc on first use
+    from fuselab.cuda import fused_linear  # compiles with nvcc on first use
 
     for k in range(0, len(params), 2):
         x = fused_linear(x, params[k], params[k + 1], "relu")

@@ -51,7 +51,7 @@ def _pow(x: torch.Tensor) -> torch.Tensor:
 
 
 def _build_cuda(case: BenchCase):
-    from fuselab.cuda.square import square  # imported on use: compiles with nvcc on first call
+    from fuselab.cuda import square  # imported on use: compiles with nvcc on first call
 
     return square
 

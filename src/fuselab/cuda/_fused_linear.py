@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import torch
 
-from fuselab.cuda.bias_act import _CUDA_DTYPES, _extension
+from fuselab.cuda._bias_act import _CUDA_DTYPES, _extension
 from fuselab.ops._bias_act_triton import ACT_IDS
 from fuselab.ops._validate import require_tensor
 from fuselab.ops.bias_act import check_activation
