@@ -194,7 +194,10 @@ def apply_rope(q: torch.Tensor, k: torch.Tensor | None, cos: torch.Tensor | None
     """
     call = _call_key(q, k, cos, sin, layout, interleaved, inplace, positions, seqlen_offsets, cu_seqlens, max_seqlen,
                      base, scaling, rotary_dim, check_positions)
-    prepared = _CALLS.get(call)
+    try:
+        prepared = _CALLS.get(call)
+    except TypeError:  # an unhashable argument (validate names it): no key
+        call = prepared = None
     if prepared is not None and triton_for(q):  # a checked call of this layout kept its launch
         half, limit, inv_freq, mscale, record = prepared
         if type(seqlen_offsets) is int:
@@ -204,8 +207,16 @@ def apply_rope(q: torch.Tensor, k: torch.Tensor | None, cos: torch.Tensor | None
             offsets, offset = None, seqlen_offsets
         else:
             offsets, offset = seqlen_offsets, 0
-        return _run(q, k, cos, sin, inv_freq, None, offsets, None, layout=layout, half=half, interleaved=interleaved,
-                    inplace=inplace, offset=offset, mscale=mscale, record=record)[:2]
+        if torch.is_grad_enabled() and (q.requires_grad or (k is not None and k.requires_grad)):
+            return _run(q, k, cos, sin, inv_freq, None, offsets, None, layout=layout, half=half,
+                        interleaved=interleaved, inplace=inplace, offset=offset, mscale=mscale, record=record)[:2]
+        # decoding's hot path, inline: the kept launch on new tensors, no plan, no autograd
+        if inplace:
+            q_out, k_out = q, k
+        else:
+            q_out, k_out = _empty_like(q), (_empty_like(k) if k is not None else None)
+        rope_relaunch(record, q, k, q_out, k_out, cos, sin, inv_freq, None, offsets, None, offset, mscale)
+        return q_out, k_out
     require_tensor("q", q)
     half, offsets, offset = validate(q, k, cos, sin, layout, positions, seqlen_offsets, cu_seqlens, max_seqlen,
                                      rotary_dim, check_positions)
@@ -275,7 +286,7 @@ def _call_key(q, k, cos, sin, layout, interleaved, inplace, positions, seqlen_of
 
     A call whose key a checked call kept skips the checks, the plan and the launch signature (decoding: a
     dict lookup instead of tens of microseconds of host time); an int offset is still checked against the
-    table."""
+    table. A key holding an unhashable argument makes the caller's lookup raise TypeError (then: no key)."""
     if (positions is not None or cu_seqlens is not None or check_positions or scaling is not None
             or torch.compiler.is_compiling()):
         return None
@@ -286,10 +297,8 @@ def _call_key(q, k, cos, sin, layout, interleaved, inplace, positions, seqlen_of
     else:
         return None
     try:
-        key = (layout, interleaved, inplace, max_seqlen, rotary_dim, base, offsets, operand(q),
-               None if k is None else operand(k), None if cos is None else operand(cos),
-               None if sin is None else operand(sin))
-        hash(key)
-    except (AttributeError, TypeError):  # not tensors, unhashable arguments: validate names them
+        return (layout, interleaved, inplace, max_seqlen, rotary_dim, base, offsets, operand(q),
+                None if k is None else operand(k), None if cos is None else operand(cos),
+                None if sin is None else operand(sin))
+    except AttributeError:  # not tensors: validate names them
         return None
-    return key
