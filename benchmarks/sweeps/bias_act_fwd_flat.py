@@ -1,23 +1,26 @@
-"""bias_act forward: the shipped 2-D tiles against Inductor's shape of kernel (1-D blocks, one per program), on the GPU.
+"""bias_act forward on the GPU: the flat kernel (contiguous operands), the 2-D tiles, torch.compile, the CUDA backend.
 
-    python3 benchmarks/sweeps/bias_act_fwd_flat.py
+    python3 benchmarks/sweeps/bias_act_fwd_flat.py [--proto]
 
-Question (session 19): the forward trails torch.compile by 0.5-2.7% at every case of the H200's tile sweep
+Question (session 19): the forward trailed torch.compile by 0.5-2.7% at every case of the H200's tile sweep
 (``results/h200/probes/bias_act_fwd_vectors.txt``), and no tile, vector count, grid cap or mask closed it. Its
 small-tile variants (4 KiB, Inductor's 1024 fp32 elements) were never Inductor's kernel: with 256 programs per SM
 they loop over up to 8 tiles per program. Inductor's is 1-D (contiguous rows flattened), one block per program, the
 bias indexed by ``offset % N``. Prediction: a 1-D block per program (no loop, no 2-D address math) reaches
-torch.compile's figure; if the gap is the loop, the 2-D kernel with no program cap does as well.
+torch.compile's figure. ``--proto`` times the prototype kernel below against the shipped 2-D tiles (first H200 run:
+``results/h200/probes/bias_act_fwd_flat.txt``: level with torch.compile, 0.5-1.5% ahead of the tiles); without it,
+the shipped kernels: ``flat`` (``fuselab.bias_act``, contiguous operands), ``tiles`` (the same call with
+``FWD_FLAT = False``), and the CUDA C++ backend, whose bf16 forward ran 13-32% behind Triton on the H200
+(session 19 widens bf16 by shifts and narrows pairs in one instruction: see ``bias_act.cu``).
 
-Variants (relu, alpha 0.5, residual, bias: the lab's forward case), alternating in rounds, dirty flush and CUDA graph:
-``shipped`` (fuselab.bias_act), ``2-D nocap`` (the shipped kernel, every tile its own program), ``flat`` kernels of
-4, 8 and 16 KiB per tensor per program (2, 2 and 4 vectors per thread), ``N const`` (the row length a constexpr, as
-Inductor's static shapes make it).
+Cases: the lab's forward (x, residual with alpha 0.5, bias), relu and gelu_tanh (--proto: relu), alternating in rounds,
+after a dirty flush (the lab's method) and per call of a CUDA graph.
 """
 
 from __future__ import annotations
 
 import functools
+import sys
 
 import torch
 import triton
@@ -62,57 +65,84 @@ def flat(x, b, r, y, tile_bytes: int, vectors: int, n_const: bool):
 
 def set_cap(per_sm: int) -> None:
     ba.FWD_PROGRAMS_PER_SM = per_sm
+    _forget()
+
+
+def set_flat(flat: bool) -> None:
+    ba.FWD_FLAT = flat
+    _forget()
+
+
+def _forget() -> None:
+    """Drop the plans and the launches kept by earlier calls (they would answer for the next variant)."""
     ba._fwd_plan.cache_clear()
     bias_act_op._FORWARDS.clear()
     bias_act_op._PREPARED.clear()
 
 
-def capped(fn, per_sm: int):
-    """``fn`` run with the forward planner capped at ``per_sm`` programs per SM."""
+def knob(fn, setter, value, current):
+    """``fn`` run with ``setter(value)`` in effect (``current()`` reads the knob)."""
     def call():
-        if per_sm != ba.FWD_PROGRAMS_PER_SM:
-            set_cap(per_sm)
-        fn()
+        if current() != value:
+            setter(value)
+        return fn()
     return call
 
 
-def case(m: int, n: int, dtype: torch.dtype, copy: float, shipped_cap: int) -> None:
+def proto_variants(x, b, r, y, ours) -> dict:
+    shipped_cap = ba.FWD_PROGRAMS_PER_SM
+    cap = lambda: ba.FWD_PROGRAMS_PER_SM
+    variants = {"shipped": knob(ours, set_cap, shipped_cap, cap), "2-D nocap": knob(ours, set_cap, 1 << 24, cap)}
+    for tile, vectors in ((4096, 2), (8192, 2), (16384, 4)):
+        variants[f"flat {tile // 1024}K v{vectors}"] = flat(x, b, r, y, tile, vectors, False)
+    variants["flat 4K v2 N const"] = flat(x, b, r, y, 4096, 2, True)
+    return variants
+
+
+def shipped_variants(x, b, r, activation, ours) -> dict:
+    from fuselab.cuda import bias_act as cuda_bias_act
+
+    flat_on = lambda: ba.FWD_FLAT
+    return {"flat": knob(ours, set_flat, True, flat_on), "tiles": knob(ours, set_flat, False, flat_on),
+            "cuda": functools.partial(cuda_bias_act, x, b, residual=r, alpha=ALPHA, activation=activation)}
+
+
+def case(m: int, n: int, dtype: torch.dtype, activation: str, copy: float, proto: bool) -> None:
     torch._dynamo.reset()
-    compiled = torch.compile(lambda x, b, r: torch.relu(x + ALPHA * r + b), dynamic=False)
+    act = torch.relu if activation == "relu" else functools.partial(torch.nn.functional.gelu, approximate="tanh")
+    compiled = torch.compile(lambda x, b, r: act(x + ALPHA * r + b), dynamic=False)
     x, r = (torch.randn(m, n, dtype=dtype, device="cuda") for _ in range(2))
     b = torch.randn(n, dtype=dtype, device="cuda")
     y = torch.empty_like(x)
     nbytes = (3 * m * n + n) * dtype.itemsize
-    ours = functools.partial(fuselab.bias_act, x, b, residual=r, alpha=ALPHA, activation="relu")
-    variants = {"torch.compile": functools.partial(compiled, x, b, r), "shipped": capped(ours, shipped_cap),
-                "2-D nocap": capped(ours, 1 << 24)}
-    for tile, vectors in ((4096, 2), (8192, 2), (16384, 4)):
-        variants[f"flat {tile // 1024}K v{vectors}"] = flat(x, b, r, y, tile, vectors, False)
-    variants["flat 4K v2 N const"] = flat(x, b, r, y, 4096, 2, True)
-    ref = torch.relu(x.float() + ALPHA * r.float() + b.float()).to(dtype)
+    ours = functools.partial(fuselab.bias_act, x, b, residual=r, alpha=ALPHA, activation=activation)
+    variants = {"torch.compile": functools.partial(compiled, x, b, r)}
+    variants |= proto_variants(x, b, r, y, ours) if proto else shipped_variants(x, b, r, activation, ours)
+    ref = act(x.double() + ALPHA * r.double() + b.double())
     for name, fn in variants.items():
-        if name.startswith("flat"):
-            y.fill_(float("nan"))
-            fn()
-            torch.testing.assert_close(y, ref)
+        y.fill_(float("nan"))
+        out = fn()
+        out = out if isinstance(out, torch.Tensor) else y  # the prototype's launches write y
+        torch.testing.assert_close(out, ref.to(dtype), msg=lambda m, name=name: f"{name}: {m}")
 
     def fraction(ms: float) -> float:
         return nbytes / (ms * 1e-3) / 1e9 / copy
 
     out = alternate({name: (fn, fraction) for name, fn in variants.items()}, ROUNDS)
-    set_cap(shipped_cap)
-    print(f"\n{m}x{n} {str(dtype)[6:]}", flush=True)
+    set_flat(True)
+    print(f"\n{m}x{n} {str(dtype)[6:]} {activation}", flush=True)
     for name, (dirty, graph) in out.items():
         print(f"  {spread(dirty, graph)}  {name}", flush=True)
 
 
 def main() -> None:
+    proto = "--proto" in sys.argv[1:]
     copy = copy_gbps()
     ab_header(copy, ROUNDS)
-    shipped_cap = ba.FWD_PROGRAMS_PER_SM
     for dtype in (torch.float32, torch.bfloat16):
         for m, n in SHAPES:
-            case(m, n, dtype, copy, shipped_cap)
+            for activation in ("relu",) if proto else ("relu", "gelu_tanh"):
+                case(m, n, dtype, activation, copy, proto)
 
 
 if __name__ == "__main__":

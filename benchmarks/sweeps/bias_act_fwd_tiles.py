@@ -35,6 +35,7 @@ def set_knobs(tile: int, vectors: int) -> None:
     (``bias_act._FORWARDS`` keeps each call signature's launch: without clearing it, the first variant's plan
     answers for all; the session-18 H200 run before this fix printed the same figure for every variant)."""
     ba.FWD_TILE_BYTES, ba.FWD_VECTORS_PER_THREAD = tile, vectors
+    ba.FWD_FLAT = False  # the 2-D tiles (contiguous operands take the flat kernel since session 19)
     ba._fwd_plan.cache_clear()
     bias_act_op._FORWARDS.clear()
     bias_act_op._PREPARED.clear()

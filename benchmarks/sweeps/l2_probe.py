@@ -96,6 +96,7 @@ def bias_act_sweep(copy: float) -> list[dict]:
     def set_knobs(fwd_tile, bwd_tile, fwd_per_sm, bwd_per_sm, col_bytes):
         ba.FWD_TILE_BYTES, ba.BWD_TILE_BYTES, ba.FWD_PROGRAMS_PER_SM, ba.BWD_PROGRAMS_PER_SM, ba.BWD_COL_BYTES = (
             fwd_tile, bwd_tile, fwd_per_sm, bwd_per_sm, col_bytes)
+        ba.FWD_FLAT = False  # the 2-D forward tiles (contiguous operands take the flat kernel since session 19)
         ba._fwd_plan.cache_clear()
         ba._bwd_plan.cache_clear()
 

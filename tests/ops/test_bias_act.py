@@ -178,6 +178,32 @@ def test_launchers_write_every_element(triton_backend, device):
     assert_close(gb, dz.sum(0), torch.bfloat16, "grad_bias")
 
 
+@pytest.mark.parametrize("flat_knob", [True, False], ids=["flat", "tiles"])
+@pytest.mark.parametrize("int64", [False, True], ids=["int32", "int64"])
+@pytest.mark.parametrize("m,n", [(4, 256), (3, 37)], ids=["even", "ragged"])
+def test_forward_paths(triton_backend, device, monkeypatch, request, flat_knob, int64, m, n):
+    """Contiguous operands take the flat kernel (a run of the flat [M*N] per program, bias column = offset mod N; no
+    masks when the runs divide M*N), others the 2-D tiles; both with 32- and 64-bit offsets (forced here: normally
+    past 2^31 elements) write every element of y and z (poisoned) with the float64 values."""
+    monkeypatch.setattr(kernels, "FWD_FLAT", flat_knob)
+    monkeypatch.setattr(kernels, "FWD_FLAT_TILE_BYTES", 64 * 4)  # 64 fp32 per run: 256*4 divides, 37*3 does not
+    kernels._fwd_plan.cache_clear()
+    request.addfinalizer(kernels._fwd_plan.cache_clear)  # no plan made with these knobs outlives the test
+    if int64:
+        monkeypatch.setattr(kernels, "needs_int64", lambda *tensors: True)
+    x, r = (torch.randn(m, n, device=device) for _ in range(2))
+    b = torch.randn(2 * n, device=device)[::2]  # a strided bias: the flat kernel reads column (offset mod N) * stride
+    y, pre = (poison_(torch.empty(m, n, device=device)) for _ in range(2))
+    record = kernels.bias_act_fwd_(x, b, r, y, pre, 0.75, "gelu_tanh")
+    flags = dict(record[0][1]) if record[0][2] is None else None  # interpreter records keep the constexprs
+    if flags is not None:
+        assert flags["FLAT"] is flat_knob and flags["INT64"] is int64
+        assert flags["EVEN"] is (flat_knob and m * n % 64 == 0)
+    z64 = x.double() + 0.75 * r.double() + b.double()
+    assert_close(pre, z64, torch.float32, "pre")
+    assert_close(y, ref.activation(z64, "gelu_tanh"), torch.float32, "y")
+
+
 def test_bias_grad_deterministic(triton_backend, device):
     # several programs each reduce their rows into the partial buffer: the sum must not depend on timing
     m, n = 700, 48
@@ -389,6 +415,27 @@ def test_large_shapes_gpu(shape, activation):
     _check(x, torch.randn(n, dtype=torch.bfloat16, device="cuda"), torch.randn(m, n, dtype=torch.bfloat16,
                                                                                     device="cuda"),
            0.5, activation)
+
+
+@pytest.mark.gpu
+def test_over_2_31_elements_gpu():
+    """2^31 + 2^10 elements (4 GiB of bf16 per tensor): the flat forward's offsets and the backward's rows are 64-bit;
+    the last rows (past 2^31) are checked against float64, the whole output for NaNs (poisoned before)."""
+    m, n = 2**31 // 1024 + 1, 1024
+    x = torch.randn(m, n, dtype=torch.bfloat16, device="cuda")
+    b = torch.randn(n, dtype=torch.bfloat16, device="cuda")
+    y = poison_(torch.empty_like(x))
+    kernels.bias_act_fwd_(x, b, None, y, None, 1.0, "relu")
+    assert not y.isnan().any()
+    tail = slice(m - 3, m)
+    assert_close(y[tail], ref.activation(x[tail].double() + b.double(), "relu"), torch.bfloat16, "y past 2^31")
+    del y
+    g = torch.randn_like(x)
+    xl = x.requires_grad_(True)
+    out = fuselab.bias_act(xl, b.requires_grad_(True), activation="relu")
+    out.backward(g)
+    want = g[tail].double() * (out[tail].double() > 0)
+    assert_close(xl.grad[tail], want, torch.bfloat16, "grad_x past 2^31")
 
 
 @pytest.mark.gpu

@@ -13,11 +13,14 @@
 #include <torch/extension.h>
 
 #include <ATen/OpMathType.h>
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
 #include <cuda_runtime.h>
 
 #include <algorithm>
 #include <atomic>
 #include <optional>
+#include <type_traits>
 #include <vector>
 
 namespace {
@@ -37,6 +40,47 @@ __device__ __forceinline__ Vec<T, V> load_vec(const T* p) {
 template <typename T, int V>
 __device__ __forceinline__ void store_vec(T* p, const Vec<T, V>& v) {
   *reinterpret_cast<Vec<T, V>*>(p) = v;
+}
+
+// Vectors of T to floats and back. Conversion instructions (cvt.f32.bf16, cvt.rn.bf16.f32) issue at a quarter of
+// the arithmetic rate, on the pipe that also runs ex2 and rcp: at five per element (x, residual, bias in; y, z out)
+// they bound the bf16 forward on the H200 (0.72-0.88 of copy bandwidth, 13-32% behind the Triton kernel, which
+// packs them). So bf16 widens by a shift (its bits are a float's upper half), and pairs narrow in one
+// cvt.rn.bf16x2.f32 / cvt.rn.f16x2.f32, rounding to nearest even as the scalar conversion does.
+template <typename T, int V>
+__device__ __forceinline__ void to_float(const Vec<T, V>& in, at::opmath_type<T> (&out)[V]) {
+#pragma unroll
+  for (int k = 0; k < V; ++k) {
+    if constexpr (std::is_same_v<T, c10::BFloat16>) {
+      out[k] = __uint_as_float(static_cast<uint32_t>(in.v[k].x) << 16);
+    } else {
+      out[k] = static_cast<at::opmath_type<T>>(in.v[k]);
+    }
+  }
+}
+
+template <typename T, int V>
+__device__ __forceinline__ Vec<T, V> from_float(const at::opmath_type<T> (&in)[V]) {
+  Vec<T, V> out;
+  if constexpr (V % 2 == 0 && std::is_same_v<T, c10::BFloat16>) {
+#pragma unroll
+    for (int k = 0; k < V; k += 2) {
+      const __nv_bfloat162 pair = __floats2bfloat162_rn(in[k], in[k + 1]);
+      out.v[k].x = __bfloat16_as_ushort(pair.x);
+      out.v[k + 1].x = __bfloat16_as_ushort(pair.y);
+    }
+  } else if constexpr (V % 2 == 0 && std::is_same_v<T, c10::Half>) {
+#pragma unroll
+    for (int k = 0; k < V; k += 2) {
+      const __half2 pair = __floats2half2_rn(in[k], in[k + 1]);
+      out.v[k].x = __half_as_ushort(pair.x);
+      out.v[k + 1].x = __half_as_ushort(pair.y);
+    }
+  } else {
+#pragma unroll
+    for (int k = 0; k < V; ++k) out.v[k] = static_cast<T>(in[k]);
+  }
+  return out;
 }
 
 // 1 / (1 + e^-z) with the fast intrinsics (ex2.approx and div.approx: a few ulp, like Triton's exp and fp32
@@ -87,8 +131,16 @@ __device__ __forceinline__ A act_grad(A s) {
   }
 }
 
-// rows of the forward tile each thread loads before it computes (their loads are in flight together)
-constexpr int kFwdRows = 4;
+// rows of the forward tile each thread loads before it computes (their loads are in flight together), by element
+// size. 16-bit types carry twice the elements per 16-byte vector, so a thread's compute between two batches of loads
+// takes twice as long: with 4 rows (94 registers, 2 blocks of 256 threads per SM) the bf16 forward ran at 0.68-0.88
+// of copy bandwidth on the H200 while fp32 reached 1.0. One row (40 registers, 6 blocks per SM): 0.88-1.02, level
+// with the Triton kernel; 2 rows (72 registers): 0.73-0.88 (benchmarks/results/h200/probes/cuda_fwd_rows_ab.txt)
+constexpr int kFwdRows32 = 4, kFwdRows16 = 1;
+template <typename T>
+constexpr int fwd_rows() {
+  return sizeof(T) >= 4 ? kFwdRows32 : kFwdRows16;
+}
 
 // block (TX, TY), TX * TY = 256: thread (tx, ty) owns column vector blockIdx.x * TX + tx and rows
 // row0 + k, k < kFwdRows, row0 = (blockIdx.y * TY + ty) * kFwdRows, striding over the rows by the grid.
@@ -105,8 +157,9 @@ __global__ void bias_act_fwd_kernel(const T* __restrict__ x,     // [M, N], row 
   const int64_t cv = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
   if (cv >= N / V) return;
   const int64_t col = cv * V;
-  Vec<T, V> bv;
-  if (bias != nullptr) bv = load_vec<T, V>(bias + col);
+  A bf[V];  // the thread's bias columns, widened once
+  if (bias != nullptr) to_float<T, V>(load_vec<T, V>(bias + col), bf);
+  constexpr int kFwdRows = fwd_rows<T>();
   const int64_t row_step = static_cast<int64_t>(gridDim.y) * blockDim.y * kFwdRows;
   for (int64_t row0 = (static_cast<int64_t>(blockIdx.y) * blockDim.y + threadIdx.y) * kFwdRows; row0 < M;
        row0 += row_step) {
@@ -121,17 +174,17 @@ __global__ void bias_act_fwd_kernel(const T* __restrict__ x,     // [M, N], row 
 #pragma unroll
     for (int r = 0; r < kFwdRows; ++r) {
       if (row0 + r >= M) break;
-      Vec<T, V> yv, zv;
+      A z[V], yf[V], rf[V];
+      to_float<T, V>(xv[r], z);
+      if (res != nullptr) to_float<T, V>(rv[r], rf);
 #pragma unroll
       for (int k = 0; k < V; ++k) {
-        A z = static_cast<A>(xv[r].v[k]);
-        if (res != nullptr) z += alpha * static_cast<A>(rv[r].v[k]);
-        if (bias != nullptr) z += static_cast<A>(bv.v[k]);
-        zv.v[k] = static_cast<T>(z);
-        yv.v[k] = static_cast<T>(act_fwd<ACT>(z));
+        if (res != nullptr) z[k] += alpha * rf[k];
+        if (bias != nullptr) z[k] += bf[k];
+        yf[k] = act_fwd<ACT>(z[k]);
       }
-      store_vec<T, V>(y + (row0 + r) * sym + col, yv);
-      if (pre != nullptr) store_vec<T, V>(pre + (row0 + r) * N + col, zv);
+      store_vec<T, V>(y + (row0 + r) * sym + col, from_float<T, V>(yf));
+      if (pre != nullptr) store_vec<T, V>(pre + (row0 + r) * N + col, from_float<T, V>(z));
     }
   }
 }
@@ -158,27 +211,24 @@ __global__ void bias_act_bwd_kernel(const T* __restrict__ g,      // [M, N], row
 #pragma unroll
   for (int k = 0; k < V; ++k) acc[k] = A(0);
   if (active) {
-    Vec<T, V> shv;  // the thread's columns are fixed: one load of the shift
-    if (shift != nullptr) shv = load_vec<T, V>(shift + col);
+    A shf[V];  // the thread's columns are fixed: one load of the shift, widened once
+    if (shift != nullptr) to_float<T, V>(load_vec<T, V>(shift + col), shf);
     const int64_t step = static_cast<int64_t>(gridDim.x) * blockDim.y;
     for (int64_t row = static_cast<int64_t>(blockIdx.x) * blockDim.y + threadIdx.y; row < M; row += step) {
-      const Vec<T, V> gv = load_vec<T, V>(g + row * sgm + col);
-      Vec<T, V> sv, xo, ro;
-      if (ACT != kNone) sv = load_vec<T, V>(s + row * ssm + col);
+      A dz[V], sf[V], rf[V];
+      to_float<T, V>(load_vec<T, V>(g + row * sgm + col), dz);
+      if (ACT != kNone) to_float<T, V>(load_vec<T, V>(s + row * ssm + col), sf);
 #pragma unroll
       for (int k = 0; k < V; ++k) {
-        A dz = static_cast<A>(gv.v[k]);
         if (ACT != kNone) {
-          A sk = static_cast<A>(sv.v[k]);
-          if (shift != nullptr) sk += static_cast<A>(shv.v[k]);  // z = h + bias in float, as the forward had it
-          dz *= act_grad<ACT>(sk);
+          if (shift != nullptr) sf[k] += shf[k];  // z = h + bias in float, as the forward had it
+          dz[k] *= act_grad<ACT>(sf[k]);
         }
-        xo.v[k] = static_cast<T>(dz);
-        ro.v[k] = static_cast<T>(alpha * dz);
-        acc[k] += dz;
+        rf[k] = alpha * dz[k];
+        acc[k] += dz[k];
       }
-      if (dx != nullptr) store_vec<T, V>(dx + row * N + col, xo);
-      if (dr != nullptr) store_vec<T, V>(dr + row * N + col, ro);
+      if (dx != nullptr) store_vec<T, V>(dx + row * N + col, from_float<T, V>(dz));
+      if (dr != nullptr) store_vec<T, V>(dr + row * N + col, from_float<T, V>(rf));
     }
   }
   if (partial == nullptr) return;
@@ -316,6 +366,7 @@ std::vector<torch::Tensor> bias_act_forward(torch::Tensor x, std::optional<torch
     const int64_t nvec = vec ? N / VW : N;
     const int tx = static_cast<int>(std::min<int64_t>(256, next_pow2(nvec)));
     const int ty = 256 / tx;
+    constexpr int kFwdRows = fwd_rows<scalar_t>();
     const int64_t row_blocks = (M + int64_t(ty) * kFwdRows - 1) / (int64_t(ty) * kFwdRows);
     const dim3 grid(static_cast<unsigned>((nvec + tx - 1) / tx), static_cast<unsigned>(std::min<int64_t>(row_blocks, 65535)));
     const dim3 block(tx, ty);
