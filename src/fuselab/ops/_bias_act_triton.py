@@ -281,10 +281,13 @@ def _tile(M: int, N: int, elem_size: int, tile_bytes: int, col_bytes: int, vecto
     tile_elems = max(16, tile_bytes // elem_size)
     block_n = min(next_power_of_2(N), tile_elems, max(16, col_bytes // elem_size))
     block_m = max(1, min(tile_elems // block_n, next_power_of_2(M)))
-    # 16-byte vectors: one warp covers 32 * 16 bytes; aim for ~`vectors` vectors per thread per tensor
-    warps = (block_m * block_n * elem_size) // (32 * 16 * vectors)
-    num_warps = max(1, min(MAX_WARPS, next_power_of_2(max(1, warps))))
-    return block_m, block_n, num_warps
+    return block_m, block_n, _warps(block_m * block_n * elem_size, vectors)
+
+
+def _warps(tile_bytes: int, vectors: int) -> int:
+    """num_warps for a tile of ``tile_bytes`` per tensor with ~``vectors`` 16-byte vectors per thread (a warp covers
+    32 * 16 bytes per vector), a power of 2 up to :data:`MAX_WARPS`."""
+    return max(1, min(MAX_WARPS, next_power_of_2(max(1, tile_bytes // (32 * 16 * vectors)))))
 
 
 def _grid(M: int, N: int, block_m: int, block_n: int, sms: int, per_sm: int) -> tuple[int, int]:
@@ -299,8 +302,7 @@ def _fwd_plan(M: int, N: int, elem_size: int, sms: int, flat: bool) -> tuple[tup
     contiguous operands, one ``FWD_FLAT_TILE_BYTES`` run of the flat ``[M*N]`` per program (BLOCK_M 1)."""
     if flat:
         block = max(16, FWD_FLAT_TILE_BYTES // elem_size)
-        warps = max(1, min(MAX_WARPS, block * elem_size // (32 * 16 * FWD_FLAT_VECTORS_PER_THREAD)))
-        return (cdiv(M * N, block), 1), 1, block, warps
+        return (cdiv(M * N, block), 1), 1, block, _warps(block * elem_size, FWD_FLAT_VECTORS_PER_THREAD)
     block_m, block_n, num_warps = _tile(M, N, elem_size, FWD_TILE_BYTES, FWD_TILE_BYTES, FWD_VECTORS_PER_THREAD)
     return _grid(M, N, block_m, block_n, sms, FWD_PROGRAMS_PER_SM), block_m, block_n, num_warps
 

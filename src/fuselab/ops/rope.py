@@ -207,16 +207,10 @@ def apply_rope(q: torch.Tensor, k: torch.Tensor | None, cos: torch.Tensor | None
             offsets, offset = None, seqlen_offsets
         else:
             offsets, offset = seqlen_offsets, 0
-        if torch.is_grad_enabled() and (q.requires_grad or (k is not None and k.requires_grad)):
-            return _run(q, k, cos, sin, inv_freq, None, offsets, None, layout=layout, half=half,
-                        interleaved=interleaved, inplace=inplace, offset=offset, mscale=mscale, record=record)[:2]
-        # decoding's hot path, inline: the kept launch on new tensors, no plan, no autograd
-        if inplace:
-            q_out, k_out = q, k
-        else:
-            q_out, k_out = _empty_like(q), (_empty_like(k) if k is not None else None)
-        rope_relaunch(record, q, k, q_out, k_out, cos, sin, inv_freq, None, offsets, None, offset, mscale)
-        return q_out, k_out
+        if not _needs_grad(q, k):  # decoding's hot path: the kept launch on new tensors, no plan, no autograd
+            return _rotate_again(record, q, k, (cos, sin, inv_freq, None, offsets, None), offset, mscale, inplace)
+        return _run(q, k, cos, sin, inv_freq, None, offsets, None, layout=layout, half=half, interleaved=interleaved,
+                    inplace=inplace, offset=offset, mscale=mscale, record=record)[:2]
     require_tensor("q", q)
     half, offsets, offset = validate(q, k, cos, sin, layout, positions, seqlen_offsets, cu_seqlens, max_seqlen,
                                      rotary_dim, check_positions)
@@ -249,11 +243,10 @@ def run_rope(q: torch.Tensor, k: torch.Tensor | None, cos: torch.Tensor | None, 
 def _run(q, k, cos, sin, inv_freq, positions, offsets, cu_seqlens, *, layout, half, interleaved, inplace, offset,
          mscale, record=None) -> tuple:
     """:func:`run_rope`, also returning the forward launch's record (None under torch.compile or when nothing was
-    launched). ``record``: repeat that launch (:func:`_call_key`) instead of planning one."""
+    launched). ``record``: the forward of an autograd call repeats that launch (:func:`_call_key`) instead of planning
+    one (calls without grad repeat it in :func:`apply_rope`)."""
     args = (cos, sin, inv_freq, positions, offsets, cu_seqlens)
-    needs_grad = torch.is_grad_enabled() and (q.requires_grad or (k is not None and k.requires_grad))
-    if record is not None and not needs_grad:  # the hot path of decoding: nothing to plan, nothing to record
-        return *_rotate_again(record, q, k, args, offset, mscale, inplace), record
+    needs_grad = _needs_grad(q, k)
     compiling = torch.compiler.is_compiling()
     params = dict(layout=layout, half=half, interleaved=interleaved, conj=False, offset=offset, mscale=mscale)
     # autograd: one Function (the in-place custom op has no autograd formula, so in place always takes it)
@@ -269,6 +262,10 @@ def _run(q, k, cos, sin, inv_freq, positions, offsets, cu_seqlens, *, layout, ha
         q_out, k_out = _rope_op(q, k, *args, layout, half, interleaved, False, offset, mscale)
         return q_out, (k_out if k is not None else None), None
     return _rotated(q, k, args, params)
+
+
+def _needs_grad(q: torch.Tensor, k: torch.Tensor | None) -> bool:
+    return torch.is_grad_enabled() and (q.requires_grad or (k is not None and k.requires_grad))
 
 
 # ---------------------------------------------------------------------------------------------- fast path
