@@ -1,6 +1,6 @@
 """bias_act forward on the GPU: the flat kernel (contiguous operands), the 2-D tiles, torch.compile, the CUDA backend.
 
-    python3 benchmarks/sweeps/bias_act_fwd_flat.py [--proto]
+    python3 benchmarks/sweeps/bias_act_fwd_flat.py [--proto | --knobs]
 
 Question (session 19): the forward trailed torch.compile by 0.5-2.7% at every case of the H200's tile sweep
 (``results/h200/probes/bias_act_fwd_vectors.txt``), and no tile, vector count, grid cap or mask closed it. Its
@@ -13,6 +13,9 @@ the shipped kernels: ``flat`` (``fuselab.bias_act``, contiguous operands), ``til
 ``FWD_FLAT = False``), and the CUDA C++ backend, whose bf16 forward ran 13-32% behind Triton on the H200
 (session 19 widens bf16 by shifts and narrows pairs in one instruction: see ``bias_act.cu``).
 
+``--knobs`` (session 20, for the H100, where the fp32 forward trailed torch.compile by 0.4-1.9%): the shipped flat
+kernel over its run length (``FWD_FLAT_TILE_BYTES``, 2-16 KiB) x 16-byte vectors per thread (1-4), fp32 relu.
+
 Cases: the lab's forward (x, residual with alpha 0.5, bias), relu and gelu_tanh (--proto: relu), alternating in rounds,
 after a dirty flush (the lab's method) and per call of a CUDA graph.
 """
@@ -20,6 +23,7 @@ after a dirty flush (the lab's method) and per call of a CUDA graph.
 from __future__ import annotations
 
 import functools
+import itertools
 import sys
 
 import torch
@@ -32,6 +36,7 @@ from fuselab.ops import _bias_act_triton as ba
 from fuselab.ops import bias_act as bias_act_op
 
 SHAPES = ((65536, 512), (16384, 4096), (262144, 1024))
+SHIPPED_FLAT_KNOBS = (ba.FWD_FLAT_TILE_BYTES, ba.FWD_FLAT_VECTORS_PER_THREAD)
 ROUNDS = 3
 ALPHA = 0.5
 
@@ -99,6 +104,22 @@ def proto_variants(x, b, r, y, ours) -> dict:
     return variants
 
 
+def set_flat_knobs(tile_bytes: int, vectors: int) -> None:
+    ba.FWD_FLAT_TILE_BYTES, ba.FWD_FLAT_VECTORS_PER_THREAD = tile_bytes, vectors
+    _forget()
+
+
+def knob_variants(ours) -> dict:
+    shipped = (ba.FWD_FLAT_TILE_BYTES, ba.FWD_FLAT_VECTORS_PER_THREAD)
+    current = lambda: (ba.FWD_FLAT_TILE_BYTES, ba.FWD_FLAT_VECTORS_PER_THREAD)
+    variants = {"shipped": knob(ours, lambda v: set_flat_knobs(*v), shipped, current)}
+    for tile, vectors in itertools.product((2048, 4096, 8192, 16384), (1, 2, 4)):
+        if (tile, vectors) != shipped and tile // (32 * 16 * vectors) >= 1:
+            variants[f"flat {tile // 1024} KiB, {vectors} vectors/thread"] = knob(
+                ours, lambda v: set_flat_knobs(*v), (tile, vectors), current)
+    return variants
+
+
 def shipped_variants(x, b, r, activation, ours) -> dict:
     from fuselab.cuda import bias_act as cuda_bias_act
 
@@ -107,7 +128,7 @@ def shipped_variants(x, b, r, activation, ours) -> dict:
             "cuda": functools.partial(cuda_bias_act, x, b, residual=r, alpha=ALPHA, activation=activation)}
 
 
-def case(m: int, n: int, dtype: torch.dtype, activation: str, copy: float, proto: bool) -> None:
+def case(m: int, n: int, dtype: torch.dtype, activation: str, copy: float, mode: str) -> None:
     torch._dynamo.reset()
     act = torch.relu if activation == "relu" else functools.partial(torch.nn.functional.gelu, approximate="tanh")
     compiled = torch.compile(lambda x, b, r: act(x + ALPHA * r + b), dynamic=False)
@@ -117,7 +138,12 @@ def case(m: int, n: int, dtype: torch.dtype, activation: str, copy: float, proto
     nbytes = (3 * m * n + n) * dtype.itemsize
     ours = functools.partial(fuselab.bias_act, x, b, residual=r, alpha=ALPHA, activation=activation)
     variants = {"torch.compile": functools.partial(compiled, x, b, r)}
-    variants |= proto_variants(x, b, r, y, ours) if proto else shipped_variants(x, b, r, activation, ours)
+    if mode == "proto":
+        variants |= proto_variants(x, b, r, y, ours)
+    elif mode == "knobs":
+        variants |= knob_variants(ours)
+    else:
+        variants |= shipped_variants(x, b, r, activation, ours)
     ref = act(x.double() + ALPHA * r.double() + b.double())
     for name, fn in variants.items():
         y.fill_(float("nan"))
@@ -130,19 +156,21 @@ def case(m: int, n: int, dtype: torch.dtype, activation: str, copy: float, proto
 
     out = alternate({name: (fn, fraction) for name, fn in variants.items()}, ROUNDS)
     set_flat(True)
+    if mode == "knobs":
+        set_flat_knobs(*SHIPPED_FLAT_KNOBS)
     print(f"\n{m}x{n} {str(dtype)[6:]} {activation}", flush=True)
     for name, (dirty, graph) in out.items():
         print(f"  {spread(dirty, graph)}  {name}", flush=True)
 
 
 def main() -> None:
-    proto = "--proto" in sys.argv[1:]
+    mode = "proto" if "--proto" in sys.argv[1:] else "knobs" if "--knobs" in sys.argv[1:] else "shipped"
     copy = copy_gbps()
     ab_header(copy, ROUNDS)
-    for dtype in (torch.float32, torch.bfloat16):
+    for dtype in (torch.float32,) if mode == "knobs" else (torch.float32, torch.bfloat16):
         for m, n in SHAPES:
-            for activation in ("relu",) if proto else ("relu", "gelu_tanh"):
-                case(m, n, dtype, activation, copy, proto)
+            for activation in ("relu",) if mode != "shipped" else ("relu", "gelu_tanh"):
+                case(m, n, dtype, activation, copy, mode)
 
 
 if __name__ == "__main__":

@@ -21,11 +21,12 @@ from fuselab.ops import _reduce_plan as P
 KNOBS = ("STEAL", "STEAL_ITEM_BYTES", "STEAL_WARPS_PER_SM", "STEAL_MAX_PARTIALS", "STEAL_INT64")
 VARIANTS = {  # name: knobs over the shipped ones
     "no stealing": dict(STEAL=None),
-    "split plans steal, 32 KiB items, 32 warps/SM, int64": dict(STEAL="split", STEAL_ITEM_BYTES=32768,
+    "split plans steal, 32 KiB items, 32 warps/SM, int64": dict(STEAL="split",
+                                                                STEAL_ITEM_BYTES=dict.fromkeys((2, 4, 8), 32768),
                                                                 STEAL_WARPS_PER_SM=32, STEAL_INT64=True),
-    "split plans steal, 64 KiB items": dict(STEAL="split", STEAL_ITEM_BYTES=65536),
+    "split plans steal, 64 KiB items": dict(STEAL="split", STEAL_ITEM_BYTES=dict.fromkeys((2, 4, 8), 65536)),
     "split plans steal, 32-bit offsets": dict(STEAL="split", STEAL_INT64=False),
-    "split plans steal, 128 KiB items": dict(STEAL="split", STEAL_ITEM_BYTES=131072),
+    "split plans steal, 128 KiB items": dict(STEAL="split", STEAL_ITEM_BYTES=dict.fromkeys((2, 4, 8), 131072)),
     "split plans steal, 48 warps/SM": dict(STEAL="split", STEAL_WARPS_PER_SM=48),
     "every rows plan steals": dict(STEAL="all"),
     "every rows plan steals, 48 warps/SM": dict(STEAL="all", STEAL_WARPS_PER_SM=48),

@@ -272,7 +272,7 @@ def _stealing(monkeypatch) -> None:
     program on each of four SMs, so that small inputs have many more items than programs."""
     monkeypatch.setattr(planner, "STEAL", "all")
     monkeypatch.setattr(planner, "sm_count", lambda device: 4)
-    monkeypatch.setattr(planner, "STEAL_ITEM_BYTES", 512)
+    monkeypatch.setattr(planner, "STEAL_ITEM_BYTES", dict.fromkeys((2, 4, 8), 512))
     monkeypatch.setattr(planner, "STEAL_WARPS_PER_SM", 4)
 
 

@@ -66,10 +66,12 @@ MAX_COL_FRACTION = 16
 #: (many short programs already) ran 3-19% slower stolen, and so did the cols kernel's plans (items of one column
 #: strip each; it has no stealing path)
 STEAL = "split"
-#: bytes of input per work item of a split plan (chunks of the reduced axis). All of 8192² bf16, two runs of
-#: reduce_steal_ab.py: 32 KiB 0.853 / 0.842, 64 KiB 0.847 / 0.809, 128 KiB 0.819 / 0.790; fp32 level (±0.3%); 16 KiB
-#: 13% slower in the prototype (per-item atomics and partials)
-STEAL_ITEM_BYTES = 32768
+#: bytes of input per work item of a split plan (chunks of the reduced axis), by element size. H100, all of 8192² bf16,
+#: two runs of reduce_steal_ab.py: 32 KiB 0.853 / 0.842, 64 KiB 0.847 / 0.809, 128 KiB 0.819 / 0.790; fp32 level
+#: (±0.3%); 16 KiB 13% slower in the prototype (per-item atomics and partials). H200 (reduce_steal_knobs.py, results/
+#: h200/probes/reduce_steal_knobs.txt): fp32 wants 64 KiB, all of 10000² 0.899 -> 0.914, of 2^28 0.994 -> 1.015 (CUDA
+#: graph +2-3%); bf16 32 KiB (64 KiB: 0.791 -> 0.767)
+STEAL_ITEM_BYTES = {2: 32768, 4: 65536, 8: 65536}
 #: most partials (split x outputs) of a stealing split plan: its last program sums all of them alone
 STEAL_MAX_PARTIALS = 65536
 #: warps a stealing grid puts on each SM (programs = this // warps per program). They must all be resident at once:
@@ -221,7 +223,8 @@ def _stealing(plan: ReducePlan, elsize: int, sms: int) -> ReducePlan:
         return plan
     split, r_per_split = plan.split, plan.r_per_split
     if split > 1:
-        r_per_split = max(1, STEAL_ITEM_BYTES // (elsize * plan.block_i * plan.block_r)) * plan.block_r
+        item_bytes = STEAL_ITEM_BYTES.get(elsize, 32768)
+        r_per_split = max(1, item_bytes // (elsize * plan.block_i * plan.block_r)) * plan.block_r
         split = cdiv(plan.R, r_per_split)
         if split <= 1 or split * plan.K > STEAL_MAX_PARTIALS:
             return plan
