@@ -1,6 +1,6 @@
 """bias_act forward on the GPU: the flat kernel (contiguous operands), the 2-D tiles, torch.compile, the CUDA backend.
 
-    python3 benchmarks/sweeps/bias_act_fwd_flat.py [--proto | --knobs | --bias-index]
+    python3 benchmarks/sweeps/bias_act_fwd_flat.py [--proto | --knobs]
 
 Question (session 19): the forward trailed torch.compile by 0.5-2.7% at every case of the H200's tile sweep
 (``results/h200/probes/bias_act_fwd_vectors.txt``), and no tile, vector count, grid cap or mask closed it. Its
@@ -15,10 +15,9 @@ the shipped kernels: ``flat`` (``fuselab.bias_act``, contiguous operands), ``til
 
 ``--knobs`` (session 20, for the H100, where the fp32 forward trailed torch.compile by 0.4-1.9%): the shipped flat
 kernel over its run length (``FWD_FLAT_TILE_BYTES``, 2-16 KiB) x 16-byte vectors per thread (1-4), fp32 relu. No
-setting closed the gap (``results/h100/probes/bias_act_fwd_flat_knobs.txt``). ``--bias-index``: the flat kernel finding
-each element's bias column without a division (``FWD_FLAT_BIAS_INDEX = "auto"``: a mask for N a power of 2, one modulo
-per run where a run wraps a row at most once) against a modulo per element (``"mod"``, the kernel before); Inductor's
-kernels have N as a compile-time constant, so their modulo is a mask or a multiply. fp32 and bf16, relu.
+setting closed the gap (``results/h100/probes/bias_act_fwd_flat_knobs.txt``). Nor did finding each element's bias
+column without a division per element (Inductor's N is a compile-time constant; commit 1524a0a had a ``--bias-index``
+mode here for that A/B, ``probes/bias_act_bias_index_ab.txt``: no difference beyond noise; reverted).
 
 Cases: the lab's forward (x, residual with alpha 0.5, bias), relu and gelu_tanh (--proto: relu), alternating in rounds,
 after a dirty flush (the lab's method) and per call of a CUDA graph.
@@ -124,16 +123,6 @@ def knob_variants(ours) -> dict:
     return variants
 
 
-def set_bias_index(mode: str) -> None:
-    ba.FWD_FLAT_BIAS_INDEX = mode
-    _forget()
-
-
-def bias_index_variants(ours) -> dict:
-    current = lambda: ba.FWD_FLAT_BIAS_INDEX
-    return {f"flat, bias index {mode}": knob(ours, set_bias_index, mode, current) for mode in ("auto", "mod")}
-
-
 def shipped_variants(x, b, r, activation, ours) -> dict:
     from fuselab.cuda import bias_act as cuda_bias_act
 
@@ -156,8 +145,6 @@ def case(m: int, n: int, dtype: torch.dtype, activation: str, copy: float, mode:
         variants |= proto_variants(x, b, r, y, ours)
     elif mode == "knobs":
         variants |= knob_variants(ours)
-    elif mode == "bias-index":
-        variants |= bias_index_variants(ours)
     else:
         variants |= shipped_variants(x, b, r, activation, ours)
     ref = act(x.double() + ALPHA * r.double() + b.double())
@@ -174,14 +161,13 @@ def case(m: int, n: int, dtype: torch.dtype, activation: str, copy: float, mode:
     set_flat(True)
     if mode == "knobs":
         set_flat_knobs(*SHIPPED_FLAT_KNOBS)
-    set_bias_index("auto")
     print(f"\n{m}x{n} {str(dtype)[6:]} {activation}", flush=True)
     for name, (dirty, graph) in out.items():
         print(f"  {spread(dirty, graph)}  {name}", flush=True)
 
 
 def main() -> None:
-    modes = [m for m in ("proto", "knobs", "bias-index") if f"--{m}" in sys.argv[1:]]
+    modes = [m for m in ("proto", "knobs") if f"--{m}" in sys.argv[1:]]
     mode = modes[0] if modes else "shipped"
     copy = copy_gbps()
     ab_header(copy, ROUNDS)

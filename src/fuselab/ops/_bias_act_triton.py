@@ -50,10 +50,6 @@ FWD_VECTORS_PER_THREAD = 4
 FWD_FLAT = True
 FWD_FLAT_TILE_BYTES = 4096
 FWD_FLAT_VECTORS_PER_THREAD = 2
-#: how the flat forward finds an element's bias column (offset mod N): "auto" avoids a division per element (a mask when
-#: N is a power of 2; one modulo per program when a run wraps a row at most once, i.e. BLOCK <= N), "mod" always
-#: divides (the A/B baseline: sweeps/bias_act_fwd_flat.py --bias-index)
-FWD_FLAT_BIAS_INDEX = "auto"
 #: eviction hint of the streamed (read-once) loads; "" is Triton's default, which measured as fast or faster
 #: than "evict_first" here (the kernels write as much as they read). The bias row is reused by every tile of a
 #: program and is loaded with "evict_last".
@@ -131,12 +127,11 @@ def _bias_act_fwd_kernel(
     EVICT: tl.constexpr,  # eviction policy of the x / residual loads
     FLAT: tl.constexpr,  # x, residual, y contiguous: one run of BLOCK_N elements of the flat [M*N] per program
     EVEN: tl.constexpr,  # FLAT and BLOCK_N divides M*N: no masks
-    BIAS_INDEX: tl.constexpr,  # FLAT: how an element's bias column is found (see _bias_column)
 ):
     # bytes: read x, residual (M·N each) + bias (N), write y (M·N) [+ z (M·N)]
     if FLAT:
         _bias_act_fwd_flat(X, R, B, Y, Z, alpha, M, N, stride_b, ACTIVATION, HAS_RESIDUAL, HAS_BIAS, SAVE_PRE, ACC,
-                           INT64, BLOCK_N, EVICT, EVEN, BIAS_INDEX)
+                           INT64, BLOCK_N, EVICT, EVEN)
     else:
         _bias_act_fwd_tiles(X, R, B, Y, Z, alpha, M, N, stride_xm, stride_xn, stride_rm, stride_rn, stride_b,
                             stride_ym, stride_yn, ACTIVATION, HAS_RESIDUAL, HAS_BIAS, SAVE_PRE, ACC, INT64, BLOCK_M,
@@ -144,34 +139,19 @@ def _bias_act_fwd_kernel(
 
 
 @triton.jit
-def _bias_column(offs, start, N, BLOCK: tl.constexpr, BIAS_INDEX: tl.constexpr):
-    """Column (``offset mod N``) of each flat offset ``offs = start + arange(BLOCK)`` of a contiguous ``[M, N]``,
-    without a division per element where ``BIAS_INDEX`` allows: "pow2" (N a power of 2: a mask), "wrap" (BLOCK <= N:
-    one scalar modulo, then the run wraps at most once), "mod" (a modulo per element)."""
-    if BIAS_INDEX == "pow2":
-        return offs & (N - 1)
-    elif BIAS_INDEX == "wrap":
-        col = (start % N) + tl.arange(0, BLOCK)
-        return tl.where(col >= N, col - N, col)
-    else:
-        return offs % N
-
-
-@triton.jit
 def _bias_act_fwd_flat(X, R, B, Y, Z, alpha, M, N, stride_b, ACTIVATION: tl.constexpr, HAS_RESIDUAL: tl.constexpr,
                        HAS_BIAS: tl.constexpr, SAVE_PRE: tl.constexpr, ACC: tl.constexpr, INT64: tl.constexpr,
-                       BLOCK: tl.constexpr, EVICT: tl.constexpr, EVEN: tl.constexpr, BIAS_INDEX: tl.constexpr):
+                       BLOCK: tl.constexpr, EVICT: tl.constexpr, EVEN: tl.constexpr):
     # contiguous x, residual, y, z as flat [M*N]; each element's bias column is its offset mod N. One block per
     # program and no loop: Inductor's pointwise kernel, 0.5-1.5% ahead of the 2-D tiles on the H200
     # (benchmarks/results/h200/probes/bias_act_fwd_flat.txt)
     pid = tl.program_id(0)
     if INT64:
-        start = pid.to(tl.int64) * BLOCK
+        offs = pid.to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
         total = tl.cast(M, tl.int64) * N
     else:
-        start = pid * BLOCK
+        offs = pid * BLOCK + tl.arange(0, BLOCK)
         total = M * N
-    offs = start + tl.arange(0, BLOCK)
     if EVEN:
         mask, other = None, None
     else:
@@ -180,8 +160,7 @@ def _bias_act_fwd_flat(X, R, B, Y, Z, alpha, M, N, stride_b, ACTIVATION: tl.cons
     if HAS_RESIDUAL:
         z = z + alpha * tl.load(R + offs, mask=mask, other=other, eviction_policy=EVICT).to(ACC)
     if HAS_BIAS:
-        col = _bias_column(offs, start, N, BLOCK, BIAS_INDEX)
-        z = z + tl.load(B + col * stride_b, mask=mask, other=other, eviction_policy="evict_last").to(ACC)
+        z = z + tl.load(B + (offs % N) * stride_b, mask=mask, other=other, eviction_policy="evict_last").to(ACC)
     if SAVE_PRE:
         tl.store(Z + offs, z.to(Z.dtype.element_ty), mask=mask)
     tl.store(Y + offs, _act(z, ACTIVATION).to(Y.dtype.element_ty), mask=mask)
@@ -317,16 +296,6 @@ def _grid(M: int, N: int, block_m: int, block_n: int, sms: int, per_sm: int) -> 
     return grid_m, grid_n
 
 
-def _bias_index(N: int, block: int) -> str:
-    """``BIAS_INDEX`` of the flat forward for rows of ``N`` and runs of ``block`` elements (see
-    :data:`FWD_FLAT_BIAS_INDEX`)."""
-    if FWD_FLAT_BIAS_INDEX == "mod":
-        return "mod"
-    if N & (N - 1) == 0:
-        return "pow2"
-    return "wrap" if block <= N else "mod"
-
-
 @functools.lru_cache(maxsize=1024)
 def _fwd_plan(M: int, N: int, elem_size: int, sms: int, flat: bool) -> tuple[tuple[int, int], int, int, int]:
     """(grid, BLOCK_M, BLOCK_N, num_warps) of the forward kernel (cached: launch plans cost host time). ``flat``:
@@ -388,16 +357,14 @@ def bias_act_fwd_(
     # flat: the last block's offsets run up to grid * BLOCK_N - 1, past M*N
     int64 = needs_int64(x, residual, out, pre) or M * N > INT32_MAX or (flat and grid[0] * block_n > INT32_MAX)
     even = flat and (M * N) % block_n == 0
-    bias_index = _bias_index(N, block_n) if flat and bias is not None else "mod"
     tensors = (x, r, bias if bias is not None else x, out, pre if pre is not None else out)
     scalars = (float(alpha), M, N, *x.stride(), *r.stride(), bias.stride(0) if bias is not None else 0, *out.stride())
-    flags = (ACT_IDS[activation], residual is not None, bias is not None, pre is not None, x.dtype, int64, flat, even,
-             bias_index)
+    flags = (ACT_IDS[activation], residual is not None, bias is not None, pre is not None, x.dtype, int64, flat, even)
     entry = launch(_bias_act_fwd_kernel, (flags, block_m, block_n, num_warps, STREAM_EVICTION), grid, tensors,
                    scalars, lambda: dict(ACTIVATION=flags[0], HAS_RESIDUAL=flags[1], HAS_BIAS=flags[2],
                                          SAVE_PRE=flags[3], ACC=_acc_dtype(x.dtype), INT64=int64, BLOCK_M=block_m,
                                          BLOCK_N=block_n, EVICT=STREAM_EVICTION, FLAT=flat, EVEN=even,
-                                         BIAS_INDEX=bias_index, num_warps=num_warps), dynamic=1)
+                                         num_warps=num_warps), dynamic=1)
     return entry, grid, scalars[1:]
 
 
