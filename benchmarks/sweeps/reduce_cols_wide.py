@@ -21,9 +21,9 @@ import itertools
 
 import torch
 from _timing import ab_header, alternate, copy_gbps, spread  # benchmarks/sweeps/_timing.py
+from reduce_sweep import plan_call
 
 from fuselab.ops import _reduce_plan as P
-from fuselab.ops import _reduce_triton as K
 from fuselab.ops._launch import sm_count
 
 CASES = (((10000, 10000), torch.float32), ((8192, 8192), torch.bfloat16), ((65536, 512), torch.bfloat16))
@@ -47,13 +47,6 @@ def variant(plan: P.ReducePlan, block_i: int, tile: int, per_sm: int, warps: int
     split, r_per_split, interleave = P._split(plan.R, block_r, tiles, sms * per_sm, "cols")
     return dataclasses.replace(plan, block_i=block_i, block_r=block_r, split=split, r_per_split=r_per_split,
                                num_warps=warps, interleave=interleave)
-
-
-def runner(x: torch.Tensor, plan: P.ReducePlan):
-    out = torch.empty(plan.K, dtype=x.dtype, device=x.device)
-    n = P.workspace_numel(plan)
-    ws = torch.empty(n, dtype=torch.float32, device=x.device) if n else None
-    return out, lambda: K.reduce_into(x, (0,), out, ws, plan=plan, is_mean=True)
 
 
 def main() -> None:
@@ -82,7 +75,7 @@ def main() -> None:
                   f"{warps} warps"] = plan
         calls = {}
         for name, plan in plans.items():
-            out, fn = runner(x, plan)
+            out, fn = plan_call(x, (0,), plan)
             fn()
             torch.testing.assert_close(out.float(), want, rtol=1e-2 if el == 2 else 1e-5, atol=1e-3)
             calls[name] = (fn, fraction)

@@ -21,6 +21,7 @@ import sys
 
 import torch
 from _timing import ab_header, alternate, copy_gbps, host_us, print_profile, spread  # benchmarks/sweeps/_timing.py
+from reduce_sweep import plan_call
 
 import fuselab
 from fuselab.ops import _reduce_plan as P
@@ -54,14 +55,13 @@ def layer_calls(x: torch.Tensor, dim: int | None) -> tuple[dict, P.ReducePlan]:
     src, planned = R._plan_call(x, dims, False, x.dtype)
     plan = planned[2]
     n = P.workspace_numel(plan)
-    out = torch.empty(plan.K, dtype=x.dtype, device="cuda")
-    own = torch.empty(max(n, 1), dtype=torch.float32, device="cuda") if n else None
+    out, own_partials = plan_call(src, dims, plan)
     return {
         "fuselab.mean": lambda: fuselab.mean(x, dim),
         "_run_planned": lambda: R._run_planned(src, dims, planned, True),
         "reduce_into, scratch partials": lambda: K.reduce_into(
             src, dims, out, scratch(x.device, (n,), torch.float32) if n else None, plan=plan, is_mean=True),
-        "reduce_into, own partials": lambda: K.reduce_into(src, dims, out, own, plan=plan, is_mean=True),
+        "reduce_into, own partials": own_partials,
     }, plan
 
 

@@ -21,10 +21,10 @@ import itertools
 
 import torch
 from _timing import ab_header, alternate, copy_gbps, spread  # benchmarks/sweeps/_timing.py
+from reduce_sweep import plan_call
 from stream_bound import read_launch
 
 from fuselab.ops import _reduce_plan as P
-from fuselab.ops import _reduce_triton as K
 
 CASES = (((10000, 10000), torch.float32), ((2**28,), torch.float32), ((8192, 8192), torch.bfloat16))
 ROUNDS = 2
@@ -55,14 +55,6 @@ def plan_with(x: torch.Tensor, tile: int | None, item: int | None, warps_per_sm:
         P._plan.cache_clear()
 
 
-def runner(x: torch.Tensor, plan: P.ReducePlan):
-    out = torch.empty(plan.K, dtype=x.dtype, device=x.device)
-    n = P.workspace_numel(plan)
-    ws = torch.empty(n, dtype=torch.float32, device=x.device) if n else None
-    src = x.view(-1) if x.is_contiguous() else x
-    return out, lambda: K.reduce_into(src, tuple(range(src.dim())), out, ws, plan=plan, is_mean=True)
-
-
 def main() -> None:
     bw = copy_gbps()
     ab_header(bw, ROUNDS)
@@ -90,7 +82,7 @@ def run_case(x: torch.Tensor, bw: float) -> None:
         plans[name] = plan
     calls = {}
     for name, plan in plans.items():
-        out, fn = runner(x, plan)
+        out, fn = plan_call(x.view(-1), (0,), plan)
         fn()
         torch.testing.assert_close(out.float().reshape(()), want, rtol=1e-2 if el == 2 else 1e-5, atol=1e-4)
         calls[name] = (fn, fraction)

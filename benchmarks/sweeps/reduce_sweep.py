@@ -51,10 +51,16 @@ def run_once(x: torch.Tensor, dims: tuple[int, ...], warps: int | None):
     plan = P.plan_reduction(src, kept, red)
     if warps is not None:
         plan = dataclasses.replace(plan, num_warps=warps)
-    out = torch.empty(plan.K, dtype=x.dtype, device=x.device)
+    return plan, plan_call(src, dims, plan)[1]
+
+
+def plan_call(src: torch.Tensor, dims: tuple[int, ...], plan: P.ReducePlan):
+    """``(out, fn)``: a mean of ``src`` (laid out by ``prepare``) run by ``plan`` into ``out``, with a workspace of
+    its own for the partials; ``fn()`` launches and returns ``out``."""
+    out = torch.empty(plan.K, dtype=src.dtype, device=src.device)
     n = P.workspace_numel(plan)
-    ws = torch.empty(n, dtype=torch.float32, device=x.device) if n else None
-    return plan, lambda: (K.reduce_into(src, dims, out, ws, plan=plan, is_mean=True), out)[1]
+    ws = torch.empty(n, dtype=torch.float32, device=src.device) if n else None
+    return out, lambda: (K.reduce_into(src, dims, out, ws, plan=plan, is_mean=True), out)[1]
 
 
 def main() -> None:
