@@ -112,9 +112,14 @@ def pipelined(compiled) -> str:
 
 
 def variants(dtype: torch.dtype):
-    # the shipped strips: 1 KiB of each fp32 row, 128 B of each bf16 row; boxes of 4-32 KiB
-    bi, rows = (256, (8, 16, 32)) if dtype == torch.float32 else (64, (32, 64, 128))
-    for br, stages, warps, per_sm, tma in itertools.product(rows, (2, 3, 4), (4, 8), (2, 4), (True, False)):
+    """The shipped strips (1 KiB of each fp32 row, 128 B of each bf16 row) in boxes of 2-32 KiB. fp32: the second
+    grid, around the first grid's best (``probes/reduce_tma_proto_fp32.txt``: 8 KiB boxes, 3 stages, 4 warps, 2/SM;
+    TMA ahead of cp.async), TMA only."""
+    if dtype == torch.float32:
+        grid = itertools.product((256,), (4, 8, 16), (2, 3, 4, 6), (2, 4), (1, 2, 3), (True,))
+    else:
+        grid = itertools.product((64,), (32, 64, 128), (2, 3, 4), (4, 8), (2, 4), (True, False))
+    for bi, br, stages, warps, per_sm, tma in grid:
         box = br * bi * (4 if dtype == torch.float32 else 2)
         if box * stages * per_sm <= 200 * 1024:  # shared memory per SM
             yield Variant(br, bi, stages, warps, per_sm, tma)

@@ -312,6 +312,69 @@ def test_work_stealing_leaves_counters_zeroed(device, monkeypatch, plans_anew):
         assert not _tickets.ticket_counters(x.device, 2)[:2].any()
 
 
+# ---------------------------------------------------------------- TMA reads of the cols kernel
+
+
+@pytest.fixture
+def tma_everywhere(monkeypatch, plans_anew):
+    """fp32 cols plans read through TMA descriptors on any device (the interpreter runs descriptor loads) and at any
+    size; the descriptors each launch builds are recorded: ``[(shape, strides, block_shape)]``."""
+    from fuselab.ops import reduce as module
+
+    monkeypatch.setattr(module, "_PLANNED", {})
+    monkeypatch.setattr(planner, "tma_capable", lambda device: True)
+    monkeypatch.setattr(planner, "COLS_TMA_MIN_BYTES", 0)
+    built = []
+
+    def descriptor(base, shape, strides, block_shape):
+        built.append((tuple(shape), tuple(strides), tuple(block_shape)))
+        return real(base, shape, strides, block_shape)
+
+    real = kernels.TensorDescriptor
+    monkeypatch.setattr(kernels, "TensorDescriptor", descriptor)
+    return built
+
+
+TMA_CASES = [((300, 200), (0,), "dense"), ((37, 260), (0,), "dense"), ((1000, 1000), (0,), "dense"),
+             ((64, 1024), (0,), "first 1000 columns"), ((5, 40, 96), (0, 1), "dense"), ((3, 8), (0,), "dense")]
+
+
+@pytest.mark.parametrize("shape,dims,view", TMA_CASES, ids=str)
+def test_tma_reads(triton_backend, device, tma_everywhere, shape, dims, view):
+    """fp32 cols plans read through TMA boxes match float64 and give the same bits on every call: rows and columns
+    past the tensor's end (zero-filled by the copy), splits of several chunks or one, row strides wider than the
+    rows, reduced axes merged into one, fewer rows than a box."""
+    x = torch.randn(shape, device=device)
+    if view == "first 1000 columns":
+        x = x[:, :1000]
+    plan = planner.plan_reduction(*planner.prepare(x, dims))
+    assert plan.kind == "cols" and plan.stages == planner.COLS_TMA[4][1] and not plan.interleave, plan
+    for op in OPS:
+        first = _check(x, dims, False, op)
+        assert torch.equal(first, OPS[op][0](x, dims)), "TMA reads changed the bits from one call to the next"
+    box = [plan.block_r, plan.block_i]
+    assert set(tma_everywhere) == {((plan.R, plan.I), (plan.s_r, 1), tuple(box))}
+    assert plan.split > 1 or shape[0] <= 40
+
+
+def test_tma_falls_back_where_a_descriptor_cannot_describe(triton_backend, device, tma_everywhere):
+    """A base address off 16 bytes runs the same TMA plan from pointers (still exact). Layouts TMA cannot take are not
+    planned for it: bf16 (slower under the lab's flush), a row stride off 16 bytes, strided columns, two kept
+    groups."""
+    x = torch.randn(50, 1028, device=device)[:, 1:1025]
+    plan = planner.plan_reduction(*planner.prepare(x, (0,)))
+    assert plan.stages and x.data_ptr() % 16
+    _check(x, 0, False, "sum")
+    assert not tma_everywhere
+    untaken = [(torch.randn(300, 256, device=device, dtype=torch.bfloat16), (0,)),
+               (torch.randn(300, 101, device=device), (0,)), (torch.randn(300, 512, device=device)[:, ::2], (0,)),
+               (torch.randn(3, 50, 64, device=device), (1,))]
+    for y, dims in untaken:
+        plan = planner.plan_reduction(*planner.prepare(y, dims))
+        assert plan.kind == "cols" and not plan.stages, plan
+        _check(y, dims, False, "mean")
+
+
 # ---------------------------------------------------------------- int64 offsets
 
 

@@ -70,6 +70,22 @@ def fast_memory(device: torch.device) -> bool:
     return dram_gbps_per_sm(device) >= FAST_MEMORY_GBPS_PER_SM
 
 
+@functools.cache
+def _tma_capable(index: int) -> bool:
+    try:
+        from triton.tools.tensor_descriptor import TensorDescriptor  # noqa: F401  (Triton >= 3.3)
+    except ImportError:
+        return False
+    return torch.cuda.get_device_capability(index)[0] >= 9
+
+
+def tma_capable(device: torch.device) -> bool:
+    """Whether kernels on ``device`` may read through TMA descriptors built on the host (Hopper and later, with a
+    Triton that has ``triton.tools.tensor_descriptor``). False off CUDA: the interpreter runs descriptor loads too,
+    and the tests switch them on there by replacing this function."""
+    return device.type == "cuda" and _tma_capable(device_index(device))
+
+
 def max_element_offset(t: torch.Tensor) -> int:
     """Largest element offset a kernel can reach through ``t``'s strides (storage offset included)."""
     if t.is_contiguous():  # the common case, without a Python loop over the dims
@@ -113,6 +129,14 @@ def scalar_class(a) -> object:
     return _int_class(a) if type(a) is int else type(a)
 
 
+def _arg_class(t) -> tuple:
+    """What Triton specializes a pointer argument on (dtype, 16-byte alignment), or a TMA descriptor on (its
+    tensor's dtype, block shape)."""
+    if isinstance(t, torch.Tensor):
+        return t.dtype, t.data_ptr() & 15 == 0
+    return t.base.dtype, tuple(t.block_shape)
+
+
 def launch(kernel, key: Hashable, grid: tuple[int, ...], tensors: tuple[torch.Tensor, ...], scalars: tuple,
            constexprs: dict[str, Any] | Callable[[], dict[str, Any]], *, dynamic: int = 0) -> tuple | None:
     """``kernel[grid](*tensors, *scalars, **constexprs)`` with less host time per call on GPUs.
@@ -122,16 +146,18 @@ def launch(kernel, key: Hashable, grid: tuple[int, ...], tensors: tuple[torch.Te
     goes through it and compiles; later calls with the same signature call the cached
     ``CompiledKernel``'s launcher directly. The signature covers everything Triton specializes on:
     ``key`` (the caller's identity for ``constexprs``: block sizes, flags, warps), each tensor's dtype
-    and 16-byte alignment, the current device, and the scalars: the first ``dynamic`` of them (values
-    that change from call to call, e.g. a decoding offset or a scale) by Triton's class (int: 1, a
-    multiple of 16, int32 or wider; others: their type), the rest (sizes and strides) by value, a
-    single C-level tuple instead of one Python step per argument (the per-argument signature was 20 µs
-    of a 26 µs launch with 24 arguments on that host). ``tensors`` are the kernel's leading parameters,
-    then ``scalars`` in order; ``constexprs`` name all the remaining ones (plus options such as
-    ``num_warps``); it may be a function returning them, called only when a signature is first seen
-    (building the dict on every call is host time wasted on a cache hit). Launch hooks (profilers) are
-    honoured as ``JITFunction.run`` does. Under the interpreter, or on a Triton without ``triton.knobs``,
-    it is the plain launch.
+    and 16-byte alignment (a TMA descriptor's dtype and block shape), the current device, and the
+    scalars: the first ``dynamic`` of them (values that change from call to call, e.g. a decoding
+    offset or a scale) by Triton's class (int: 1, a multiple of 16, int32 or wider; others: their
+    type), the rest (sizes and strides) by value, a single C-level tuple instead of one Python step per
+    argument (the per-argument signature was 20 µs of a 26 µs launch with 24 arguments on that host).
+    ``tensors`` are the kernel's leading parameters, then ``scalars`` in order; ``constexprs`` name all
+    the remaining ones (plus options such as ``num_warps``); it may be a function returning them,
+    called only when a signature is first seen (building the dict on every call is host time wasted
+    on a cache hit). Launch hooks (profilers) are honoured as ``JITFunction.run`` does.
+    ``tensors[0]`` must be a tensor (its device picks the path); later entries may be TMA descriptors
+    (``triton.tools.tensor_descriptor.TensorDescriptor``). Under the interpreter, or on a Triton
+    without ``triton.knobs``, it is the plain launch.
 
     Returns the signature's entry for :func:`relaunch` (a plain launch again under the interpreter).
     """
@@ -142,7 +168,7 @@ def launch(kernel, key: Hashable, grid: tuple[int, ...], tensors: tuple[torch.Te
         kernel[grid](*tensors, *scalars, **constexprs)
         return kernel, tuple(constexprs.items()), None  # hashable, as the compiled entries
     device = torch.cuda.current_device()
-    signature = (id(kernel), key, device, tuple([(t.dtype, t.data_ptr() & 15 == 0) for t in tensors]),
+    signature = (id(kernel), key, device, tuple([_arg_class(t) for t in tensors]),
                  tuple([scalar_class(a) for a in scalars[:dynamic]]) if dynamic else None,
                  scalars[dynamic:] if dynamic else scalars)
     hit = _COMPILED.get(signature)

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 
 import torch
 
-from ._launch import cdiv, fast_memory, next_power_of_2, sm_count
+from ._launch import INT32_MAX, cdiv, fast_memory, next_power_of_2, sm_count, tma_capable
 
 #: bytes each program loads per loop iteration (enough in flight to cover DRAM latency), by element size. H100
 #: sweeps (benchmarks/sweeps/reduce_sweep.py): 8 KiB beats 16 KiB by 1-4% for bf16; fp32 is best at 16-32 KiB
@@ -58,6 +58,15 @@ INTERLEAVE_MIN_SPLIT = {"rows": None, "cols": 16}
 #: widest column tile of the cols kernel (1 KiB rows on GPUs), and most rows per program of the rows
 #: kernel, as a fraction of the tile
 MAX_COL_FRACTION = 16
+#: cols plans read through TMA (:func:`~fuselab.ops._launch.tma_capable` devices), by element size: (bytes per box,
+#: stages in flight, warps, programs per SM). Each program streams ``[block_r, block_i]`` boxes into shared memory,
+#: ``stages`` of them in flight, instead of synchronous loads. H100, dim=0 of 10000² fp32, alternating rounds
+#: (sweeps/reduce_tma_proto.py, results/h100/probes/reduce_tma_proto.txt): 0.887 -> 0.929 of copy bandwidth under the
+#: dirty flush, 0.956 -> 1.014 in a CUDA graph; bf16 ran faster in the graph but 3-11% slower under the dirty flush, so
+#: it keeps the cols kernel. Applies where the layout allows a descriptor: one kept group (``O == 1``), contiguous
+#: columns, rows 16-byte aligned, and at least COLS_TMA_MIN_BYTES (a descriptor costs host time per call)
+COLS_TMA = {4: (16384, 2, 4, 3)}
+COLS_TMA_MIN_BYTES = 2**24
 #: which plans of the rows kernel are run by work stealing (see ReducePlan.steal): None (none), "split" (plans that
 #: split the reduced axis: few outputs, e.g. all elements) or "all". A grid of resident programs takes work items (a
 #: tile of outputs x a chunk of the reduced axis) from an atomic counter until none is left, so no SM idles while
@@ -99,6 +108,7 @@ class ReducePlan:
     num_warps: int
     interleave: bool  # split programs read every split-th block (see _chunk), not one contiguous chunk each
     steal: int = 0  # rows: > 0: that many programs take the tiles x split items from a counter (0: one per item)
+    stages: int = 0  # cols: > 0: read through TMA boxes of [block_r, block_i], that many in flight (COLS_TMA)
 
     @property
     def tiles(self) -> int:
@@ -161,8 +171,9 @@ def prepare(x: torch.Tensor, dims: tuple[int, ...]) -> tuple[torch.Tensor, Group
 def plan_reduction(x: torch.Tensor, kept, red: tuple[int, int]) -> ReducePlan:
     """Pick kernel, tile sizes and split for reading ``x`` with the layout from :func:`prepare`."""
     on_gpu = x.device.type == "cuda"
+    tma = tma_capable(x.device) and x.numel() * x.element_size() >= COLS_TMA_MIN_BYTES
     return _plan(tuple(kept), tuple(red), x.element_size(), on_gpu, sm_count(x.device), PROGRAMS_PER_SM,
-                 COLS_PROGRAMS_PER_SM, row_tile_bytes(x))
+                 COLS_PROGRAMS_PER_SM, row_tile_bytes(x), tma)
 
 
 def row_tile_bytes(x: torch.Tensor) -> int:
@@ -174,7 +185,7 @@ def row_tile_bytes(x: torch.Tensor) -> int:
 
 @functools.lru_cache(maxsize=4096)
 def _plan(kept: tuple[tuple[int, int], ...], red: tuple[int, int], elsize: int, on_gpu: bool, sms: int,
-          rows_per_sm: int, cols_per_sm: int, row_bytes: int) -> ReducePlan:
+          rows_per_sm: int, cols_per_sm: int, row_bytes: int, tma: bool = False) -> ReducePlan:
     R, s_r = red
     tile = (TILE_BYTES.get(elsize, 16384) if on_gpu else INTERPRETER_TILE_BYTES) // elsize
     inner_stride = kept[-1][1] if kept else None
@@ -209,10 +220,29 @@ def _plan(kept: tuple[tuple[int, int], ...], red: tuple[int, int], elsize: int, 
     while block_i > min_block_i and O * cdiv(I, block_i) < target // 8:
         block_i //= 2
     block_r = max(1, min(tile // block_i, next_power_of_2(R)))
+    warps = 8 if block_r * block_i >= 4096 else 4
+    stages = 0
+    if tma and elsize in COLS_TMA and _tma_layout(O, I, R, s_i, s_r, min(block_i, TMA_MAX_BOX), elsize):
+        block_i = min(block_i, TMA_MAX_BOX)  # GPU plans have ≤ 256 fp32 columns already; the interpreter's more
+        box_bytes, stages, warps, per_sm = COLS_TMA[elsize]
+        block_r = max(1, min(box_bytes // (block_i * elsize), TMA_MAX_BOX, next_power_of_2(R)))
+        target = sms * per_sm
     tiles = O * cdiv(I, block_i)
     split, r_per_split, interleave = _split(R, block_r, tiles, target, "cols")
-    warps = 8 if block_r * block_i >= 4096 else 4
-    return ReducePlan("cols", O, I, R, s_o, s_i, s_r, block_r, block_i, split, r_per_split, warps, interleave)
+    return ReducePlan("cols", O, I, R, s_o, s_i, s_r, block_r, block_i, split, r_per_split, warps,
+                      interleave and not stages, stages=stages)
+
+
+#: most elements along each dimension of a TMA box
+TMA_MAX_BOX = 256
+
+
+def _tma_layout(O: int, I: int, R: int, s_i: int, s_r: int, block_i: int, elsize: int) -> bool:
+    """Whether a cols plan's input can be described to TMA as a 2-d ``[R, I]`` tensor read in ``[*, block_i]``
+    boxes: one kept group, contiguous columns, a 16-byte aligned row stride, 16-byte box rows, int32 extents (the
+    base address's alignment is checked at launch)."""
+    return (O == 1 and s_i == 1 and s_r > 0 and (s_r * elsize) % 16 == 0 and (block_i * elsize) % 16 == 0
+            and max(R, I, s_r) <= INT32_MAX)
 
 
 def _stealing(plan: ReducePlan, elsize: int, sms: int) -> ReducePlan:

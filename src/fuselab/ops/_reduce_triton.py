@@ -30,6 +30,11 @@ import torch
 import triton
 import triton.language as tl
 
+try:
+    from triton.tools.tensor_descriptor import TensorDescriptor  # Triton >= 3.3; planned only where it imports
+except ImportError:  # pragma: no cover
+    TensorDescriptor = None
+
 from ._launch import INT32_MAX, cdiv, needs_int64, sm_count
 from ._launch import launch as launch_kernel
 from ._reduce_plan import ReducePlan, workspace_numel
@@ -305,6 +310,36 @@ def _cols_kernel(
                   O * I, n_reduced, BLOCK_I, SPLIT_R, BLOCK_S, ACC, IS_MEAN, OUT_BF16)
 
 
+@triton.jit
+def _cols_tma_kernel(
+    out_ptr,  # [I] result (output dtype)
+    x_desc,  # TMA descriptor of x as [R, I] (row stride s_r, contiguous columns), box [BLOCK_R, BLOCK_I]
+    part_ptr,  # [SPLIT, I] partials (ACC dtype); only if SPLIT_R
+    count_ptr,  # [cdiv(I, BLOCK_I)] int32 ticket counters, zero before and after; only if SPLIT_R
+    I, R,
+    r_per_split,  # reduced elements per split (a multiple of BLOCK_R); R when SPLIT == 1
+    n_reduced,  # divisor of the mean (IS_MEAN only)
+    BLOCK_R: tl.constexpr, BLOCK_I: tl.constexpr, STAGES: tl.constexpr, SPLIT_R: tl.constexpr, ACC: tl.constexpr,
+    BLOCK_S: tl.constexpr, IS_MEAN: tl.constexpr, OUT_BF16: tl.constexpr,
+):
+    """The cols kernel of an ``O == 1`` plan read through TMA (``plan.stages > 0``): each program streams
+    ``[BLOCK_R, BLOCK_I]`` boxes of its chunk into shared memory with ``STAGES`` in flight; the copy engine fills
+    rows past R and columns past I with zeros, so the loop has no masks and no per-element addresses. Bytes: read
+    R*I elements, write I (+ SPLIT*I partials, written once and read once). A kernel of its own rather than a flag
+    of ``_cols_kernel``: a constexpr branch there changed ptxas's registers for the shipped plans (session 17)."""
+    tile = tl.program_id(0)
+    split = tl.program_id(1)
+    col0 = tile * BLOCK_I
+    r_start = split * r_per_split  # < R + r_per_split: TMA coordinates are int32
+    r_end = tl.minimum(r_start + r_per_split, R)
+    acc = tl.zeros([BLOCK_R, BLOCK_I], dtype=ACC)
+    for r in tl.range(r_start, r_end, BLOCK_R, num_stages=STAGES):
+        acc += x_desc.load([r, col0]).to(ACC)
+    cols = col0 + tl.arange(0, BLOCK_I)
+    _store_result(tl.sum(acc, axis=0), cols, cols < I, out_ptr, part_ptr, count_ptr, tile, split.to(tl.int64),
+                  tl.num_programs(1), I, n_reduced, BLOCK_I, SPLIT_R, BLOCK_S, ACC, IS_MEAN, OUT_BF16)
+
+
 def launch(x: torch.Tensor, plan: ReducePlan, out: torch.Tensor, partials: torch.Tensor | None, *, is_mean: bool,
            acc_dtype: torch.dtype) -> None:
     """The one kernel launch of ``plan`` on ``x``, writing ``out`` (and ``partials`` ``[split, K]`` on the way,
@@ -336,6 +371,13 @@ def launch(x: torch.Tensor, plan: ReducePlan, out: torch.Tensor, partials: torch
         scalars = (plan.K, plan.I, plan.R, plan.s_o, plan.s_i, plan.s_r, plan.r_per_split, plan.R, plan.tiles,
                    plan.split)
         launch_kernel(_rows_kernel, key, plan.grid, tensors, scalars, constexprs)
+    elif plan.stages and x.data_ptr() % 16 == 0:  # else the cols kernel runs the same plan from pointers
+        desc = TensorDescriptor(x, [plan.R, plan.I], [plan.s_r, 1], [plan.block_r, plan.block_i])
+        scalars = (plan.I, plan.R, plan.r_per_split, plan.R)
+        launch_kernel(_cols_tma_kernel, key, plan.grid, (out, desc, *tensors[2:]), scalars,
+                      lambda: dict(BLOCK_R=plan.block_r, BLOCK_I=plan.block_i, STAGES=plan.stages, SPLIT_R=split,
+                                   ACC=_TL_ACC[acc_dtype], BLOCK_S=block_s, IS_MEAN=is_mean,
+                                   OUT_BF16=out.dtype == torch.bfloat16, num_warps=plan.num_warps))
     else:
         scalars = (plan.O, plan.I, plan.R, plan.s_o, plan.s_r, plan.s_i, plan.r_per_split, plan.R)
         launch_kernel(_cols_kernel, key, plan.grid, tensors, scalars, constexprs)
