@@ -1,6 +1,6 @@
 """``mean(dim=0)`` read through pipelined asynchronous copies (TMA, or ``cp.async``) vs the shipped cols kernel.
 
-    python3 benchmarks/sweeps/reduce_tma_proto.py [--check] [float32|bfloat16 ...]
+    python3 benchmarks/sweeps/reduce_tma_proto.py [--check] [--prefetch] [float32|bfloat16 ...]
 
 Question (session 21): ``dim=0`` of 10000² fp32 reads at 0.89 of copy bandwidth where a plain read of the same bytes
 reaches 0.96 (0.99 vs 1.08 in a CUDA graph), and the bf16 cases trail the plain read by 8-16%
@@ -57,14 +57,26 @@ def _cols_async_kernel(
     r_end = tl.minimum(r_start + r_per_split, R)
     acc = tl.zeros([BLOCK_R, BLOCK_I], dtype=tl.float32)
     rr = tl.arange(0, BLOCK_R)
-    for r in tl.range(r_start, r_end, BLOCK_R, num_stages=STAGES):
-        if TMA:
-            acc += x_desc.load([r, col0]).to(tl.float32)  # rows past R read as zeros
-        else:
+    if STAGES == 0:  # pointers, double-buffered in registers: the next tile's loads go out before this tile's adds
+        rows = (r_start + rr).to(tl.int64)
+        nxt = tl.load(x_ptr + rows[:, None] * s_r + cols[None, :], mask=(rows < r_end)[:, None] & col_mask[None, :],
+                      other=0.0, eviction_policy=EVICT)
+        for r in tl.range(r_start + BLOCK_R, r_end, BLOCK_R, num_stages=1):
+            cur = nxt
             rows = (r + rr).to(tl.int64)
-            mask = (rows < R)[:, None] & col_mask[None, :]
-            acc += tl.load(x_ptr + rows[:, None] * s_r + cols[None, :], mask=mask, other=0.0,
-                           eviction_policy=EVICT).to(tl.float32)
+            nxt = tl.load(x_ptr + rows[:, None] * s_r + cols[None, :],
+                          mask=(rows < r_end)[:, None] & col_mask[None, :], other=0.0, eviction_policy=EVICT)
+            acc += cur.to(tl.float32)
+        acc += nxt.to(tl.float32)
+    else:
+        for r in tl.range(r_start, r_end, BLOCK_R, num_stages=STAGES):
+            if TMA:
+                acc += x_desc.load([r, col0]).to(tl.float32)  # rows past R read as zeros
+            else:
+                rows = (r + rr).to(tl.int64)
+                mask = (rows < R)[:, None] & col_mask[None, :]
+                acc += tl.load(x_ptr + rows[:, None] * s_r + cols[None, :], mask=mask, other=0.0,
+                               eviction_policy=EVICT).to(tl.float32)
     _store_result(tl.sum(acc, axis=0), cols, col_mask, out_ptr, part_ptr, count_ptr, tile, split, n_split, I, R,
                   BLOCK_I, True, BLOCK_S, tl.float32, True, OUT_BF16)
 
@@ -80,7 +92,7 @@ class Variant:
     evict: str = ""  # pointer loads only
 
     def name(self, split: int) -> str:
-        kind = "TMA" if self.tma else f"cp.async {self.evict or 'default'}"
+        kind = "TMA" if self.tma else f"{'cp.async' if self.stages else 'register prefetch'} {self.evict or 'default'}"
         return (f"{kind} [{self.block_r}x{self.block_i}] x{self.stages} stages, {self.warps} warps, "
                 f"{self.per_sm}/SM -> split {split}")
 
@@ -121,13 +133,18 @@ def variants(dtype: torch.dtype):
     TMA ahead of cp.async), TMA only. bf16, third grid: TMA and cp.async lost to the shipped kernel under the dirty
     flush (``probes/reduce_tma_proto.txt``) though ahead in a CUDA graph; the shipped kernel loads bf16 with
     ``evict_first`` (``STREAM_EVICTION``), which TMA loads cannot carry: cp.async with and without it."""
-    if dtype == torch.float32:
+    if "--prefetch" in sys.argv:  # fourth grid: pointer loads double-buffered in registers (0 stages), hint kept
+        rows = (8, 16, 32) if dtype == torch.float32 else (32, 64, 128)
+        evicts = ("",) if dtype == torch.float32 else ("evict_first",)
+        grid = itertools.product((256 if dtype == torch.float32 else 64,), rows, (0,), (4, 8), (2, 3, 4), (False,),
+                                 evicts)
+    elif dtype == torch.float32:
         grid = itertools.product((256,), (4, 8, 16), (2, 3, 4, 6), (2, 4), (1, 2, 3), (True,), ("",))
     else:
         grid = itertools.product((64,), (32, 64, 128), (2, 3, 4), (4, 8), (2, 3, 4), (False,), ("", "evict_first"))
     for bi, br, stages, warps, per_sm, tma, evict in grid:
         box = br * bi * (4 if dtype == torch.float32 else 2)
-        if box * stages * per_sm <= 200 * 1024:  # shared memory per SM
+        if box * stages * per_sm <= 200 * 1024:  # shared memory per SM (none for 0 stages)
             yield Variant(br, bi, stages, warps, per_sm, tma, evict)
 
 
@@ -135,8 +152,8 @@ def check() -> None:
     device = "cuda" if torch.cuda.is_available() else "cpu"
     for shape, dtype in (((300, 200), torch.float32), ((129, 64), torch.bfloat16)):
         x = torch.randn(shape, device=device, dtype=dtype)
-        for tma in (True, False):
-            out, fn, _ = launcher(x, Variant(16, 64, 2, 4, 2, tma), 4)
+        for tma, stages in ((True, 2), (False, 2), (False, 0)):
+            out, fn, _ = launcher(x, Variant(16, 64, stages, 4, 2, tma), 4)
             fn()
             torch.testing.assert_close(out.float(), x.double().mean(0).float(), rtol=1e-2 if dtype != torch.float32
                                        else 1e-5, atol=1e-3)
@@ -173,8 +190,8 @@ def main() -> None:
             out, fn, split = launcher(x, v, sms)
             compiled = fn()
             torch.testing.assert_close(out.float(), want, rtol=1e-2 if x.element_size() == 2 else 1e-5, atol=1e-3)
-            if (v.tma, v.evict) not in shown:
-                shown.add((v.tma, v.evict))
+            if (v.tma, v.evict, v.stages > 0) not in shown:
+                shown.add((v.tma, v.evict, v.stages > 0))
                 print(f"  TTGIR of {v.name(split)}: {pipelined(compiled)}", flush=True)
             calls[v.name(split)] = (fn, fraction)
         print(f"\ndim=0 of {shape[0]}x{shape[1]} {str(dtype)[6:]} ({nbytes / 1e6:.0f} MB), {len(calls)} calls",

@@ -375,6 +375,16 @@ def test_tma_falls_back_where_a_descriptor_cannot_describe(triton_backend, devic
         _check(y, dims, False, "mean")
 
 
+def test_tma_only_from_min_bytes(monkeypatch, plans_anew):
+    """On a TMA device, fp32 cols plans take descriptors from COLS_TMA_MIN_BYTES of input (the host time a
+    descriptor costs per call is hidden there); smaller inputs keep the pointer loads."""
+    monkeypatch.setattr(planner, "tma_capable", lambda device: True)
+    rows = planner.COLS_TMA_MIN_BYTES // (4 * 4096)
+    for n, stages in ((rows, planner.COLS_TMA[4][1]), (rows - 1, 0)):
+        x = torch.empty(n, 4096)  # never written: only its layout is planned
+        assert planner.plan_reduction(*planner.prepare(x, (0,))).stages == stages
+
+
 # ---------------------------------------------------------------- int64 offsets
 
 

@@ -63,10 +63,15 @@ MAX_COL_FRACTION = 16
 #: ``stages`` of them in flight, instead of synchronous loads. H100, dim=0 of 10000² fp32, alternating rounds
 #: (sweeps/reduce_tma_proto.py, results/h100/probes/reduce_tma_proto.txt): 0.887 -> 0.929 of copy bandwidth under the
 #: dirty flush, 0.956 -> 1.014 in a CUDA graph; bf16 ran faster in the graph but 3-11% slower under the dirty flush, so
-#: it keeps the cols kernel. Applies where the layout allows a descriptor: one kept group (``O == 1``), contiguous
-#: columns, rows 16-byte aligned, and at least COLS_TMA_MIN_BYTES (a descriptor costs host time per call)
+#: it keeps the cols kernel (cp.async loops drop its evict_first hint, probes/reduce_tma_proto_bf16.txt). Applies where
+#: the layout allows a descriptor: one kept group (``O == 1``), contiguous columns, rows 16-byte aligned. Same gains on
+#: the H200 (10000² 0.890 -> 0.926; 8192² 0.771 -> 0.862; results/h200/probes/reduce_tma_ab.txt)
 COLS_TMA = {4: (16384, 2, 4, 3)}
-COLS_TMA_MIN_BYTES = 2**24
+#: smallest input read through TMA: a call then costs ~15 µs more host time (Triton encodes the descriptor on every
+#: launch; H200 host, probes/reduce_tma_host.txt: 61 vs 45 µs per call), which a kernel of ≥ 128 MiB (≥ 30 µs of
+#: reading) hides; smaller inputs are read through pointers. On that host 2048x10000 fp32 (82 MB) ran at 0.42 of
+#: copy bandwidth through TMA under the lab's flush and 0.56 through pointers (0.81 vs 0.72 in a CUDA graph)
+COLS_TMA_MIN_BYTES = 2**27
 #: which plans of the rows kernel are run by work stealing (see ReducePlan.steal): None (none), "split" (plans that
 #: split the reduced axis: few outputs, e.g. all elements) or "all". A grid of resident programs takes work items (a
 #: tile of outputs x a chunk of the reduced axis) from an atomic counter until none is left, so no SM idles while
