@@ -1,5 +1,6 @@
-"""``mean(dim=0)`` of fp32 inputs: the cols plan read through TMA (shipped, ``COLS_TMA``) vs the same input planned
-without it (the cols kernel's synchronous pointer loads), in alternating rounds.
+"""``mean(dim=0)`` of fp32 inputs: the cols plan read through TMA (with the knobs of either device kind, ``COLS_TMA``
+and ``FAST_MEMORY_COLS_TMA``) vs the same input planned without it (the cols kernel's synchronous pointer loads),
+in alternating rounds.
 
     python3 benchmarks/sweeps/reduce_tma_ab.py
 
@@ -21,13 +22,15 @@ ROUNDS = 3
 
 
 def plans(x: torch.Tensor) -> dict[str, P.ReducePlan]:
+    """The cols plans of ``x.mean(0)`` through TMA with each device's knobs, and through pointers."""
     _, kept, red = P.prepare(x, (0,))
     args = (tuple(kept), tuple(red), x.element_size(), True, P.sm_count(x.device), P.PROGRAMS_PER_SM,
             P.COLS_PROGRAMS_PER_SM, P.row_tile_bytes(x))
     out = {}
-    for tma in (True, False):
+    for label, tma in (("TMA, COLS_TMA", P.COLS_TMA[4]), ("TMA, FAST_MEMORY_COLS_TMA", P.FAST_MEMORY_COLS_TMA[4]),
+                       ("pointers", None)):
         plan = P._plan(*args, tma)
-        out[f"{'TMA' if plan.stages else 'pointers'}: [{plan.block_r}x{plan.block_i}] split {plan.split} "
+        out[f"{label}: [{plan.block_r}x{plan.block_i}] x{plan.stages} stages, split {plan.split} "
             f"{plan.num_warps} warps"] = plan
     return out
 

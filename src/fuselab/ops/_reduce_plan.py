@@ -67,6 +67,10 @@ MAX_COL_FRACTION = 16
 #: the layout allows a descriptor: one kept group (``O == 1``), contiguous columns, rows 16-byte aligned. Same gains on
 #: the H200 (10000² 0.890 -> 0.926; 8192² 0.771 -> 0.862; results/h200/probes/reduce_tma_ab.txt)
 COLS_TMA = {4: (16384, 2, 4, 3)}
+#: the same on devices with :func:`~fuselab.ops._launch.fast_memory`: 8 KiB boxes, 3 in flight, 2 warps. H200, dim=0
+#: of 10000² fp32 (results/h200/probes/reduce_tma_proto_fp32.txt): 0.932 of copy bandwidth against 0.919 for COLS_TMA's
+#: (CUDA graph 1.044 vs 1.030); on the H100 it is the other way round (0.920 vs 0.927)
+FAST_MEMORY_COLS_TMA = {4: (8192, 3, 2, 3)}
 #: smallest input read through TMA: a call then costs ~15 µs more host time (Triton encodes the descriptor on every
 #: launch; H200 host, probes/reduce_tma_host.txt: 61 vs 45 µs per call), which a kernel of ≥ 128 MiB (≥ 30 µs of
 #: reading) hides; smaller inputs are read through pointers. On that host 2048x10000 fp32 (82 MB) ran at 0.42 of
@@ -176,7 +180,9 @@ def prepare(x: torch.Tensor, dims: tuple[int, ...]) -> tuple[torch.Tensor, Group
 def plan_reduction(x: torch.Tensor, kept, red: tuple[int, int]) -> ReducePlan:
     """Pick kernel, tile sizes and split for reading ``x`` with the layout from :func:`prepare`."""
     on_gpu = x.device.type == "cuda"
-    tma = tma_capable(x.device) and x.numel() * x.element_size() >= COLS_TMA_MIN_BYTES
+    tma = None  # (box bytes, stages, warps, programs per SM) of cols plans read through TMA
+    if tma_capable(x.device) and x.numel() * x.element_size() >= COLS_TMA_MIN_BYTES:
+        tma = (FAST_MEMORY_COLS_TMA if fast_memory(x.device) else COLS_TMA).get(x.element_size())
     return _plan(tuple(kept), tuple(red), x.element_size(), on_gpu, sm_count(x.device), PROGRAMS_PER_SM,
                  COLS_PROGRAMS_PER_SM, row_tile_bytes(x), tma)
 
@@ -190,7 +196,8 @@ def row_tile_bytes(x: torch.Tensor) -> int:
 
 @functools.lru_cache(maxsize=4096)
 def _plan(kept: tuple[tuple[int, int], ...], red: tuple[int, int], elsize: int, on_gpu: bool, sms: int,
-          rows_per_sm: int, cols_per_sm: int, row_bytes: int, tma: bool = False) -> ReducePlan:
+          rows_per_sm: int, cols_per_sm: int, row_bytes: int,
+          tma: tuple[int, int, int, int] | None = None) -> ReducePlan:
     R, s_r = red
     tile = (TILE_BYTES.get(elsize, 16384) if on_gpu else INTERPRETER_TILE_BYTES) // elsize
     inner_stride = kept[-1][1] if kept else None
@@ -227,9 +234,9 @@ def _plan(kept: tuple[tuple[int, int], ...], red: tuple[int, int], elsize: int, 
     block_r = max(1, min(tile // block_i, next_power_of_2(R)))
     warps = 8 if block_r * block_i >= 4096 else 4
     stages = 0
-    if tma and elsize in COLS_TMA and _tma_layout(O, I, R, s_i, s_r, min(block_i, TMA_MAX_BOX), elsize):
+    if tma and _tma_layout(O, I, R, s_i, s_r, min(block_i, TMA_MAX_BOX), elsize):
         block_i = min(block_i, TMA_MAX_BOX)  # GPU plans have ≤ 256 fp32 columns already; the interpreter's more
-        box_bytes, stages, warps, per_sm = COLS_TMA[elsize]
+        box_bytes, stages, warps, per_sm = tma
         block_r = max(1, min(box_bytes // (block_i * elsize), TMA_MAX_BOX, next_power_of_2(R)))
         target = sms * per_sm
     tiles = O * cdiv(I, block_i)
