@@ -375,6 +375,40 @@ def test_tma_falls_back_where_a_descriptor_cannot_describe(triton_backend, devic
         _check(y, dims, False, "mean")
 
 
+@pytest.mark.gpu
+def test_tma_reads_in_a_cuda_graph(device, tma_everywhere):
+    """A TMA plan captured in a CUDA graph (its descriptor encoded once, at capture) reads the input's new values on
+    every replay."""
+    x = torch.randn(1000, 1000, device=device)
+    assert planner.plan_reduction(*planner.prepare(x, (0,))).stages
+    fuselab.mean(x, 0)  # compile and plan outside the capture
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out = fuselab.mean(x, 0)
+    for _ in range(2):
+        x.copy_(torch.randn_like(x))
+        graph.replay()
+        assert_close(out, x.double().mean(0), dtype=torch.float32, what="graph replay of a TMA mean(dim=0)")
+
+
+@pytest.mark.gpu
+def test_tma_reads_past_2_31_elements(device):
+    """fp32 dim=0 over more than 2^31 elements, read through TMA where the device has it (64-bit addresses in the
+    descriptor, 64-bit partial offsets)."""
+    from fuselab.ops._launch import tma_capable
+
+    if not tma_capable(device):
+        pytest.skip("needs a device with TMA (sm_90+)")
+    x = torch.ones(2**16 + 3, 2**15, device=device)  # 2^31 + 98304 elements, 8.6 GB
+    x[-1, -5:] = 3.0
+    x[-2, 7] = -1.0
+    assert planner.plan_reduction(*planner.prepare(x, (0,))).stages
+    want = torch.full((2**15,), float(x.shape[0]), device=device)
+    want[-5:] += 2.0
+    want[7] -= 2.0
+    torch.testing.assert_close(fuselab.sum(x, 0), want, rtol=0, atol=0)
+
+
 def test_tma_only_from_min_bytes(monkeypatch, plans_anew):
     """On a TMA device, fp32 cols plans take descriptors from COLS_TMA_MIN_BYTES of input (the host time a
     descriptor costs per call is hidden there); smaller inputs keep the pointer loads."""

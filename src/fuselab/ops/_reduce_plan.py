@@ -251,10 +251,10 @@ TMA_MAX_BOX = 256
 
 def _tma_layout(O: int, I: int, R: int, s_i: int, s_r: int, block_i: int, elsize: int) -> bool:
     """Whether a cols plan's input can be described to TMA as a 2-d ``[R, I]`` tensor read in ``[*, block_i]``
-    boxes: one kept group, contiguous columns, a 16-byte aligned row stride, 16-byte box rows, int32 extents (the
-    base address's alignment is checked at launch)."""
+    boxes: one kept group, contiguous columns, a 16-byte aligned row stride, 16-byte box rows, extents below 2^30
+    (box coordinates and the kernel's row bounds are int32; the base address's alignment is checked at launch)."""
     return (O == 1 and s_i == 1 and s_r > 0 and (s_r * elsize) % 16 == 0 and (block_i * elsize) % 16 == 0
-            and max(R, I, s_r) <= INT32_MAX)
+            and max(R, I) < 2**30 and s_r <= INT32_MAX)
 
 
 def _stealing(plan: ReducePlan, elsize: int, sms: int) -> ReducePlan:
