@@ -8,6 +8,11 @@ from typing import Any
 
 import torch
 
+try:  # host-built TMA descriptors (Triton >= 3.3); kernels read through them only where tma_capable() says so
+    from triton.tools.tensor_descriptor import TensorDescriptor
+except ImportError:  # pragma: no cover
+    TensorDescriptor = None
+
 INT32_MAX = 2**31 - 1
 
 
@@ -72,11 +77,7 @@ def fast_memory(device: torch.device) -> bool:
 
 @functools.cache
 def _tma_capable(index: int) -> bool:
-    try:
-        from triton.tools.tensor_descriptor import TensorDescriptor  # noqa: F401  (Triton >= 3.3)
-    except ImportError:
-        return False
-    return torch.cuda.get_device_capability(index)[0] >= 9
+    return TensorDescriptor is not None and torch.cuda.get_device_capability(index)[0] >= 9
 
 
 def tma_capable(device: torch.device) -> bool:

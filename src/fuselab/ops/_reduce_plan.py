@@ -234,8 +234,9 @@ def _plan(kept: tuple[tuple[int, int], ...], red: tuple[int, int], elsize: int, 
     block_r = max(1, min(tile // block_i, next_power_of_2(R)))
     warps = 8 if block_r * block_i >= 4096 else 4
     stages = 0
-    if tma and _tma_layout(O, I, R, s_i, s_r, min(block_i, TMA_MAX_BOX), elsize):
-        block_i = min(block_i, TMA_MAX_BOX)  # GPU plans have ≤ 256 fp32 columns already; the interpreter's more
+    box_i = min(block_i, TMA_MAX_BOX)  # GPU plans have ≤ 256 fp32 columns already; the interpreter's more
+    if tma and _tma_layout(O, I, R, s_i, s_r, box_i, elsize):
+        block_i = box_i
         box_bytes, stages, warps, per_sm = tma
         block_r = max(1, min(box_bytes // (block_i * elsize), TMA_MAX_BOX, next_power_of_2(R)))
         target = sms * per_sm

@@ -9,7 +9,8 @@ reduction becomes one: :mod:`fuselab.ops._reduce_plan`). Two kernels, chosen by 
   reducing the tile once at the end.
 * ``_cols_kernel`` (a kept axis is contiguous: ``dim=0``, middle axes): each program owns
   ``BLOCK_I`` contiguous columns (coalesced rows of ≥ 128 B) and streams ``[BLOCK_R, BLOCK_I]``
-  tiles down the reduced axis.
+  tiles down the reduced axis. ``_cols_tma_kernel`` runs the same plans (``plan.stages > 0``: large
+  fp32 inputs on Hopper) through TMA boxes, several in flight per program.
 
 Parallelism when there are few outputs: the reduced axis is split into ``SPLIT`` fixed chunks
 (grid axis 1). Each program writes its fp32 partial to ``[SPLIT, K]``; the last of the ``SPLIT``
@@ -30,12 +31,7 @@ import torch
 import triton
 import triton.language as tl
 
-try:
-    from triton.tools.tensor_descriptor import TensorDescriptor  # Triton >= 3.3; planned only where it imports
-except ImportError:  # pragma: no cover
-    TensorDescriptor = None
-
-from ._launch import INT32_MAX, cdiv, needs_int64, sm_count
+from ._launch import INT32_MAX, TensorDescriptor, cdiv, needs_int64, sm_count
 from ._launch import launch as launch_kernel
 from ._reduce_plan import ReducePlan, workspace_numel
 from ._tickets import final_sum_rows, last_to_arrive, sum_partials, ticket_counters
