@@ -58,6 +58,34 @@ def test_forward_backward(backend, device, activation, dtype):
     _check(x, bias, residual, 0.7, activation)
 
 
+def _nan_case(device, activation, impl):
+    """y and the three gradients of ``impl`` on fp32 inputs with NaN in x at a few places."""
+    gen = torch.Generator().manual_seed(7)
+    x = torch.randn(3, 37, generator=gen).to(device)
+    x[0, 3] = x[2, 36] = float("nan")
+    r, b = torch.randn(3, 37, generator=gen).to(device), torch.randn(37, generator=gen).to(device)
+    g = torch.randn(3, 37, generator=gen).to(device)
+    x, r, b = (t.requires_grad_(True) for t in (x, r, b))
+    y = impl(x, b, residual=r, alpha=0.7, activation=activation)
+    y.backward(g)
+    return y.detach(), x.grad, r.grad, b.grad
+
+
+def _torch_formula(x, b, *, residual, alpha, activation):
+    z = x + alpha * residual + b
+    return {"relu": torch.relu(z), "relu2": torch.relu(z).square(), "none": z}[activation]
+
+
+@pytest.mark.parametrize("activation", ["relu", "relu2", "none"])
+def test_nan_propagates_like_torch(backend, device, activation):
+    """NaN stays NaN through relu (max(z, 0) would hide it), and the gradients match torch's autograd."""
+    got = _nan_case(device, activation, fuselab.bias_act)
+    want = _nan_case(device, activation, _torch_formula)
+    for name, a, w in zip(("y", "grad_x", "grad_residual", "grad_bias"), got, want):
+        assert torch.equal(a.isnan(), w.isnan()), name
+        torch.testing.assert_close(a, w, rtol=1e-5, atol=1e-5, equal_nan=True, msg=name)
+
+
 @pytest.mark.parametrize("has_bias", [True, False])
 @pytest.mark.parametrize("has_residual", [True, False])
 @pytest.mark.parametrize("activation", ["none", "relu2", "sigmoid", "silu", "gelu"])
@@ -458,6 +486,17 @@ def test_cuda_backend_gpu(activation, dtype, shape):
     assert_close(y, y64, dtype, "y")
     for name, t, t64 in (("grad_x", x, x64), ("grad_residual", r, r64), ("grad_bias", b, b64)):
         assert_close(t.grad, t64.grad, dtype, name)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("activation", ["relu", "relu2"])
+def test_cuda_backend_nan_gpu(activation):
+    from fuselab.cuda import bias_act as cuda_bias_act
+
+    got = _nan_case(torch.device("cuda"), activation, cuda_bias_act)
+    want = _nan_case(torch.device("cuda"), activation, _torch_formula)
+    for name, a, w in zip(("y", "grad_x", "grad_residual", "grad_bias"), got, want):
+        torch.testing.assert_close(a, w, rtol=1e-5, atol=1e-5, equal_nan=True, msg=name)
 
 
 @pytest.mark.gpu

@@ -88,15 +88,16 @@ __device__ __forceinline__ Vec<T, V> from_float(const at::opmath_type<T> (&in)[V
 // z < -88 and the quotient is then 0.
 __device__ __forceinline__ float sigmoid(float z) { return __fdividef(1.0f, 1.0f + __expf(-z)); }
 
-// act(z); tanh(u) = 2 sigmoid(2u) - 1, so gelu_tanh(z) = z * sigmoid(2u), u = sqrt(2/pi) (z + 0.044715 z^3)
+// act(z); tanh(u) = 2 sigmoid(2u) - 1, so gelu_tanh(z) = z * sigmoid(2u), u = sqrt(2/pi) (z + 0.044715 z^3).
+// relu keeps NaN, as torch.relu does (z > 0 ? z : 0 would turn it into 0)
 template <int ACT, typename A>
 __device__ __forceinline__ A act_fwd(A z) {
   if constexpr (ACT == kNone) {
     return z;
   } else if constexpr (ACT == kRelu) {
-    return z > A(0) ? z : A(0);
+    return z < A(0) ? A(0) : z;
   } else if constexpr (ACT == kRelu2) {
-    A r = z > A(0) ? z : A(0);
+    A r = z < A(0) ? A(0) : z;
     return r * r;
   } else if constexpr (ACT == kSigmoid) {
     return sigmoid(z);
@@ -109,15 +110,16 @@ __device__ __forceinline__ A act_fwd(A z) {
   }
 }
 
-// act'(z) from the saved tensor s: the output y for relu/relu2/sigmoid, the pre-activation z otherwise
+// act'(z) from the saved tensor s: the output y for relu/relu2/sigmoid, the pre-activation z otherwise (relu passes
+// the gradient where y is NaN, as torch's threshold_backward does)
 template <int ACT, typename A>
 __device__ __forceinline__ A act_grad(A s) {
   if constexpr (ACT == kNone) {
     return A(1);
   } else if constexpr (ACT == kRelu) {
-    return s > A(0) ? A(1) : A(0);
+    return s <= A(0) ? A(0) : A(1);
   } else if constexpr (ACT == kRelu2) {
-    return A(2) * sqrt(s > A(0) ? s : A(0));
+    return A(2) * sqrt(s < A(0) ? A(0) : s);
   } else if constexpr (ACT == kSigmoid) {
     return s * (A(1) - s);
   } else if constexpr (ACT == kSilu) {

@@ -58,13 +58,14 @@ STREAM_EVICTION = ""
 
 @triton.jit
 def _act(z, ACTIVATION: tl.constexpr):
-    """act(z) in the compute dtype. tanh(u) = 2*sigmoid(2u) - 1, so gelu_tanh(z) = z * sigmoid(2u)."""
+    """act(z) in the compute dtype. tanh(u) = 2*sigmoid(2u) - 1, so gelu_tanh(z) = z * sigmoid(2u).
+    relu keeps NaN, as torch.relu does (max(z, 0) would turn it into 0)."""
     if ACTIVATION == 0:  # none
         y = z
     elif ACTIVATION == 1:  # relu
-        y = tl.maximum(z, 0.0)
+        y = tl.where(z < 0.0, 0.0, z)
     elif ACTIVATION == 2:  # relu2
-        r = tl.maximum(z, 0.0)
+        r = tl.where(z < 0.0, 0.0, z)
         y = r * r
     elif ACTIVATION == 3:  # sigmoid
         y = 1.0 / (1.0 + tl.exp(-z))
@@ -80,9 +81,10 @@ def _act(z, ACTIVATION: tl.constexpr):
 
 @triton.jit
 def _act_grad(s, ACTIVATION: tl.constexpr):
-    """act'(z) from the saved tensor s: the output y for relu/relu2/sigmoid, the pre-activation z otherwise."""
+    """act'(z) from the saved tensor s: the output y for relu/relu2/sigmoid, the pre-activation z otherwise.
+    relu passes the gradient where y is NaN, as torch's threshold_backward does."""
     if ACTIVATION == 1:  # relu, s = y
-        d = tl.where(s > 0.0, 1.0, 0.0)
+        d = tl.where(s <= 0.0, 0.0, 1.0)
     elif ACTIVATION == 2:  # relu2, s = y = relu(z)^2 -> 2 relu(z) = 2 sqrt(y)
         d = 2.0 * tl.sqrt(s)
     elif ACTIVATION == 3:  # sigmoid, s = y

@@ -82,8 +82,8 @@ def activation_grad(saved: torch.Tensor | None, name: str) -> torch.Tensor | flo
         return 1.0
     assert saved is not None
     s = saved.to(compute_dtype(saved.dtype))
-    if name == "relu":  # s = y
-        return (s > 0).to(s.dtype)
+    if name == "relu":  # s = y; where y is NaN the gradient passes, as in torch's threshold_backward
+        return (s <= 0).logical_not().to(s.dtype)
     if name == "relu2":  # s = y = relu(z)^2, act' = 2 relu(z) = 2 sqrt(y)
         return 2.0 * torch.sqrt(s)
     if name == "sigmoid":  # s = y
