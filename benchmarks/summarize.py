@@ -3,8 +3,10 @@
     python3 benchmarks/summarize.py benchmarks/results/h100 [OPS...]
 
 For every case of each op JSON: fuselab's time and fraction of the run's copy bandwidth, the fastest other
-correct provider (name, fraction), and the speedups of fuselab over eager and torch.compile. This is the table
-the README shows; regenerate it after a new GPU run.
+correct provider (name, fraction), the speedups of fuselab over eager and torch.compile, and, where the run
+measured it, the stream bound (a kernel that only moves the case's bytes, timed the same way: its fraction of
+copy bandwidth, and fuselab's time as a fraction of it). This is the table the README shows; regenerate it after
+a new GPU run.
 """
 
 from __future__ import annotations
@@ -27,9 +29,13 @@ def _speedup(ref: dict | None, ours: dict) -> str:
 def summarize(path: Path) -> list[str]:
     data = json.loads(path.read_text())
     rows: dict[tuple, dict[str, dict]] = {}
+    bounds: dict[tuple, dict] = {}
     for r in data["results"]:
+        key = (r["case"], r["dtype"], r["mode"])
         if r.get("median_ms") and r["status"] == "ok":
-            rows.setdefault((r["case"], r["dtype"], r["mode"]), {})[r["provider"]] = r
+            rows.setdefault(key, {})[r["provider"]] = r
+        elif r.get("median_ms") and r["status"] == "bound":
+            bounds[key] = r
     lines = []
     for (case, dtype, mode), by in rows.items():
         ours = by.get("fuselab")
@@ -40,17 +46,21 @@ def summarize(path: Path) -> list[str]:
         eager = by.get("eager") or by.get("torch")
         compiled = by.get("torch.compile")
         best_txt = f"{best['provider']} {best['copy_fraction']:.2f}" if best else "-"
+        bound = bounds.get((case, dtype, mode))
+        bound_txt = f"{bound['copy_fraction']:.2f} | {ours['of_stream']:.2f}" if bound and ours.get("of_stream") \
+            else "- | -"
         lines.append(f"| {data['op']} | {case} {dtype} {mode} | {_fmt_us(ours['median_ms'])} | "
                      f"**{ours['copy_fraction']:.2f}** | {best_txt} | {_speedup(eager, ours)} | "
-                     f"{_speedup(compiled, ours)} |")
+                     f"{_speedup(compiled, ours)} | {bound_txt} |")
     return lines
 
 
 def main() -> None:
     folder = Path(sys.argv[1])
     ops = sys.argv[2:] or ["rope", "bias_act", "reduce", "mlp"]
-    print("| op | case | fuselab time | fuselab / copy BW | best other (/ copy BW) | vs eager | vs compile |")
-    print("|---|---|---|---|---|---|---|")
+    print("| op | case | fuselab time | fuselab / copy BW | best other (/ copy BW) | vs eager | vs compile "
+          "| stream bound / copy BW | fuselab / stream |")
+    print("|---|---|---|---|---|---|---|---|---|")
     for op in ops:
         path = folder / f"{op}.json"
         if path.exists():

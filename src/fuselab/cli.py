@@ -70,7 +70,7 @@ def options_from_args(args: argparse.Namespace, argv: Sequence[str]) -> BenchOpt
     return BenchOptions(
         ops=tuple(args.ops), providers=_names(args.providers), dtypes=_names(args.dtype), modes=_names(args.mode),
         quick=args.quick, out=Path(args.out) if args.out else None, plot=args.plot, l2_cold=args.l2_cold,
-        cuda_graph=args.cuda_graph, command="fuselab " + " ".join(argv),
+        cuda_graph=args.cuda_graph, stream=args.stream, command="fuselab " + " ".join(argv),
     )
 
 
@@ -152,6 +152,9 @@ def _bench_parser(sub: argparse._SubParsersAction) -> None:
                    help="time small cases over rotating input sets (> 2x L2) (GPU)")
     p.add_argument("--cuda-graph", action="store_true", default=_DEFAULTS.cuda_graph,
                    help="time fwd and fwd+bwd cases as CUDA graph replays: device time without host overhead (GPU)")
+    p.add_argument("--no-stream", dest="stream", action="store_false", default=_DEFAULTS.stream,
+                   help="skip the stream bound: a kernel that only moves each case's bytes, timed the same way, "
+                        "the limit at that size (GPU)")
     p.set_defaults(func=cmd_bench)
 
 

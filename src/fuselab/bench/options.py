@@ -27,6 +27,8 @@ class BenchOptions:
     ``quick``: one or two sizes per op. ``out``: output folder (None: :func:`default_out_dir`).
     ``plot``: write PNGs. ``l2_cold``: time ``l2_cold`` cases over rotating input sets (GPU).
     ``cuda_graph``: capture each step (the whole rotation) in a CUDA graph and time its replay (fwd, fwd+bwd).
+    ``stream``: on a GPU, also time each case's stream bound (:mod:`fuselab.bench.stream`: one kernel moving the
+    case's bytes, timed the same way), reported as the row ``stream`` and each provider's ``of_stream``.
     ``write``: write JSON/CSV files at all. ``command``: recorded in the JSON.
     """
 
@@ -39,6 +41,7 @@ class BenchOptions:
     plot: bool = False
     l2_cold: bool = False
     cuda_graph: bool = False
+    stream: bool = True
     write: bool = True
     command: str = field(default="")
 

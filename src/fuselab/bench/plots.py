@@ -42,6 +42,11 @@ def plot_gbps(run: R.OpRun, path: Path) -> Path | None:
         for provider in dict.fromkeys(r.provider for r in rows):
             pts = sorted((r.numel, r.gbps) for r in rows if r.provider == provider)
             ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o", label=provider)
+        bound = sorted((r.numel, r.gbps) for r in run.results
+                       if r.status == R.BOUND and r.gbps is not None and (r.dtype, r.mode) == (dtype, mode))
+        if bound:
+            ax.plot([p[0] for p in bound], [p[1] for p in bound], ls=":", marker="x", color="black",
+                    label="stream bound (same bytes)")
         if run.ceilings:
             ax.axhline(run.ceilings.copy_gbps, ls="--", color="gray", label="copy bandwidth")
         ax.set_xscale("log", base=2)

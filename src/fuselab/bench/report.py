@@ -42,7 +42,8 @@ def fmt_error(x: float | None) -> str:
 
 
 def _status(r: R.Result) -> Text:
-    style = {R.OK: "green", R.WRONG: "bold red", R.FAILED: "red", R.CORRECTNESS_ONLY: "cyan"}.get(r.status, "dim")
+    style = {R.OK: "green", R.WRONG: "bold red", R.FAILED: "red", R.CORRECTNESS_ONLY: "cyan",
+             R.BOUND: "blue"}.get(r.status, "dim")
     text = r.status if not r.detail else f"{r.status}: {r.detail}"
     return Text(text, style=style)
 
@@ -56,12 +57,16 @@ def _speedup(x: float | None) -> Text:
 def run_table(run: R.OpRun, baseline: str = "eager") -> Table:
     """One op's results: a section per case, the fastest correct provider in bold green.
 
-    A WRONG provider's time is shown dimmed and struck through, with no speedup: never a win."""
+    A WRONG provider's time is shown dimmed and struck through, with no speedup: never a win. The ``stream`` row
+    (the stream bound, a kernel that only moves the case's bytes) is blue; ``% stream`` is its time over a
+    provider's: how close the provider runs to the limit at that size."""
     copy = f"{run.ceilings.copy_gbps:.1f} GB/s" if run.ceilings else "not measured"
-    table = Table(title=f"{run.op}: {run.summary}", caption=f"{run.timer}; % copy = GB/s / measured copy {copy}",
-                  caption_justify="left")
+    table = Table(title=f"{run.op}: {run.summary}",
+                  caption=f"{run.timer}; % copy = GB/s / measured copy {copy}; "
+                          "% stream = stream bound's time / provider's time", caption_justify="left")
     for name, justify in (("case", "left"), ("provider", "left"), ("time", "right"), ("p20-p80", "right"),
-                          ("GB/s", "right"), ("% copy", "right"), ("TFLOP/s", "right"), (f"vs {baseline}", "right"),
+                          ("GB/s", "right"), ("% copy", "right"), ("% stream", "right"), ("TFLOP/s", "right"),
+                          (f"vs {baseline}", "right"),
                           ("vs compile", "right"), ("rel err", "right"), ("peak mem", "right")):
         table.add_column(name, justify=justify, no_wrap=True)
     table.add_column("status", overflow="fold", min_width=12)
@@ -75,11 +80,14 @@ def run_table(run: R.OpRun, baseline: str = "eager") -> Table:
         is_best = best.get(r.case_key) == r.provider
         time_style = "bold green" if is_best else ("dim strike" if r.status == R.WRONG else "")
         spread = f"{fmt_time(r.p20_ms)}-{fmt_time(r.p80_ms)}" if r.median_ms is not None else "-"
+        if r.status == R.BOUND:
+            time_style = "blue"
         table.add_row(
             f"{r.case} {r.dtype} {r.mode}" if first else "",
-            Text(r.provider, style="bold green" if is_best else ""),
+            Text(r.provider, style="bold green" if is_best else ("blue" if r.status == R.BOUND else "")),
             Text(fmt_time(r.median_ms), style=time_style), Text(spread, style="dim"),
             fmt_num(r.gbps), fmt_num(None if r.copy_fraction is None else 100 * r.copy_fraction, ".0f", "%"),
+            fmt_num(None if r.of_stream is None else 100 * r.of_stream, ".0f", "%"),
             fmt_num(r.tflops, ".3g"), _speedup(r.speedup_vs_baseline), _speedup(r.speedup_vs_compile),
             fmt_error(r.rel_error), fmt_bytes(r.peak_mem_bytes), _status(r),
         )

@@ -28,6 +28,7 @@ FAILED = "failed"  # raised (build, check or timing); ``detail`` holds the error
 NOT_INSTALLED = "not installed"
 SKIPPED = "skipped"
 CORRECTNESS_ONLY = "interpreter: correctness only"  # Triton on a CPU machine: checked, not timed
+BOUND = "bound"  # the stream bound (fuselab.bench.stream): timed, not an implementation; never a win or a baseline
 
 
 @dataclass
@@ -49,6 +50,7 @@ class Result:
     p80_ms: float | None = None
     gbps: float | None = None
     copy_fraction: float | None = None  # gbps / measured copy bandwidth: the headline number
+    of_stream: float | None = None  # the case's stream bound time / this time: 1.0 = as fast as moving the bytes
     tflops: float | None = None
     speedup_vs_baseline: float | None = None  # baseline time / this time (the op's baseline, usually eager)
     speedup_vs_compile: float | None = None  # torch.compile time / this time
@@ -72,7 +74,7 @@ class Result:
 
 def derive_figures(results: list[Result], ceilings: Ceilings | None, baseline: str,
                    compile_name: str = "torch.compile") -> None:
-    """Fill GB/s, copy fraction, TFLOP/s and speedups in place.
+    """Fill GB/s, copy fraction, TFLOP/s, speedups and the fraction of the stream bound in place.
 
     Speedups are only given to correct results, against correct baselines in the same case;
     a WRONG result keeps its time and GB/s but gets no speedup (it is never shown as a win).
@@ -90,9 +92,12 @@ def derive_figures(results: list[Result], ceilings: Ceilings | None, baseline: s
     for group in by_case.values():
         base = group.get(baseline)
         comp = group.get(compile_name)
+        bound = next((r for r in group.values() if r.status == BOUND and r.median_ms), None)
         for r in group.values():
             if not r.timed_ok:
                 continue
+            if bound is not None:
+                r.of_stream = bound.median_ms / r.median_ms
             if base is not None and base.timed_ok:
                 r.speedup_vs_baseline = base.median_ms / r.median_ms
             if comp is not None and comp.timed_ok:

@@ -21,6 +21,7 @@ from fuselab.envinfo import enable_interpreter_if_no_cuda, environment, triton_m
 
 from . import ceilings as _ceilings
 from . import results as R
+from . import stream as _stream
 from .check import as_tuple, check, make_grad_outputs, prepare_args
 from .options import BenchOptions
 from .spec import DTYPES, MODES, BenchCase, Fn, OpSpec, Provider, dtype_name
@@ -231,8 +232,18 @@ def run_spec(spec: OpSpec, options: BenchOptions, device: torch.device, timer: T
             if progress is not None:
                 progress(f"{spec.name} {case.label} {dtype_name(case.dtype)} {case.mode} {provider.name}")
             run.results.append(run_case(spec, case, provider, device, timer, options, triton_ok))
+        if _wants_stream(case, device, options):
+            if progress is not None:
+                progress(f"{spec.name} {case.label} {dtype_name(case.dtype)} {case.mode} {_stream.NAME}")
+            graph = options.cuda_graph and case.mode in GRAPH_MODES  # as the providers of this case
+            run.results.append(_stream.measure(case, device, timer, _rotation_sets(case, device, options), graph))
     R.derive_figures(run.results, ceilings, spec.baseline)
     return run
+
+
+def _wants_stream(case: BenchCase, device: torch.device, options: BenchOptions) -> bool:
+    """The stream bound is measured on GPUs, for cases that declare their read bytes, unless ``--no-stream``."""
+    return options.stream and device.type == "cuda" and case.read_bytes is not None
 
 
 def spec_query(device: torch.device, options: BenchOptions):
@@ -257,7 +268,8 @@ def count_jobs(ops: Sequence[str], options: BenchOptions, device: torch.device) 
             spec = get_spec(op)
             wanted = set(options.providers or ())
             n = sum(1 for p in spec.providers if not wanted or p.name in wanted)
-            total += n * len(spec.cases(spec_query(device, options)))
+            cases = spec.cases(spec_query(device, options))
+            total += n * len(cases) + sum(_wants_stream(c, device, options) for c in cases)
     return total
 
 

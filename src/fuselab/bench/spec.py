@@ -44,6 +44,8 @@ class BenchCase:
     written once; for ``bwd``: grad_outputs and saved tensors read, grad_inputs written).
     ``numel`` is the size used on the x-axis of plots. ``params`` carries op-specific
     settings (shape tuple, activation, layout, ...) read by ``make_inputs`` and providers.
+    ``read_bytes``: how many of ``bytes`` are read (the rest are written), for the stream bound
+    (:mod:`fuselab.bench.stream`); None for cases that are not memory-bound (no bound measured).
     """
 
     op: str
@@ -55,10 +57,13 @@ class BenchCase:
     numel: int
     params: Mapping[str, Any] = field(default_factory=dict)
     l2_cold: bool = False  # small inputs: time with rotating input sets so L2 starts cold
+    read_bytes: int | None = None
 
     def __post_init__(self) -> None:
         if self.mode not in MODES:
             raise ValueError(f"mode must be one of {MODES}, got {self.mode!r}")
+        if self.read_bytes is not None and not 0 < self.read_bytes <= self.bytes:
+            raise ValueError(f"read_bytes must be in (0, bytes={self.bytes}], got {self.read_bytes}")
 
     @property
     def key(self) -> str:

@@ -40,7 +40,15 @@ _FLOPS_FWD = {"relu": 4, "gelu_tanh": 12}
 _FLOPS_BWD = {"relu": 4, "gelu_tanh": 17}
 
 
+def read_bytes(m: int, n: int, itemsize: int, mode: str) -> int:
+    """The part of :func:`case_bytes` that is read: x, residual, bias forward; grad_y and the saved tensor backward."""
+    fwd, bwd = 2 * m * n + n, 2 * m * n
+    return {"fwd": fwd, "bwd": bwd, "fwd+bwd": fwd + bwd}[mode] * itemsize
+
+
 def case_bytes(m: int, n: int, itemsize: int, activation: str, mode: str) -> int:
+    """Forward: read x, residual, bias, write y; backward: read grad_y, the saved tensor, write grad_x, grad_residual,
+    grad_bias; forward+backward also writes the pre-activation where the activation's backward needs it."""
     fwd = (3 * m * n + n) * itemsize
     bwd = (4 * m * n + n) * itemsize
     if mode == "fwd":
@@ -72,7 +80,8 @@ def cases(query: CaseQuery) -> list[BenchCase]:
                     out.append(BenchCase(op="bias_act", label=f"{m}x{n}-{act}", dtype=dtype, mode=mode,
                                          bytes=nbytes, flops=flops, numel=m * n,
                                          params={"shape": (m, n), "activation": act, "alpha": ALPHA},
-                                         l2_cold=nbytes < L2_COLD_BELOW))
+                                         l2_cold=nbytes < L2_COLD_BELOW,
+                                         read_bytes=read_bytes(m, n, dtype.itemsize, mode)))
     return out
 
 

@@ -26,6 +26,7 @@ DEFAULT_DTYPES = (torch.float32, torch.bfloat16)
 QUICK_DTYPES = (torch.float32,)
 MODES = ("fwd", "fwd+bwd")
 _BYTES_PER_ELEMENT = {"fwd": 2, "bwd": 3, "fwd+bwd": 5}  # elements moved per element of x
+_READ_PER_ELEMENT = {"fwd": 1, "bwd": 2, "fwd+bwd": 3}  # of those, elements read
 _FLOPS_PER_ELEMENT = {"fwd": 9, "bwd": 14, "fwd+bwd": 23}
 
 
@@ -51,7 +52,8 @@ def cases(query: CaseQuery) -> list[BenchCase]:
                 nbytes = _BYTES_PER_ELEMENT[mode] * n * dtype.itemsize
                 out.append(BenchCase(op="gelu_tanh", label=size_label(n), dtype=dtype, mode=mode, bytes=nbytes,
                                      flops=_FLOPS_PER_ELEMENT[mode] * n, numel=n, params={"n": n},
-                                     l2_cold=nbytes < L2_COLD_BELOW))
+                                     l2_cold=nbytes < L2_COLD_BELOW,
+                                     read_bytes=_READ_PER_ELEMENT[mode] * n * dtype.itemsize))
     return out
 
 

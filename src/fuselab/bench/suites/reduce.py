@@ -52,8 +52,10 @@ def _case(shape: tuple[int, ...], dtype: torch.dtype, dim: int | None, mode: str
     fwd_bytes = (numel + out_numel) * size  # read x, write the mean
     bwd_bytes = (out_numel + numel) * size  # read grad_out, write grad_x
     nbytes = {"fwd": fwd_bytes, "bwd": bwd_bytes, "fwd+bwd": fwd_bytes + bwd_bytes}[mode]
+    read = {"fwd": numel, "bwd": out_numel, "fwd+bwd": numel + out_numel}[mode] * size
     return BenchCase(op="reduce", label=_label(shape, dim), dtype=dtype, mode=mode, bytes=nbytes, flops=numel,
-                     numel=numel, params={"shape": shape, "dim": dim}, l2_cold=fwd_bytes < L2_COLD_BELOW)
+                     numel=numel, params={"shape": shape, "dim": dim}, l2_cold=fwd_bytes < L2_COLD_BELOW,
+                     read_bytes=read)
 
 
 def cases(query: CaseQuery) -> list[BenchCase]:

@@ -86,11 +86,13 @@ def cases(query: CaseQuery) -> list[BenchCase]:
                 table = 2 * _table_rows(kind, b, s, query.device_type) * (d // 2) * TABLE_BYTES
                 one_way = 2 * elems * dtype.itemsize + table  # read q, k + write outputs + cos/sin rows
                 nbytes = one_way * (2 if mode == "fwd+bwd" else 1)
+                read = (elems * dtype.itemsize + table) * (2 if mode == "fwd+bwd" else 1)
                 flops = 3 * elems * (2 if mode == "fwd+bwd" else 1)
                 params = {"kind": kind, "batch": b, "seq": s, "hq": hq, "hk": hk, "head_dim": d,
                           "table_rows": DECODE_TABLE_ROWS[query.device_type] if kind == "decode" else None}
                 out.append(BenchCase(op="rope", label=label, dtype=dtype, mode=mode, bytes=nbytes, flops=flops,
-                                     numel=elems, params=params, l2_cold=kind == "decode"))
+                                     numel=elems, params=params, l2_cold=kind == "decode",
+                                     read_bytes=read))
     return out
 
 

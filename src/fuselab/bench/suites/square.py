@@ -33,7 +33,8 @@ def cases(query: CaseQuery) -> list[BenchCase]:
                 size = dtype.itemsize
                 nbytes = 2 * n * size  # read x, write y
                 out.append(BenchCase(op="square", label=size_label(n), dtype=dtype, mode=mode, bytes=nbytes,
-                                     flops=n, numel=n, params={"n": n}, l2_cold=nbytes < L2_COLD_BELOW))
+                                     flops=n, numel=n, params={"n": n}, l2_cold=nbytes < L2_COLD_BELOW,
+                                     read_bytes=n * size))
     return out
 
 

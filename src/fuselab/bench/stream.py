@@ -1,0 +1,163 @@
+"""The stream bound: what a kernel that only moves a case's bytes reaches, timed like the providers.
+
+The copy bandwidth (a 1 GiB copy) is the lab's fixed reference. A case that moves 60-300 MB per call cannot reach it
+under ``do_bench``: every call pays costs that do not shrink with its bytes (the dirty lines that do_bench's L2 flush
+leaves behind and that are written back during the call, the grid's ramp-up and tail). The stream bound measures that
+per case: one Triton kernel reads the case's ``read_bytes`` and writes the rest of its ``bytes``, with no arithmetic
+beyond one fp32 sum per program that keeps the reads live, timed by the same timer in the same run (same flush, same
+L2-cold rotation, same CUDA-graph option). It is the best of :data:`VARIANTS` (step size x warps x eviction hint of
+the reads), so slightly optimistic. A provider's ``of_stream`` (stream time / its time) says how close it runs to the
+device's limit *at that size, under that method*: 1.0 is as fast as moving the bytes can be in one launch.
+
+The bound is a CUDA measurement; on a CPU the kernel runs under the Triton interpreter (tests) but is never timed.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+import torch
+import triton
+import triton.language as tl
+
+from . import results as R
+from .spec import BenchCase, dtype_name
+from .timing import Timer, TimingJob
+
+#: provider name of the bound's rows in results and tables
+NAME = "stream"
+#: steps per program (a program reads ``STEPS_PER_PROGRAM x step`` bytes at most, and writes as much)
+STEPS_PER_PROGRAM = 4
+
+
+@dataclass(frozen=True)
+class Variant:
+    step_bytes: int  # bytes a program loads (or stores) per loop step
+    warps: int
+    evict: str  # eviction hint of the reads: "" (Triton's default) or "evict_first"
+
+    def describe(self) -> str:
+        hint = self.evict or "default"
+        return f"{self.step_bytes // 1024} KiB steps, {self.warps} warps, {hint} reads"
+
+
+#: the tilings tried per case (session 20's sweep, benchmarks/sweeps/stream_bound.py: 8-16 KiB steps bracket the
+#: best plain reads and adds; evict_first wins for reads of 64-134 MB under the flush, loses a little beyond)
+VARIANTS: tuple[Variant, ...] = (
+    Variant(8192, 4, ""), Variant(16384, 8, ""), Variant(8192, 4, "evict_first"), Variant(16384, 8, "evict_first"),
+)
+
+
+@triton.jit
+def _stream_kernel(
+    SRC,  # [n_read] read once
+    DST,  # [n_write] written once (values independent of the reads, so stores never wait for loads)
+    PARTIAL,  # [programs] fp32: each program's sum of what it read (keeps the loads live)
+    n_read,
+    n_write,
+    read_per_program,  # elements, a multiple of STEP
+    write_per_program,  # elements, a multiple of STEP
+    STEP: tl.constexpr,
+    EVICT: tl.constexpr,
+):
+    # bytes: read n_read + write n_write elements (+ 4 per program)
+    pid = tl.program_id(0).to(tl.int64)
+    lanes = tl.arange(0, STEP)
+    acc = tl.zeros([STEP], dtype=tl.float32)
+    start = pid * read_per_program
+    for i in range(0, read_per_program, STEP):
+        offs = start + i + lanes
+        acc += tl.load(SRC + offs, mask=offs < n_read, other=0.0, eviction_policy=EVICT).to(tl.float32)
+    start = pid * write_per_program
+    for i in range(0, write_per_program, STEP):
+        offs = start + i + lanes
+        tl.store(DST + offs, (lanes & 255).to(DST.dtype.element_ty), mask=offs < n_write)
+    tl.store(PARTIAL + pid, tl.sum(acc, axis=0))
+
+
+@dataclass
+class Stream:
+    """One set of buffers and its launch: ``read`` / ``write`` elements of ``dtype``."""
+
+    src: torch.Tensor
+    dst: torch.Tensor
+    partial: torch.Tensor
+    launch: Callable[[], None]
+
+
+def _round_up(n: int, m: int) -> int:
+    return -(-n // m) * m
+
+
+def plan(read_elems: int, write_elems: int, itemsize: int, variant: Variant) -> tuple[int, int, int, int]:
+    """(programs, step, reads per program, writes per program), in elements.
+
+    Programs share both sides in proportion (each reads ``read_elems / programs`` and writes ``write_elems /
+    programs``, rounded up to whole steps), so reads and writes stream together over the whole grid."""
+    if read_elems < 1 or write_elems < 0:
+        raise ValueError(f"read_elems must be >= 1 and write_elems >= 0, got {read_elems} and {write_elems}")
+    step = max(16, variant.step_bytes // itemsize)
+    programs = triton.cdiv(max(read_elems, write_elems), STEPS_PER_PROGRAM * step)
+    read_per = _round_up(triton.cdiv(read_elems, programs), step)
+    write_per = _round_up(triton.cdiv(write_elems, programs), step) if write_elems else 0
+    return programs, step, read_per, write_per
+
+
+def launch(src: torch.Tensor, dst: torch.Tensor, partial: torch.Tensor, read_elems: int, write_elems: int,
+           variant: Variant) -> None:
+    """Read ``src[:read_elems]``, write ``dst[:write_elems]``, one fp32 sum per program into ``partial``."""
+    programs, step, read_per, write_per = plan(read_elems, write_elems, src.element_size(), variant)
+    if partial.numel() < programs:
+        raise ValueError(f"partial must hold {programs} programs' sums, got {partial.numel()}")
+    _stream_kernel[(programs,)](src, dst, partial, read_elems, write_elems, read_per, write_per, STEP=step,
+                                EVICT=variant.evict, num_warps=variant.warps)
+
+
+def stream(read_elems: int, write_elems: int, dtype: torch.dtype, device: torch.device, variant: Variant) -> Stream:
+    """Fresh random buffers and the launch that reads ``read_elems`` and writes ``write_elems`` elements."""
+    programs = plan(read_elems, write_elems, torch.empty((), dtype=dtype).element_size(), variant)[0]
+    src = torch.randn(read_elems, device=device).to(dtype)
+    dst = torch.empty(max(write_elems, 1), dtype=dtype, device=device)
+    partial = torch.empty(programs, dtype=torch.float32, device=device)
+    return Stream(src, dst, partial, lambda: launch(src, dst, partial, read_elems, write_elems, variant))
+
+
+def case_elements(case: BenchCase) -> tuple[int, int] | None:
+    """(read, write) elements of the case's dtype that carry its bytes, or None if the case declares no split."""
+    if case.read_bytes is None:
+        return None
+    size = torch.empty((), dtype=case.dtype).element_size()
+    return -(-case.read_bytes // size), -(-(case.bytes - case.read_bytes) // size)
+
+
+def measure(case: BenchCase, device: torch.device, timer: Timer, sets: int = 1, cuda_graph: bool = False,
+            variants: Sequence[Variant] = VARIANTS) -> R.Result:
+    """The stream bound of ``case``: a result row (provider :data:`NAME`, status ``bound``), the fastest variant's
+    time; ``detail`` names it. ``sets`` > 1 rotates that many buffer sets (the case's L2-cold timing)."""
+    r = R.Result(op=case.op, case=case.label, dtype=dtype_name(case.dtype), mode=case.mode, provider=NAME,
+                 numel=case.numel, bytes=case.bytes, flops=0, status=R.BOUND, l2_cold=case.l2_cold)
+    elems = case_elements(case)
+    if elems is None:
+        r.status, r.detail = R.SKIPPED, "the case declares no read/write split"
+        return r
+    best, best_variant = None, None
+    for variant in variants:
+        try:
+            streams = [stream(*elems, case.dtype, device, variant) for _ in range(sets)]
+            stats = timer.measure(TimingJob(steps=[s.launch for s in streams], provider=NAME, case_key=case.key,
+                                            cuda_graph=cuda_graph))
+        except Exception as e:  # a variant that cannot launch (memory) is not the bound; the others still are
+            first_line = str(e).splitlines()[0][:200] if str(e) else ""
+            r.detail = f"{variant.describe()}: {type(e).__name__}: {first_line}"
+            continue
+        finally:
+            streams = None  # free this variant's buffers before the next one allocates
+        if best is None or stats.median_ms < best.median_ms:
+            best, best_variant = stats, variant
+    if best is None:
+        r.status = R.FAILED
+        return r
+    r.median_ms, r.p20_ms, r.p80_ms, r.timer = best.median_ms, best.p20_ms, best.p80_ms, timer.kind
+    r.detail = f"best of {len(variants)}: {best_variant.describe()}" + (" (CUDA graph)" if cuda_graph else "")
+    return r
