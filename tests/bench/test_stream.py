@@ -18,7 +18,7 @@ from .test_harness import CEILINGS, FakeTimer
 
 DEVICE = torch.device("cuda" if torch.cuda.is_available() else "cpu")  # CPU: the kernel runs interpreted
 
-SMALL = (stream.Variant(256, 1, ""), stream.Variant(512, 2, "evict_first"))
+SMALL = (stream.Variant(256, 1, "", 2), stream.Variant(512, 2, "evict_first", 3))
 
 
 def _case(nbytes: int, read: int | None, mode: str = "fwd", dtype=torch.float32) -> BenchCase:
@@ -41,10 +41,12 @@ def test_kernel_reads_and_writes_exactly_its_elements(read, write, variant):
 
 
 def test_programs_share_reads_and_writes_in_proportion():
-    variant = stream.Variant(4096, 4, "")  # 1024 fp32 elements per step, 4 steps per program
-    assert stream.plan(2 * 4096 * 10, 4096 * 10, 4, variant) == (20, 1024, 4096, 2048)
-    assert stream.plan(100, 10_000, 4, variant) == (3, 1024, 1024, 4096)
-    assert stream.plan(5000, 0, 4, variant)[3] == 0
+    variant = stream.Variant(4096, 4, "", 8)  # 1024 fp32 elements per step, 8 to 16 steps per program
+    assert stream.plan(2 * 4096 * 10, 4096 * 10, 4, variant) == (14, 1024, 6, 3)  # read 2 : write 1
+    assert stream.plan(4 * 10**6, 5 * 10**6, 4, variant) == (977, 1024, 4, 5)
+    assert stream.plan(10**6, 10**6, 4, variant) == (245, 1024, 4, 4)
+    assert stream.plan(100, 10_000, 4, variant) == (1, 1024, 1, 15)
+    assert stream.plan(5000, 0, 4, variant) == (1, 1024, 8, 0)
     s = stream.stream(3000, 0, torch.bfloat16, DEVICE, variant)
     assert s.src.dtype == torch.bfloat16 and s.partial.numel() == 1
     with pytest.raises(ValueError, match="partial"):

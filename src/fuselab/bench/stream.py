@@ -5,9 +5,10 @@ under ``do_bench``: every call pays costs that do not shrink with its bytes (the
 leaves behind and that are written back during the call, the grid's ramp-up and tail). The stream bound measures that
 per case: one Triton kernel reads the case's ``read_bytes`` and writes the rest of its ``bytes``, with no arithmetic
 beyond one fp32 sum per program that keeps the reads live, timed by the same timer in the same run (same flush, same
-L2-cold rotation, same CUDA-graph option). It is the best of :data:`VARIANTS` (step size x warps x eviction hint of
-the reads), so slightly optimistic. A provider's ``of_stream`` (stream time / its time) says how close it runs to the
-device's limit *at that size, under that method*: 1.0 is as fast as moving the bytes can be in one launch.
+L2-cold rotation, same CUDA-graph option), the best of :data:`VARIANTS` (steps x warps x eviction hint of the reads).
+A provider's ``of_stream`` (stream time / its time) says how close it runs to the device's limit *at that size, under
+that method*: about 1.0 is at the limit. It is a measured reference, not a proof: a kernel whose own access pattern
+suits the device better than these tilings (the row reductions do, by a few percent) can pass it.
 
 The bound is a CUDA measurement; on a CPU the kernel runs under the Triton interpreter (tests) but is never timed.
 """
@@ -27,25 +28,26 @@ from .timing import Timer, TimingJob
 
 #: provider name of the bound's rows in results and tables
 NAME = "stream"
-#: steps per program (a program reads ``STEPS_PER_PROGRAM x step`` bytes at most, and writes as much)
-STEPS_PER_PROGRAM = 4
 
 
 @dataclass(frozen=True)
 class Variant:
-    step_bytes: int  # bytes a program loads (or stores) per loop step
+    step_bytes: int  # bytes a program loads (or stores) per unrolled step
     warps: int
     evict: str  # eviction hint of the reads: "" (Triton's default) or "evict_first"
+    steps: int = 8  # unrolled steps per program, reads and writes together (at least; see plan())
 
     def describe(self) -> str:
         hint = self.evict or "default"
-        return f"{self.step_bytes // 1024} KiB steps, {self.warps} warps, {hint} reads"
+        return f"{self.steps} x {self.step_bytes // 1024} KiB steps, {self.warps} warps, {hint} reads"
 
 
-#: the tilings tried per case (session 20's sweep, benchmarks/sweeps/stream_bound.py: 8-16 KiB steps bracket the
-#: best plain reads and adds; evict_first wins for reads of 64-134 MB under the flush, loses a little beyond)
+#: the tilings tried per case: 4 KiB steps x 4 warps, 16 KiB x 8; 8 or 16 steps per program; either read hint.
+#: benchmarks/sweeps/stream_variants.py measured 24 tilings at read-only, copy and read-2-write-1 cases of 67-537 MB
+#: (H100, benchmarks/results/h100/probes/stream_variants.txt); these four were the best or within 1% at each
 VARIANTS: tuple[Variant, ...] = (
-    Variant(8192, 4, ""), Variant(16384, 8, ""), Variant(8192, 4, "evict_first"), Variant(16384, 8, "evict_first"),
+    Variant(4096, 4, "", 8), Variant(16384, 8, "", 8), Variant(4096, 4, "evict_first", 8),
+    Variant(16384, 8, "evict_first", 16),
 )
 
 
@@ -56,29 +58,29 @@ def _stream_kernel(
     PARTIAL,  # [programs] fp32: each program's sum of what it read (keeps the loads live)
     n_read,
     n_write,
-    read_per_program,  # elements, a multiple of STEP
-    write_per_program,  # elements, a multiple of STEP
-    STEP: tl.constexpr,
+    STEP: tl.constexpr,  # elements per step
+    READ_STEPS: tl.constexpr,  # steps each program reads (unrolled: all its loads in flight together)
+    WRITE_STEPS: tl.constexpr,  # steps each program writes
     EVICT: tl.constexpr,
 ):
     # bytes: read n_read + write n_write elements (+ 4 per program)
     pid = tl.program_id(0).to(tl.int64)
     lanes = tl.arange(0, STEP)
     acc = tl.zeros([STEP], dtype=tl.float32)
-    start = pid * read_per_program
-    for i in range(0, read_per_program, STEP):
-        offs = start + i + lanes
+    start = pid * (READ_STEPS * STEP)
+    for i in tl.static_range(READ_STEPS):
+        offs = start + i * STEP + lanes
         acc += tl.load(SRC + offs, mask=offs < n_read, other=0.0, eviction_policy=EVICT).to(tl.float32)
-    start = pid * write_per_program
-    for i in range(0, write_per_program, STEP):
-        offs = start + i + lanes
+    start = pid * (WRITE_STEPS * STEP)
+    for i in tl.static_range(WRITE_STEPS):
+        offs = start + i * STEP + lanes
         tl.store(DST + offs, (lanes & 255).to(DST.dtype.element_ty), mask=offs < n_write)
     tl.store(PARTIAL + pid, tl.sum(acc, axis=0))
 
 
 @dataclass
 class Stream:
-    """One set of buffers and its launch: ``read`` / ``write`` elements of ``dtype``."""
+    """One set of buffers and its launch."""
 
     src: torch.Tensor
     dst: torch.Tensor
@@ -86,32 +88,35 @@ class Stream:
     launch: Callable[[], None]
 
 
-def _round_up(n: int, m: int) -> int:
-    return -(-n // m) * m
-
-
 def plan(read_elems: int, write_elems: int, itemsize: int, variant: Variant) -> tuple[int, int, int, int]:
-    """(programs, step, reads per program, writes per program), in elements.
+    """(programs, step, read steps, write steps) per program, step in elements.
 
-    Programs share both sides in proportion (each reads ``read_elems / programs`` and writes ``write_elems /
-    programs``, rounded up to whole steps), so reads and writes stream together over the whole grid."""
+    Each program reads and writes in the proportion of the whole (read and write steps in the ratio of
+    ``read_elems : write_elems``, the closest over ``steps`` to ``2 x steps`` steps in all), so reads and writes stream
+    together over the grid."""
     if read_elems < 1 or write_elems < 0:
         raise ValueError(f"read_elems must be >= 1 and write_elems >= 0, got {read_elems} and {write_elems}")
     step = max(16, variant.step_bytes // itemsize)
-    programs = triton.cdiv(max(read_elems, write_elems), STEPS_PER_PROGRAM * step)
-    read_per = _round_up(triton.cdiv(read_elems, programs), step)
-    write_per = _round_up(triton.cdiv(write_elems, programs), step) if write_elems else 0
-    return programs, step, read_per, write_per
+    if write_elems == 0:
+        reads, writes = variant.steps, 0
+    else:
+        share = read_elems / (read_elems + write_elems)
+        reads, writes = min(((max(1, min(t - 1, round(t * share))), t) for t in range(max(2, variant.steps),
+                                                                                     2 * variant.steps + 1)),
+                            key=lambda rt: (abs(rt[0] / rt[1] - share), rt[1]))
+        writes -= reads
+    programs = max(triton.cdiv(read_elems, reads * step), triton.cdiv(write_elems, writes * step) if writes else 1)
+    return programs, step, reads, writes
 
 
 def launch(src: torch.Tensor, dst: torch.Tensor, partial: torch.Tensor, read_elems: int, write_elems: int,
            variant: Variant) -> None:
     """Read ``src[:read_elems]``, write ``dst[:write_elems]``, one fp32 sum per program into ``partial``."""
-    programs, step, read_per, write_per = plan(read_elems, write_elems, src.element_size(), variant)
+    programs, step, reads, writes = plan(read_elems, write_elems, src.element_size(), variant)
     if partial.numel() < programs:
         raise ValueError(f"partial must hold {programs} programs' sums, got {partial.numel()}")
-    _stream_kernel[(programs,)](src, dst, partial, read_elems, write_elems, read_per, write_per, STEP=step,
-                                EVICT=variant.evict, num_warps=variant.warps)
+    _stream_kernel[(programs,)](src, dst, partial, read_elems, write_elems, STEP=step, READ_STEPS=reads,
+                                WRITE_STEPS=writes, EVICT=variant.evict, num_warps=variant.warps)
 
 
 def stream(read_elems: int, write_elems: int, dtype: torch.dtype, device: torch.device, variant: Variant) -> Stream:
