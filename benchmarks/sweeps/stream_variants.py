@@ -1,18 +1,22 @@
 """Which tilings of the lab's stream bound (fuselab.bench.stream) move a case's bytes fastest, under the lab's timer.
 
-    python3 benchmarks/sweeps/stream_variants.py
+    python3 benchmarks/sweeps/stream_variants.py [--persistent]
 
 Question (session 22): the stream bound's first version (runtime loops, one step in flight per program) ran below the
 row reductions it should bound (8192² bf16: 0.80 of copy bandwidth against `mean(dim=-1)` at 0.89 on the H100).
 With unrolled steps, which step size x warps x steps per program x read hint is best for reads only, for copies and
 for read-2-write-1, at the lab's sizes? The lab keeps the few that are best or near it everywhere.
+``--persistent``: do grids of 1-4 looping programs per SM (no waves, no tail of short programs) move the same bytes
+faster than one program per chunk?
 Every variant and a reference op per case run in alternating rounds, timed by the lab's CudaTimer (do_bench, L2 flush).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import statistics
+import sys
 
 import torch
 
@@ -25,7 +29,10 @@ ROUNDS = 2
 TILES = ((4096, 4), (8192, 8), (16384, 8), (16384, 16))
 STEPS = (4, 8, 16)
 HINTS = ("", "evict_first")
-VARIANTS = [stream.Variant(b, w, h, s) for (b, w), s, h in itertools.product(TILES, STEPS, HINTS)]
+#: first run: every tiling; --persistent: the lab's four, and each with 1, 2 or 4 looping programs per SM
+GRID = [stream.Variant(b, w, h, s) for (b, w), s, h in itertools.product(TILES, STEPS, HINTS)]
+PERSISTENT = [*stream.VARIANTS, *(dataclasses.replace(v, per_sm=k) for v in stream.VARIANTS for k in (1, 2, 4))]
+VARIANTS = PERSISTENT if "--persistent" in sys.argv else GRID
 BF16, FP32 = torch.bfloat16, torch.float32
 #: (name, dtype, read elements, write elements, reference op builder or None)
 CASES = (

@@ -18,7 +18,7 @@ from .test_harness import CEILINGS, FakeTimer
 
 DEVICE = torch.device("cuda" if torch.cuda.is_available() else "cpu")  # CPU: the kernel runs interpreted
 
-SMALL = (stream.Variant(256, 1, "", 2), stream.Variant(512, 2, "evict_first", 3))
+SMALL = (stream.Variant(256, 1, "", 2), stream.Variant(512, 2, "evict_first", 3), stream.Variant(256, 2, "", 2, 1))
 
 
 def _case(nbytes: int, read: int | None, mode: str = "fwd", dtype=torch.float32) -> BenchCase:
@@ -29,7 +29,8 @@ def _case(nbytes: int, read: int | None, mode: str = "fwd", dtype=torch.float32)
 @pytest.mark.parametrize("variant", SMALL, ids=lambda v: v.describe())
 def test_kernel_reads_and_writes_exactly_its_elements(read, write, variant):
     """Every element read once (the partials sum to the input's sum), every output element written, none past it."""
-    programs, step, _, _ = stream.plan(read, write, 4, variant)
+    programs = stream.plan(read, write, 4, variant, stream._sms(DEVICE))[0]
+    step = stream.plan(read, write, 4, variant)[2]
     src = torch.randn(read, device=DEVICE)
     dst = torch.full((write + 64,), float("nan"), device=DEVICE)  # poisoned, with a tail that must stay so
     partial = torch.full((programs,), float("nan"), device=DEVICE)
@@ -42,11 +43,14 @@ def test_kernel_reads_and_writes_exactly_its_elements(read, write, variant):
 
 def test_programs_share_reads_and_writes_in_proportion():
     variant = stream.Variant(4096, 4, "", 8)  # 1024 fp32 elements per step, 8 to 16 steps per program
-    assert stream.plan(2 * 4096 * 10, 4096 * 10, 4, variant) == (14, 1024, 6, 3)  # read 2 : write 1
-    assert stream.plan(4 * 10**6, 5 * 10**6, 4, variant) == (977, 1024, 4, 5)
-    assert stream.plan(10**6, 10**6, 4, variant) == (245, 1024, 4, 4)
-    assert stream.plan(100, 10_000, 4, variant) == (1, 1024, 1, 15)
-    assert stream.plan(5000, 0, 4, variant) == (1, 1024, 8, 0)
+    assert stream.plan(2 * 4096 * 10, 4096 * 10, 4, variant) == (14, 14, 1024, 6, 3)  # read 2 : write 1
+    assert stream.plan(4 * 10**6, 5 * 10**6, 4, variant) == (977, 977, 1024, 4, 5)
+    assert stream.plan(10**6, 10**6, 4, variant) == (245, 245, 1024, 4, 4)
+    assert stream.plan(100, 10_000, 4, variant) == (1, 1, 1024, 1, 15)
+    assert stream.plan(5000, 0, 4, variant) == (1, 1, 1024, 8, 0)
+    persistent = stream.Variant(4096, 4, "", 8, per_sm=2)  # 2 programs per SM, each looping over chunks
+    assert stream.plan(10**6, 10**6, 4, persistent, sms=132) == (245, 245, 1024, 4, 4)
+    assert stream.plan(10**7, 0, 4, persistent, sms=132) == (264, 1221, 1024, 8, 0)
     s = stream.stream(3000, 0, torch.bfloat16, DEVICE, variant)
     assert s.src.dtype == torch.bfloat16 and s.partial.numel() == 1
     with pytest.raises(ValueError, match="partial"):
@@ -84,7 +88,7 @@ def test_measure_takes_the_fastest_variant_and_rotates_sets():
     r = stream.measure(case, DEVICE, timer, sets=3, variants=SMALL)
     assert r.status == R.BOUND and r.provider == stream.NAME and r.median_ms == 1.0
     assert SMALL[1].describe() in r.detail
-    assert [len(j.steps) for j in timer.jobs] == [3, 3]
+    assert [len(j.steps) for j in timer.jobs] == [3] * len(SMALL)
     assert stream.case_elements(case) == (4000, 2000)
 
 

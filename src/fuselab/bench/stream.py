@@ -35,19 +35,22 @@ class Variant:
     step_bytes: int  # bytes a program loads (or stores) per unrolled step
     warps: int
     evict: str  # eviction hint of the reads: "" (Triton's default) or "evict_first"
-    steps: int = 8  # unrolled steps per program, reads and writes together (at least; see plan())
+    steps: int = 8  # unrolled steps per chunk, reads and writes together (at least; see plan())
+    per_sm: int = 0  # programs per SM, each looping over every per_sm x SMs-th chunk; 0: one program per chunk
 
     def describe(self) -> str:
         hint = self.evict or "default"
-        return f"{self.steps} x {self.step_bytes // 1024} KiB steps, {self.warps} warps, {hint} reads"
+        grid = f", {self.per_sm} programs per SM" if self.per_sm else ""
+        return f"{self.steps} x {self.step_bytes // 1024} KiB steps, {self.warps} warps, {hint} reads{grid}"
 
 
-#: the tilings tried per case: 4 KiB steps x 4 warps, 16 KiB x 8; 8 or 16 steps per program; either read hint.
-#: benchmarks/sweeps/stream_variants.py measured 24 tilings at read-only, copy and read-2-write-1 cases of 67-537 MB
-#: (H100, benchmarks/results/h100/probes/stream_variants.txt); these four were the best or within 1% at each
+#: the tilings tried per case. sweeps/stream_variants.py timed 24 (4-16 KiB steps x 4-16 warps x 4-16 steps x read
+#: hint) at read-only, copy and read-2-write-1 cases of 67-805 MB on the H100 (results/h100/probes/stream_variants.txt):
+#: evict_first reads win by 5-15% where a case only reads, the default hint by 2-4% where it also writes; these four
+#: were each case's best or within 0.5% of it
 VARIANTS: tuple[Variant, ...] = (
-    Variant(4096, 4, "", 8), Variant(16384, 8, "", 8), Variant(4096, 4, "evict_first", 8),
-    Variant(16384, 8, "evict_first", 16),
+    Variant(16384, 16, "evict_first", 4), Variant(4096, 4, "evict_first", 4), Variant(8192, 8, "", 8),
+    Variant(16384, 16, "", 8),
 )
 
 
@@ -58,24 +61,25 @@ def _stream_kernel(
     PARTIAL,  # [programs] fp32: each program's sum of what it read (keeps the loads live)
     n_read,
     n_write,
+    chunks,  # chunk c reads READ_STEPS and writes WRITE_STEPS steps; program p takes chunks p, p + programs, ...
     STEP: tl.constexpr,  # elements per step
-    READ_STEPS: tl.constexpr,  # steps each program reads (unrolled: all its loads in flight together)
-    WRITE_STEPS: tl.constexpr,  # steps each program writes
+    READ_STEPS: tl.constexpr,  # steps a chunk reads (unrolled: all its loads in flight together)
+    WRITE_STEPS: tl.constexpr,  # steps a chunk writes
     EVICT: tl.constexpr,
 ):
     # bytes: read n_read + write n_write elements (+ 4 per program)
-    pid = tl.program_id(0).to(tl.int64)
     lanes = tl.arange(0, STEP)
     acc = tl.zeros([STEP], dtype=tl.float32)
-    start = pid * (READ_STEPS * STEP)
-    for i in tl.static_range(READ_STEPS):
-        offs = start + i * STEP + lanes
-        acc += tl.load(SRC + offs, mask=offs < n_read, other=0.0, eviction_policy=EVICT).to(tl.float32)
-    start = pid * (WRITE_STEPS * STEP)
-    for i in tl.static_range(WRITE_STEPS):
-        offs = start + i * STEP + lanes
-        tl.store(DST + offs, (lanes & 255).to(DST.dtype.element_ty), mask=offs < n_write)
-    tl.store(PARTIAL + pid, tl.sum(acc, axis=0))
+    for chunk in range(tl.program_id(0), chunks, tl.num_programs(0)):
+        start = tl.cast(chunk, tl.int64) * (READ_STEPS * STEP)
+        for i in tl.static_range(READ_STEPS):
+            offs = start + i * STEP + lanes
+            acc += tl.load(SRC + offs, mask=offs < n_read, other=0.0, eviction_policy=EVICT).to(tl.float32)
+        start = tl.cast(chunk, tl.int64) * (WRITE_STEPS * STEP)
+        for i in tl.static_range(WRITE_STEPS):
+            offs = start + i * STEP + lanes
+            tl.store(DST + offs, (lanes & 255).to(DST.dtype.element_ty), mask=offs < n_write)
+    tl.store(PARTIAL + tl.program_id(0), tl.sum(acc, axis=0))
 
 
 @dataclass
@@ -88,10 +92,11 @@ class Stream:
     launch: Callable[[], None]
 
 
-def plan(read_elems: int, write_elems: int, itemsize: int, variant: Variant) -> tuple[int, int, int, int]:
-    """(programs, step, read steps, write steps) per program, step in elements.
+def plan(read_elems: int, write_elems: int, itemsize: int, variant: Variant, sms: int = 1
+         ) -> tuple[int, int, int, int, int]:
+    """(programs, chunks, step, read steps, write steps) per chunk, step in elements; ``sms``: the device's SMs.
 
-    Each program reads and writes in the proportion of the whole (read and write steps in the ratio of
+    Each chunk reads and writes in the proportion of the whole (read and write steps in the ratio of
     ``read_elems : write_elems``, the closest over ``steps`` to ``2 x steps`` steps in all), so reads and writes stream
     together over the grid."""
     if read_elems < 1 or write_elems < 0:
@@ -105,23 +110,30 @@ def plan(read_elems: int, write_elems: int, itemsize: int, variant: Variant) -> 
                                                                                      2 * variant.steps + 1)),
                             key=lambda rt: (abs(rt[0] / rt[1] - share), rt[1]))
         writes -= reads
-    programs = max(triton.cdiv(read_elems, reads * step), triton.cdiv(write_elems, writes * step) if writes else 1)
-    return programs, step, reads, writes
+    chunks = max(triton.cdiv(read_elems, reads * step), triton.cdiv(write_elems, writes * step) if writes else 1)
+    programs = min(chunks, variant.per_sm * sms) if variant.per_sm else chunks
+    return programs, chunks, step, reads, writes
+
+
+def _sms(device: torch.device) -> int:
+    """The device's SM count (4 on a CPU, where the kernel runs interpreted: a few programs, looping)."""
+    return torch.cuda.get_device_properties(device).multi_processor_count if device.type == "cuda" else 4
 
 
 def launch(src: torch.Tensor, dst: torch.Tensor, partial: torch.Tensor, read_elems: int, write_elems: int,
            variant: Variant) -> None:
     """Read ``src[:read_elems]``, write ``dst[:write_elems]``, one fp32 sum per program into ``partial``."""
-    programs, step, reads, writes = plan(read_elems, write_elems, src.element_size(), variant)
+    programs, chunks, step, reads, writes = plan(read_elems, write_elems, src.element_size(), variant, _sms(src.device))
     if partial.numel() < programs:
         raise ValueError(f"partial must hold {programs} programs' sums, got {partial.numel()}")
-    _stream_kernel[(programs,)](src, dst, partial, read_elems, write_elems, STEP=step, READ_STEPS=reads,
+    _stream_kernel[(programs,)](src, dst, partial, read_elems, write_elems, chunks, STEP=step, READ_STEPS=reads,
                                 WRITE_STEPS=writes, EVICT=variant.evict, num_warps=variant.warps)
 
 
 def stream(read_elems: int, write_elems: int, dtype: torch.dtype, device: torch.device, variant: Variant) -> Stream:
     """Fresh random buffers and the launch that reads ``read_elems`` and writes ``write_elems`` elements."""
-    programs = plan(read_elems, write_elems, torch.empty((), dtype=dtype).element_size(), variant)[0]
+    itemsize = torch.empty((), dtype=dtype).element_size()
+    programs = plan(read_elems, write_elems, itemsize, variant, _sms(torch.device(device)))[0]
     src = torch.randn(read_elems, device=device).to(dtype)
     dst = torch.empty(max(write_elems, 1), dtype=dtype, device=device)
     partial = torch.empty(programs, dtype=torch.float32, device=device)
