@@ -25,7 +25,7 @@ def _case(nbytes: int, read: int | None, mode: str = "fwd", dtype=torch.float32)
     return BenchCase(op="toy", label="c", dtype=dtype, mode=mode, bytes=nbytes, flops=1, numel=1, read_bytes=read)
 
 
-@pytest.mark.parametrize("read, write", [(1, 0), (1000, 0), (4099, 4099), (2 * 3001, 3001), (517, 5003)])
+@pytest.mark.parametrize("read, write", [(1, 0), (1000, 0), (4099, 4099), (2 * 3001, 3001), (517, 5003), (9000, 70)])
 @pytest.mark.parametrize("variant", SMALL, ids=lambda v: v.describe())
 def test_kernel_reads_and_writes_exactly_its_elements(read, write, variant):
     """Every element read once (the partials sum to the input's sum), every output element written, none past it."""
@@ -47,6 +47,7 @@ def test_programs_share_reads_and_writes_in_proportion():
     assert stream.plan(4 * 10**6, 5 * 10**6, 4, variant) == (977, 977, 1024, 4, 5)
     assert stream.plan(10**6, 10**6, 4, variant) == (245, 245, 1024, 4, 4)
     assert stream.plan(100, 10_000, 4, variant) == (1, 1, 1024, 1, 15)
+    assert stream.plan(10**7, 10**4, 4, variant) == (1221, 1221, 1024, 8, 1)  # a small output: one write step
     assert stream.plan(5000, 0, 4, variant) == (1, 1, 1024, 8, 0)
     persistent = stream.Variant(4096, 4, "", 8, per_sm=2)  # 2 programs per SM, each looping over chunks
     assert stream.plan(10**6, 10**6, 4, persistent, sms=132) == (245, 245, 1024, 4, 4)
