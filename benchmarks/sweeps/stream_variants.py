@@ -72,7 +72,7 @@ def main() -> None:
           f"alternating rounds, the lab's timer (do_bench, L2 flush)")
     summary: dict[stream.Variant, list[float]] = {v: [] for v in VARIANTS}
     for name, dtype, reads, writes, reference in CASES:
-        nbytes = (reads + writes) * torch.empty((), dtype=dtype).element_size()
+        nbytes = (reads + writes) * dtype.itemsize
         entries = [(v.describe(), stream.stream(reads, writes, dtype, device, v).launch, v) for v in VARIANTS]
         entries.append(("reference op", reference(device), None))
         times: dict[str, list[float]] = {label: [] for label, _, _ in entries}

@@ -12,6 +12,7 @@ from fuselab.bench.runner import run_spec
 from fuselab.bench.spec import BenchCase
 from fuselab.bench.suites import get_spec
 from fuselab.bench.timing import TimingJob, TimingStats
+from fuselab.ops._launch import sm_count
 
 from . import toy
 from .test_harness import CEILINGS, FakeTimer
@@ -29,8 +30,7 @@ def _case(nbytes: int, read: int | None, mode: str = "fwd", dtype=torch.float32)
 @pytest.mark.parametrize("variant", SMALL, ids=lambda v: v.describe())
 def test_kernel_reads_and_writes_exactly_its_elements(read, write, variant):
     """Every element read once (the partials sum to the input's sum), every output element written, none past it."""
-    programs = stream.plan(read, write, 4, variant, stream._sms(DEVICE))[0]
-    step = stream.plan(read, write, 4, variant)[2]
+    programs, _, step, _, _ = stream.plan(read, write, 4, variant, sm_count(DEVICE))
     src = torch.randn(read, device=DEVICE)
     dst = torch.full((write + 64,), float("nan"), device=DEVICE)  # poisoned, with a tail that must stay so
     partial = torch.full((programs,), float("nan"), device=DEVICE)
@@ -91,6 +91,24 @@ def test_measure_takes_the_fastest_variant_and_rotates_sets():
     assert SMALL[1].describe() in r.detail
     assert [len(j.steps) for j in timer.jobs] == [3] * len(SMALL)
     assert stream.case_elements(case) == (4000, 2000)
+
+
+class FailingTimer(VariantTimer):
+    """Raises for the first variant (as an out-of-memory launch would), times the others."""
+
+    def measure(self, job: TimingJob) -> TimingStats:
+        self.jobs.append(job)
+        if len(self.jobs) == 1:
+            raise RuntimeError("CUDA out of memory\nmore lines")
+        return TimingStats(1.0, 1.0, 1.0)
+
+
+def test_measure_names_a_variant_that_failed_and_keeps_the_others():
+    r = stream.measure(_case(12_000, 8_000), DEVICE, FailingTimer(), variants=SMALL)
+    assert r.status == R.BOUND and r.median_ms == 1.0
+    assert r.detail.startswith(f"best of {len(SMALL) - 1}: ")
+    assert f"skipped {SMALL[0].describe()}: RuntimeError: CUDA out of memory" in r.detail
+    assert "more lines" not in r.detail
 
 
 def test_measure_without_a_split_is_skipped():

@@ -31,6 +31,12 @@ CORRECTNESS_ONLY = "interpreter: correctness only"  # Triton on a CPU machine: c
 BOUND = "bound"  # the stream bound (fuselab.bench.stream): timed, not an implementation; never a win or a baseline
 
 
+def short_error(e: BaseException, limit: int = 300) -> str:
+    """``Type: first line of the message``, cut to ``limit`` characters: a result's ``detail`` for an exception."""
+    text = f"{type(e).__name__}: {e}".strip().splitlines()[0] if str(e) else type(e).__name__
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
 @dataclass
 class Result:
     op: str

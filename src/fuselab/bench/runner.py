@@ -32,11 +32,6 @@ MAX_ROTATION_SETS = 64
 Progress = Callable[[str], None]  # called with a description before each case × provider
 
 
-def _short(e: BaseException, limit: int = 300) -> str:
-    text = f"{type(e).__name__}: {e}".strip().splitlines()[0] if str(e) else type(e).__name__
-    return text if len(text) <= limit else text[: limit - 3] + "..."
-
-
 def resolve_ops(options: BenchOptions) -> list[str]:
     """The op names to run (all registered ops when none given); ``ValueError`` listing valid ones."""
     valid = op_names()
@@ -80,6 +75,12 @@ def _rotation_sets(case: BenchCase, device: torch.device, options: BenchOptions)
 
 #: modes that ``--cuda-graph`` captures: the whole step, forward (and backward) launched inside the capture
 GRAPH_MODES = ("fwd", "fwd+bwd")
+
+
+def _captured(case: BenchCase, device: torch.device, options: BenchOptions) -> bool:
+    """Whether ``case`` is timed as a CUDA graph replay: ``--cuda-graph`` on a GPU, in a mode of :data:`GRAPH_MODES`
+    (not bwd: its forward ran outside the capture, so its backward would launch on that forward's stream)."""
+    return options.cuda_graph and device.type == "cuda" and case.mode in GRAPH_MODES
 
 
 def make_step(fn: Fn, args: Sequence[Any], case: BenchCase, grad_args: Sequence[int]
@@ -129,8 +130,7 @@ def time_provider(spec: OpSpec, case: BenchCase, fn: Fn, device: torch.device, t
         leaves += grads
     if n_sets > 1:
         notes.append(f"L2-cold: {n_sets} rotating input sets")
-    # not bwd: its forward ran outside the capture, so its backward would launch on that forward's stream
-    graph = options.cuda_graph and device.type == "cuda" and case.mode in GRAPH_MODES
+    graph = _captured(case, device, options)
     if graph:
         notes.append("CUDA graph replay")
     elif options.cuda_graph and device.type == "cuda":
@@ -169,7 +169,7 @@ def run_case(spec: OpSpec, case: BenchCase, provider: Provider, device: torch.de
             stage = "check"
             result = check(spec, case, fn, device=device)
         except Exception as e:
-            r.status, r.detail = R.FAILED, f"{stage}: {_short(e)}"
+            r.status, r.detail = R.FAILED, f"{stage}: {R.short_error(e)}"
             return r
     r.rel_error, r.tolerance = result.error, result.tolerance
     if not result.ok:
@@ -181,7 +181,7 @@ def run_case(spec: OpSpec, case: BenchCase, provider: Provider, device: torch.de
     try:
         stats, r.peak_mem_bytes, notes = time_provider(spec, case, fn, device, timer, options, provider.name)
     except Exception as e:
-        r.status, r.detail = R.FAILED, f"timing: {_short(e)}"
+        r.status, r.detail = R.FAILED, f"timing: {R.short_error(e)}"
         return r
     r.median_ms, r.p20_ms, r.p80_ms, r.timer = stats.median_ms, stats.p20_ms, stats.p80_ms, timer.kind
     if notes:
@@ -202,7 +202,7 @@ def run_op(op: str, options: BenchOptions, device: torch.device, timer: Timer, c
         spec = get_spec(op)
     except Exception as e:
         run = _new_run(op, options, timer, ceilings, env)
-        run.error = f"suite failed: {_short(e)}"
+        run.error = f"suite failed: {R.short_error(e)}"
         return run
     return run_spec(spec, options, device, timer, ceilings, env, progress)
 
@@ -222,7 +222,7 @@ def run_spec(spec: OpSpec, options: BenchOptions, device: torch.device, timer: T
     try:
         cases = spec.cases(spec_query(device, options))
     except Exception as e:
-        run.error = f"cases failed: {_short(e)}"
+        run.error = f"cases failed: {R.short_error(e)}"
         return run
     wanted = set(options.providers or ())
     chosen = [p for p in spec.providers if not wanted or p.name in wanted]
@@ -235,8 +235,8 @@ def run_spec(spec: OpSpec, options: BenchOptions, device: torch.device, timer: T
         if _wants_stream(case, device, options):
             if progress is not None:
                 progress(f"{spec.name} {case.label} {dtype_name(case.dtype)} {case.mode} {_stream.NAME}")
-            graph = options.cuda_graph and case.mode in GRAPH_MODES  # as the providers of this case
-            run.results.append(_stream.measure(case, device, timer, _rotation_sets(case, device, options), graph))
+            run.results.append(_stream.measure(case, device, timer, _rotation_sets(case, device, options),
+                                               _captured(case, device, options)))
     R.derive_figures(run.results, ceilings, spec.baseline)
     return run
 
@@ -300,5 +300,5 @@ def prepare(device: torch.device | None = None, timer: Timer | None = None, ceil
         try:
             ceilings = _ceilings.measure(device, timer, quick=quick)
         except Exception as e:  # the run still reports times, without fractions
-            env["ceilings_error"] = _short(e)
+            env["ceilings_error"] = R.short_error(e)
     return device, timer, ceilings, env

@@ -22,6 +22,8 @@ import torch
 import triton
 import triton.language as tl
 
+from fuselab.ops._launch import sm_count
+
 from . import results as R
 from .spec import BenchCase, dtype_name
 from .timing import Timer, TimingJob
@@ -119,15 +121,11 @@ def plan(read_elems: int, write_elems: int, itemsize: int, variant: Variant, sms
     return programs, chunks, step, reads, writes
 
 
-def _sms(device: torch.device) -> int:
-    """The device's SM count (4 on a CPU, where the kernel runs interpreted: a few programs, looping)."""
-    return torch.cuda.get_device_properties(device).multi_processor_count if device.type == "cuda" else 4
-
-
 def launch(src: torch.Tensor, dst: torch.Tensor, partial: torch.Tensor, read_elems: int, write_elems: int,
            variant: Variant) -> None:
     """Read ``src[:read_elems]``, write ``dst[:write_elems]``, one fp32 sum per program into ``partial``."""
-    programs, chunks, step, reads, writes = plan(read_elems, write_elems, src.element_size(), variant, _sms(src.device))
+    programs, chunks, step, reads, writes = plan(read_elems, write_elems, src.element_size(), variant,
+                                                 sm_count(src.device))
     if partial.numel() < programs:
         raise ValueError(f"partial must hold {programs} programs' sums, got {partial.numel()}")
     _stream_kernel[(programs,)](src, dst, partial, read_elems, write_elems, chunks, STEP=step, READ_STEPS=reads,
@@ -136,8 +134,7 @@ def launch(src: torch.Tensor, dst: torch.Tensor, partial: torch.Tensor, read_ele
 
 def stream(read_elems: int, write_elems: int, dtype: torch.dtype, device: torch.device, variant: Variant) -> Stream:
     """Fresh random buffers and the launch that reads ``read_elems`` and writes ``write_elems`` elements."""
-    itemsize = torch.empty((), dtype=dtype).element_size()
-    programs = plan(read_elems, write_elems, itemsize, variant, _sms(torch.device(device)))[0]
+    programs = plan(read_elems, write_elems, dtype.itemsize, variant, sm_count(torch.device(device)))[0]
     src = torch.randn(read_elems, device=device).to(dtype)
     dst = torch.empty(max(write_elems, 1), dtype=dtype, device=device)
     partial = torch.empty(programs, dtype=torch.float32, device=device)
@@ -148,7 +145,7 @@ def case_elements(case: BenchCase) -> tuple[int, int] | None:
     """(read, write) elements of the case's dtype that carry its bytes, or None if the case declares no split."""
     if case.read_bytes is None:
         return None
-    size = torch.empty((), dtype=case.dtype).element_size()
+    size = case.dtype.itemsize
     return -(-case.read_bytes // size), -(-(case.bytes - case.read_bytes) // size)
 
 
@@ -162,23 +159,27 @@ def measure(case: BenchCase, device: torch.device, timer: Timer, sets: int = 1, 
     if elems is None:
         r.status, r.detail = R.SKIPPED, "the case declares no read/write split"
         return r
-    best, best_variant = None, None
+    best, best_variant, failed = None, None, []
     for variant in variants:
         try:
             streams = [stream(*elems, case.dtype, device, variant) for _ in range(sets)]
             stats = timer.measure(TimingJob(steps=[s.launch for s in streams], provider=NAME, case_key=case.key,
                                             cuda_graph=cuda_graph))
         except Exception as e:  # a variant that cannot launch (memory) is not the bound; the others still are
-            first_line = str(e).splitlines()[0][:200] if str(e) else ""
-            r.detail = f"{variant.describe()}: {type(e).__name__}: {first_line}"
+            failed.append(f"{variant.describe()}: {R.short_error(e)}")
             continue
         finally:
             streams = None  # free this variant's buffers before the next one allocates
         if best is None or stats.median_ms < best.median_ms:
             best, best_variant = stats, variant
+    skipped = "; ".join(failed)
     if best is None:
-        r.status = R.FAILED
+        r.status, r.detail = R.FAILED, skipped
         return r
+    r.median_ms, r.p20_ms, r.p80_ms, r.timer = best.median_ms, best.p20_ms, best.p80_ms, timer.kind
+    r.detail = (f"best of {len(variants) - len(failed)}: {best_variant.describe()}"
+                + (" (CUDA graph)" if cuda_graph else "") + (f"; skipped {skipped}" if failed else ""))
+    return r
     r.median_ms, r.p20_ms, r.p80_ms, r.timer = best.median_ms, best.p20_ms, best.p80_ms, timer.kind
     r.detail = f"best of {len(variants)}: {best_variant.describe()}" + (" (CUDA graph)" if cuda_graph else "")
     return r
