@@ -9,8 +9,9 @@ reduction becomes one: :mod:`fuselab.ops._reduce_plan`). Two kernels, chosen by 
   reducing the tile once at the end.
 * ``_cols_kernel`` (a kept axis is contiguous: ``dim=0``, middle axes): each program owns
   ``BLOCK_I`` contiguous columns (coalesced rows of ≥ 128 B) and streams ``[BLOCK_R, BLOCK_I]``
-  tiles down the reduced axis. ``_cols_tma_kernel`` runs the same plans (``plan.stages > 0``: large
-  fp32 inputs on Hopper) through TMA boxes, several in flight per program.
+  tiles down the reduced axis, ``UNROLL`` tiles' loads at a time (``plan.unroll``).
+  ``_cols_tma_kernel`` runs the same plans (``plan.stages > 0``: large fp32 inputs on Hopper)
+  through TMA boxes, several in flight per program.
 
 Parallelism when there are few outputs: the reduced axis is split into ``SPLIT`` fixed chunks
 (grid axis 1). Each program writes its fp32 partial to ``[SPLIT, K]``; the last of the ``SPLIT``
@@ -273,6 +274,7 @@ def _cols_kernel(
     BLOCK_R: tl.constexpr, BLOCK_I: tl.constexpr, I_CONTIG: tl.constexpr, SPLIT_R: tl.constexpr,
     HAS_TAIL: tl.constexpr, ACC: tl.constexpr, BLOCK_S: tl.constexpr, IS_MEAN: tl.constexpr,
     OUT_BF16: tl.constexpr, INT64: tl.constexpr, EVICT: tl.constexpr, INTERLEAVE: tl.constexpr,
+    UNROLL: tl.constexpr,  # full tiles per loop step (1: one tile per step)
 ):
     pid = tl.program_id(0)  # o * blocks_of_i + block of i
     split = tl.program_id(1)
@@ -293,7 +295,17 @@ def _cols_kernel(
     if INT64:
         rr = rr.to(tl.int64)
     acc = tl.zeros([BLOCK_R, BLOCK_I], dtype=ACC)
-    for b in range(0, n_full):
+    if UNROLL > 1:  # UNROLL tiles' loads issued together (several tiles in flight), then the leftover full tiles
+        n_groups = n_full // UNROLL
+        for g in range(0, n_groups):
+            for u in tl.static_range(UNROLL):
+                r = r_start + (g * UNROLL + u) * step + rr
+                offs = r[:, None] * s_r + col_off[None, :]
+                acc += tl.load(x_ptr + offs, mask=col_mask[None, :], other=0.0, eviction_policy=EVICT).to(ACC)
+        first = n_groups * UNROLL
+    else:
+        first = 0
+    for b in range(first, n_full):
         r = r_start + b * step + rr
         offs = r[:, None] * s_r + col_off[None, :]
         acc += tl.load(x_ptr + offs, mask=col_mask[None, :], other=0.0, eviction_policy=EVICT).to(ACC)
@@ -361,7 +373,7 @@ def launch(x: torch.Tensor, plan: ReducePlan, out: torch.Tensor, partials: torch
         if plan.kind == "rows":
             return dict(ROWS=plan.block_i, BLOCK_R=plan.block_r, HAS_I=plan.I > 1, R_CONTIG=plan.s_r == 1,
                         STEAL=plan.steal > 0, **common)
-        return dict(BLOCK_R=plan.block_r, BLOCK_I=plan.block_i, I_CONTIG=plan.s_i == 1, **common)
+        return dict(BLOCK_R=plan.block_r, BLOCK_I=plan.block_i, I_CONTIG=plan.s_i == 1, UNROLL=plan.unroll, **common)
 
     if plan.kind == "rows":
         scalars = (plan.K, plan.I, plan.R, plan.s_o, plan.s_i, plan.s_r, plan.r_per_split, plan.R, plan.tiles,
