@@ -279,6 +279,7 @@ def test_cols_unrolled_steps(triton_backend, device, monkeypatch, plans_anew, dt
     tail, with split programs reading in both orders, an outer kept group (``dim=1`` of 3-d) and strided columns."""
     _many_splits(monkeypatch, interleave)
     monkeypatch.setattr(planner, "COLS_UNROLL", {**planner.COLS_UNROLL, 4: (3, 4)})
+    monkeypatch.setattr(planner, "sm_count", lambda device: 4)  # the interpreter's grid on a GPU too
     x = _view(torch.randn(shape, device=device, dtype=dtype), view)
     plan = planner.plan_reduction(*planner.prepare(x, (dim,)))
     assert plan.kind == "cols" and plan.unroll in (3, 4) and plan.split > 1 and plan.interleave == interleave, plan
