@@ -53,6 +53,10 @@ STREAM_EVICTION = {2: "evict_first", 4: "", 8: ""}
 #: SM: 0.795 -> 0.853 of copy bandwidth under the dirty flush, 0.903 -> 0.965 in a CUDA graph (the prototype
 #: of benchmarks/sweeps/reduce_steal_proto.py, which used 64-bit offsets, ran at 0.845 / 0.963)
 STEAL_INT64 = True
+#: 64-bit index math in unrolled cols plans (``plan.unroll > 1``) whatever their size. H200, dim=0 of 8192² bf16,
+#: 4 tiles per step (sweeps/reduce_cols_unroll.py --shipped, results/h200/probes/reduce_cols_unroll_shipped.txt):
+#: 0.571 of copy bandwidth with 32-bit offsets, 0.770 with 64-bit ones (4096x16384: 0.593 -> 0.723)
+UNROLLED_INT64 = True
 #: registers of one SM (every GPU fuselab targets, sm_80 to sm_90), for the register cap of stealing grids
 REGISTERS_PER_SM = 65536
 
@@ -353,7 +357,8 @@ def launch(x: torch.Tensor, plan: ReducePlan, out: torch.Tensor, partials: torch
     """The one kernel launch of ``plan`` on ``x``, writing ``out`` (and ``partials`` ``[split, K]`` on the way,
     when ``plan.split > 1``)."""
     split = plan.split > 1
-    int64 = needs_int64(x, out) or plan.K * plan.split > INT32_MAX or (plan.steal > 0 and STEAL_INT64)
+    int64 = (needs_int64(x, out) or plan.K * plan.split > INT32_MAX or (plan.steal > 0 and STEAL_INT64)
+             or (plan.unroll > 1 and UNROLLED_INT64))
     evict = STREAM_EVICTION.get(x.element_size(), "")
     # plan.block_i outputs per tile: rows of the rows kernel, columns of the cols kernel
     block_s = final_sum_rows(plan.split, plan.block_i) if split else 1
