@@ -1,6 +1,6 @@
 """``mean(dim=0)``: the cols kernel with its loop unrolled (several tiles' loads in flight per program) vs shipped.
 
-    python3 benchmarks/sweeps/reduce_cols_unroll.py [--shipped]
+    python3 benchmarks/sweeps/reduce_cols_unroll.py
 
 Question (session 23): ``dim=0`` of 8192² bf16 runs at 0.88 of the lab's stream bound on the H100 (57-58 µs against
 51 µs). The stream kernel's own history says where such a gap can come from: with a runtime loop it read the same
@@ -15,15 +15,18 @@ Prototype: ``_cols_unroll_kernel`` is ``_reduce_triton._cols_kernel`` with ``UNR
 Every variant is checked against ``torch.mean`` before it is timed; alternating rounds as ``_timing.alternate``; the
 stream bound of the same bytes (``fuselab.bench.stream``, best of its variants) is timed in the same rounds.
 
-Outcome: shipped as ``_reduce_plan.COLS_UNROLL`` (4 tiles per step, 4 warps, bf16/fp16), so since that commit the
-"shipped" row is itself the unrolled plan; the probes of this sweep were taken before it.
+Outcome: the prototype's 4 tiles per step with 4 warps ran 2-10% ahead of the shipped plan at most of the six
+shapes on both GPUs. Put into ``_cols_kernel`` (commits e1134aa-b8b0ee5) it did not carry over: with 32-bit offsets
+it ran 11-30% *slower* (8192² bf16 0.571 vs 0.760 on the H200), and with 64-bit offsets -7% to +9% against the plan
+before it (65536x512 0.559 vs 0.601), behind the prototype by up to 10% at three shapes, although the two kernels'
+PTX loops are the same (results/h200/probes/reduce_cols_unroll_shipped*.txt, written by a ``--shipped`` mode of
+that commit). Reverted; ``notes/reduce.md``, session 23.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import itertools
-import sys
 
 import torch
 import triton
@@ -118,63 +121,7 @@ def shipped_call(x: torch.Tensor, plan: P.ReducePlan):
     return plan_call(x, (0,), plan)
 
 
-def forced_int64(fn):
-    """``fn`` launched with 64-bit index math whatever its size (the launcher's choice patched for the call)."""
-    from fuselab.ops import _reduce_triton as K
-
-    def call():
-        saved, K.needs_int64 = K.needs_int64, lambda *tensors: True
-        try:
-            return fn()
-        finally:
-            K.needs_int64 = saved
-    return call
-
-
-def no_int64(fn):
-    """``fn`` launched with 32-bit index math (where its size allows): UNROLLED_INT64 off for the call."""
-    from fuselab.ops import _reduce_triton as K
-
-    def call():
-        saved, K.UNROLLED_INT64 = K.UNROLLED_INT64, False
-        try:
-            return fn()
-        finally:
-            K.UNROLLED_INT64 = saved
-    return call
-
-
-def check_shipped() -> None:
-    """``--shipped``: the shipped plan through the production kernel (32-bit and forced 64-bit offsets), the plan
-    before COLS_UNROLL, the prototype's plan, and ``fuselab.mean`` itself (as the lab calls it)."""
-    import fuselab
-
-    bw = copy_gbps()
-    ab_header(bw, ROUNDS)
-    for shape, dtype in CASES:
-        x = torch.randn(shape, device="cuda", dtype=dtype)
-        nbytes = x.numel() * x.element_size()
-        fraction = lambda ms, n=nbytes: n / ms / 1e6 / bw
-        base = shipped(x)
-        before = dataclasses.replace(base, unroll=1, num_warps=8 if base.block_r * base.block_i >= 4096 else 4)
-        calls = {f"shipped: unroll {base.unroll}, {base.num_warps} warps, grid {base.grid}": shipped_call(x, base)[1]}
-        calls["shipped, 64-bit offsets"] = forced_int64(shipped_call(x, base)[1])
-        calls["shipped, 32-bit offsets"] = no_int64(shipped_call(x, base)[1])
-        calls[f"before: unroll 1, {before.num_warps} warps"] = shipped_call(x, before)[1]
-        calls["prototype (64-bit): unroll 4, 4 warps"] = unrolled_call(x, base, 4, 4)[1]
-        calls["fuselab.mean(x, 0)"] = lambda x=x: fuselab.mean(x, 0)
-        want = x.float().mean(0)
-        for name, fn in calls.items():
-            torch.testing.assert_close(fn().float(), want, rtol=1e-2, atol=1e-3, msg=lambda m, n=name: f"{n}: {m}")
-        print(f"\ndim=0 of {shape[0]}x{shape[1]} {str(dtype)[6:]}", flush=True)
-        results = alternate({name: (fn, fraction) for name, fn in calls.items()}, ROUNDS)
-        for name, (dirty, graph) in results.items():
-            print(f"  {spread(dirty, graph)}  {name}", flush=True)
-
-
 def main() -> None:
-    if "--shipped" in sys.argv:
-        return check_shipped()
     bw = copy_gbps()
     ab_header(bw, ROUNDS)
     sms = sm_count(torch.device("cuda"))

@@ -267,45 +267,6 @@ def test_split_orders(triton_backend, device, monkeypatch, plans_anew, interleav
         _check(x, dim, False, op)
 
 
-UNROLL_CASES = [((3000, 7), 0, "dense"), ((5, 700, 9), 1, "dense"), ((3000, 14), 0, "every-other")]
-
-
-@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32], ids=str)
-@pytest.mark.parametrize("interleave", [True, False], ids=["interleaved", "chunked"])
-@pytest.mark.parametrize("shape,dim,view", UNROLL_CASES, ids=str)
-def test_cols_unrolled_steps(triton_backend, device, monkeypatch, plans_anew, dtype, interleave, shape, dim, view):
-    """Cols plans whose loop issues several tiles' loads per step (COLS_UNROLL: 4 for 2-byte dtypes, here 3 for fp32
-    too) match float64 and repeat their bits: whole groups of tiles, the leftover full tiles after them, and the ragged
-    tail, with split programs reading in both orders, an outer kept group (``dim=1`` of 3-d) and strided columns."""
-    _many_splits(monkeypatch, interleave)
-    monkeypatch.setattr(planner, "COLS_UNROLL", {**planner.COLS_UNROLL, 4: (3, 4)})
-    monkeypatch.setattr(planner, "sm_count", lambda device: 4)  # the interpreter's grid on a GPU too
-    x = _view(torch.randn(shape, device=device, dtype=dtype), view)
-    plan = planner.plan_reduction(*planner.prepare(x, (dim,)))
-    assert plan.kind == "cols" and plan.unroll in (3, 4) and plan.split > 1 and plan.interleave == interleave, plan
-    # full tiles of the first and last program (chunked: its chunk; interleaved: every split-th block)
-    blocks = plan.R // plan.block_r
-    counts = ([len(range(0, blocks, plan.split)), len(range(plan.split - 1, blocks, plan.split))] if interleave else
-              [plan.r_per_split // plan.block_r, (plan.R - (plan.split - 1) * plan.r_per_split) // plan.block_r])
-    assert plan.R % plan.block_r and max(counts) >= plan.unroll and any(n % plan.unroll for n in counts), (plan, counts)
-    for op in OPS:
-        first = _check(x, dim, False, op)
-        assert torch.equal(first, OPS[op][0](x, dim)), "unrolled steps changed the bits from one call to the next"
-
-
-def test_cols_unroll_by_dtype_and_path(plans_anew):
-    """The GPU plans: 2-byte dtypes read 4 tiles per loop step with 4 warps; fp32 one tile; TMA plans never unroll."""
-    for dtype, unroll, warps in ((torch.bfloat16, 4, 4), (torch.float16, 4, 4), (torch.float32, 1, 8)):
-        x = torch.empty(8192, 8192, dtype=dtype)
-        _, kept, red = planner.prepare(x, (0,))
-        plan = planner._plan(tuple(kept), tuple(red), x.element_size(), True, 132, planner.PROGRAMS_PER_SM,
-                             planner.COLS_PROGRAMS_PER_SM, planner.ROW_TILE_BYTES)
-        assert (plan.kind, plan.unroll, plan.num_warps, plan.stages) == ("cols", unroll, warps, 0), plan
-    tma = planner._plan(tuple(kept), tuple(red), 4, True, 132, planner.PROGRAMS_PER_SM, planner.COLS_PROGRAMS_PER_SM,
-                        planner.ROW_TILE_BYTES, planner.COLS_TMA[4])
-    assert tma.stages and tma.unroll == 1, tma
-
-
 def _stealing(monkeypatch) -> None:
     """Work stealing on for every plan of the rows kernel, with small items (two 256-byte blocks each) and one 4-warp
     program on each of four SMs, so that small inputs have many more items than programs."""

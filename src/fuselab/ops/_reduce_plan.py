@@ -45,14 +45,6 @@ ROW_WARPS = 16
 #: the same for the cols kernel, which needs 40-48 registers (5-6 resident per SM; capping it at 32 spills): 4 per SM
 #: ran dim=0 of 8192x8192 / 65536x512 bf16 5-8% faster than 8
 COLS_PROGRAMS_PER_SM = 4
-#: (tiles per loop step, warps) of the cols kernel's pointer plans, by element size (others: one tile per step, the
-#: warps above). Four tiles' loads in flight per program, each thread's share of a tile 64 bytes: dim=0 of six bf16/fp16
-#: inputs of 67-134 MB, alternating rounds against one tile per step and 8 warps under the lab's dirty flush
-#: (sweeps/reduce_cols_unroll.py, results/{h100,h200}/probes/reduce_cols_unroll*.txt): H100 +2-10% (8192² bf16 0.777 ->
-#: 0.795 of copy bandwidth, 4096x16384 0.715 -> 0.789, 65536x512 0.673 -> 0.696), H200 -0.5% to +11% (65536x512 level,
-#: 4096x16384 0.674 -> 0.746), and 4-12% in a CUDA graph on both. Unrolling alone (8 warps) or 4 warps alone were no
-#: faster, and fp32 (10000², pointers) gained nothing
-COLS_UNROLL = {2: (4, 4)}
 #: narrowest column tile of the cols kernel, in bytes per row, by element size: the planner narrows the tile (more
 #: tiles, fewer splits) down to this. bf16: one 128-byte line; fp32: 1 KiB. H100, dim=0, A/B in alternating rounds
 #: (benchmarks/results/h100/probes/reduce_split_ab.txt): 10000² fp32 0.851 (512 B) -> 0.888 (1 KiB) of copy
@@ -126,7 +118,6 @@ class ReducePlan:
     interleave: bool  # split programs read every split-th block (see _chunk), not one contiguous chunk each
     steal: int = 0  # rows: > 0: that many programs take the tiles x split items from a counter (0: one per item)
     stages: int = 0  # cols: > 0: read through TMA boxes of [block_r, block_i], that many in flight (COLS_TMA)
-    unroll: int = 1  # cols, from pointers: full tiles whose loads each loop step issues together (COLS_UNROLL)
 
     @property
     def tiles(self) -> int:
@@ -242,19 +233,17 @@ def _plan(kept: tuple[tuple[int, int], ...], red: tuple[int, int], elsize: int, 
         block_i //= 2
     block_r = max(1, min(tile // block_i, next_power_of_2(R)))
     warps = 8 if block_r * block_i >= 4096 else 4
-    unroll, warps = COLS_UNROLL.get(elsize, (1, warps))
     stages = 0
     box_i = min(block_i, TMA_MAX_BOX)  # GPU plans have ≤ 256 fp32 columns already; the interpreter's more
     if tma and _tma_layout(O, I, R, s_i, s_r, box_i, elsize):
         block_i = box_i
         box_bytes, stages, warps, per_sm = tma
-        unroll = 1
         block_r = max(1, min(box_bytes // (block_i * elsize), TMA_MAX_BOX, next_power_of_2(R)))
         target = sms * per_sm
     tiles = O * cdiv(I, block_i)
     split, r_per_split, interleave = _split(R, block_r, tiles, target, "cols")
     return ReducePlan("cols", O, I, R, s_o, s_i, s_r, block_r, block_i, split, r_per_split, warps,
-                      interleave and not stages, stages=stages, unroll=unroll)
+                      interleave and not stages, stages=stages)
 
 
 #: most elements along each dimension of a TMA box

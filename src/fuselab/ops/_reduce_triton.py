@@ -9,9 +9,8 @@ reduction becomes one: :mod:`fuselab.ops._reduce_plan`). Two kernels, chosen by 
   reducing the tile once at the end.
 * ``_cols_kernel`` (a kept axis is contiguous: ``dim=0``, middle axes): each program owns
   ``BLOCK_I`` contiguous columns (coalesced rows of ≥ 128 B) and streams ``[BLOCK_R, BLOCK_I]``
-  tiles down the reduced axis, ``UNROLL`` tiles' loads at a time (``plan.unroll``).
-  ``_cols_tma_kernel`` runs the same plans (``plan.stages > 0``: large fp32 inputs on Hopper)
-  through TMA boxes, several in flight per program.
+  tiles down the reduced axis. ``_cols_tma_kernel`` runs the same plans (``plan.stages > 0``: large
+  fp32 inputs on Hopper) through TMA boxes, several in flight per program.
 
 Parallelism when there are few outputs: the reduced axis is split into ``SPLIT`` fixed chunks
 (grid axis 1). Each program writes its fp32 partial to ``[SPLIT, K]``; the last of the ``SPLIT``
@@ -53,10 +52,6 @@ STREAM_EVICTION = {2: "evict_first", 4: "", 8: ""}
 #: SM: 0.795 -> 0.853 of copy bandwidth under the dirty flush, 0.903 -> 0.965 in a CUDA graph (the prototype
 #: of benchmarks/sweeps/reduce_steal_proto.py, which used 64-bit offsets, ran at 0.845 / 0.963)
 STEAL_INT64 = True
-#: 64-bit index math in unrolled cols plans (``plan.unroll > 1``) whatever their size. H200, dim=0 of 8192² bf16,
-#: 4 tiles per step (sweeps/reduce_cols_unroll.py --shipped, results/h200/probes/reduce_cols_unroll_shipped.txt):
-#: 0.571 of copy bandwidth with 32-bit offsets, 0.770 with 64-bit ones (4096x16384: 0.593 -> 0.723)
-UNROLLED_INT64 = True
 #: registers of one SM (every GPU fuselab targets, sm_80 to sm_90), for the register cap of stealing grids
 REGISTERS_PER_SM = 65536
 
@@ -278,7 +273,6 @@ def _cols_kernel(
     BLOCK_R: tl.constexpr, BLOCK_I: tl.constexpr, I_CONTIG: tl.constexpr, SPLIT_R: tl.constexpr,
     HAS_TAIL: tl.constexpr, ACC: tl.constexpr, BLOCK_S: tl.constexpr, IS_MEAN: tl.constexpr,
     OUT_BF16: tl.constexpr, INT64: tl.constexpr, EVICT: tl.constexpr, INTERLEAVE: tl.constexpr,
-    UNROLL: tl.constexpr,  # full tiles per loop step (1: one tile per step)
 ):
     pid = tl.program_id(0)  # o * blocks_of_i + block of i
     split = tl.program_id(1)
@@ -299,17 +293,7 @@ def _cols_kernel(
     if INT64:
         rr = rr.to(tl.int64)
     acc = tl.zeros([BLOCK_R, BLOCK_I], dtype=ACC)
-    if UNROLL > 1:  # UNROLL tiles' loads issued together (several tiles in flight), then the leftover full tiles
-        n_groups = n_full // UNROLL
-        for g in range(0, n_groups):
-            for u in tl.static_range(UNROLL):
-                r = r_start + (g * UNROLL + u) * step + rr
-                offs = r[:, None] * s_r + col_off[None, :]
-                acc += tl.load(x_ptr + offs, mask=col_mask[None, :], other=0.0, eviction_policy=EVICT).to(ACC)
-        first = n_groups * UNROLL
-    else:
-        first = 0
-    for b in range(first, n_full):
+    for b in range(0, n_full):
         r = r_start + b * step + rr
         offs = r[:, None] * s_r + col_off[None, :]
         acc += tl.load(x_ptr + offs, mask=col_mask[None, :], other=0.0, eviction_policy=EVICT).to(ACC)
@@ -357,8 +341,7 @@ def launch(x: torch.Tensor, plan: ReducePlan, out: torch.Tensor, partials: torch
     """The one kernel launch of ``plan`` on ``x``, writing ``out`` (and ``partials`` ``[split, K]`` on the way,
     when ``plan.split > 1``)."""
     split = plan.split > 1
-    int64 = (needs_int64(x, out) or plan.K * plan.split > INT32_MAX or (plan.steal > 0 and STEAL_INT64)
-             or (plan.unroll > 1 and UNROLLED_INT64))
+    int64 = needs_int64(x, out) or plan.K * plan.split > INT32_MAX or (plan.steal > 0 and STEAL_INT64)
     evict = STREAM_EVICTION.get(x.element_size(), "")
     # plan.block_i outputs per tile: rows of the rows kernel, columns of the cols kernel
     block_s = final_sum_rows(plan.split, plan.block_i) if split else 1
@@ -378,7 +361,7 @@ def launch(x: torch.Tensor, plan: ReducePlan, out: torch.Tensor, partials: torch
         if plan.kind == "rows":
             return dict(ROWS=plan.block_i, BLOCK_R=plan.block_r, HAS_I=plan.I > 1, R_CONTIG=plan.s_r == 1,
                         STEAL=plan.steal > 0, **common)
-        return dict(BLOCK_R=plan.block_r, BLOCK_I=plan.block_i, I_CONTIG=plan.s_i == 1, UNROLL=plan.unroll, **common)
+        return dict(BLOCK_R=plan.block_r, BLOCK_I=plan.block_i, I_CONTIG=plan.s_i == 1, **common)
 
     if plan.kind == "rows":
         scalars = (plan.K, plan.I, plan.R, plan.s_o, plan.s_i, plan.s_r, plan.r_per_split, plan.R, plan.tiles,
