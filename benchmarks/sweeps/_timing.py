@@ -104,6 +104,12 @@ def spread(dirty: list[float], graph: list[float]) -> str:
     return f"{statistics.median(dirty):.3f} [{min(dirty):.3f}-{max(dirty):.3f}] | {statistics.median(graph):.3f}"
 
 
+def print_ranked(results: dict) -> None:
+    """:func:`alternate`'s results, one line per call, fastest (median under the dirty flush) first."""
+    for name, (dirty, graph) in sorted(results.items(), key=lambda kv: -statistics.median(kv[1][0])):
+        print(f"  {spread(dirty, graph)}  {name}", flush=True)
+
+
 def ab_header(copy: float, rounds: int) -> None:
     """The first line of an alternating A/B's output: device, copy bandwidth, what the columns are."""
     print(f"# {torch.cuda.get_device_name()}  copy {copy:.0f} GB/s; fractions of it, median over {rounds} "

@@ -31,7 +31,8 @@ import itertools
 import torch
 import triton
 import triton.language as tl
-from _timing import ab_header, alternate, copy_gbps, spread  # benchmarks/sweeps/_timing.py
+from _timing import alternate, print_ranked  # benchmarks/sweeps/_timing.py
+from reduce_cols_wide import dim0_cases
 
 from fuselab.bench import stream as S
 from fuselab.ops import _reduce_plan as P
@@ -122,14 +123,9 @@ def shipped_call(x: torch.Tensor, plan: P.ReducePlan):
 
 
 def main() -> None:
-    bw = copy_gbps()
-    ab_header(bw, ROUNDS)
     sms = sm_count(torch.device("cuda"))
-    for shape, dtype in CASES:
-        x = torch.randn(shape, device="cuda", dtype=dtype)
-        want = x.float().mean(0)
-        nbytes = x.numel() * x.element_size()
-        fraction = lambda ms, n=nbytes: n / ms / 1e6 / bw
+    for x, want, fraction, nbytes in dim0_cases(CASES, ROUNDS):
+        shape, dtype = tuple(x.shape), x.dtype
         base = shipped(x)
         calls = {}
         fn = shipped_call(x, base)[1]
@@ -150,11 +146,7 @@ def main() -> None:
             checked[f"stream bound: {variant.describe()}"] = (st.launch, fraction)
         print(f"\ndim=0 of {shape[0]}x{shape[1]} {str(dtype)[6:]} ({nbytes / 1e6:.0f} MB), {len(checked)} calls",
               flush=True)
-        results = alternate(checked, ROUNDS)
-        for name, (dirty, graph) in sorted(results.items(), key=lambda kv: -sorted(kv[1][0])[len(kv[1][0]) // 2]):
-            print(f"  {spread(dirty, graph)}  {name}", flush=True)
-        del x
-        torch.cuda.empty_cache()
+        print_ranked(alternate(checked, ROUNDS))
 
 
 if __name__ == "__main__":

@@ -20,7 +20,7 @@ import dataclasses
 import itertools
 
 import torch
-from _timing import ab_header, alternate, copy_gbps, spread  # benchmarks/sweeps/_timing.py
+from _timing import ab_header, alternate, copy_gbps, print_ranked  # benchmarks/sweeps/_timing.py
 from reduce_sweep import plan_call
 
 from fuselab.ops import _reduce_plan as P
@@ -49,15 +49,24 @@ def variant(plan: P.ReducePlan, block_i: int, tile: int, per_sm: int, warps: int
                                num_warps=warps, interleave=interleave)
 
 
-def main() -> None:
+def dim0_cases(cases, rounds: int):
+    """After the A/B header: for each (shape, dtype) of ``cases``, ``(x, want, fraction, nbytes)``: a fresh random
+    input, its fp32 mean over dim 0, ms -> fraction of the copy bandwidth for its bytes, and those bytes. Each input
+    is freed after its case."""
     bw = copy_gbps()
-    ab_header(bw, ROUNDS)
-    sms = sm_count(torch.device("cuda"))
-    for shape, dtype in CASES:
+    ab_header(bw, rounds)
+    for shape, dtype in cases:
         x = torch.randn(shape, device="cuda", dtype=dtype)
-        want = x.float().mean(0)
         nbytes = x.numel() * x.element_size()
-        fraction = lambda ms, n=nbytes: n / ms / 1e6 / bw
+        yield x, x.float().mean(0), (lambda ms, n=nbytes: n / ms / 1e6 / bw), nbytes
+        del x
+        torch.cuda.empty_cache()
+
+
+def main() -> None:
+    sms = sm_count(torch.device("cuda"))
+    for x, want, fraction, nbytes in dim0_cases(CASES, ROUNDS):
+        shape, dtype = tuple(x.shape), x.dtype
         base = shipped(x)
         plans = {f"shipped: {base.block_i} cols x {base.block_r} rows, split {base.split}, {base.num_warps} warps":
                  base}
@@ -81,11 +90,7 @@ def main() -> None:
             calls[name] = (fn, fraction)
         print(f"\ndim=0 of {shape[0]}x{shape[1]} {str(dtype)[6:]} ({nbytes / 1e6:.0f} MB), {len(calls)} plans",
               flush=True)
-        results = alternate(calls, ROUNDS)
-        for name, (dirty, graph) in sorted(results.items(), key=lambda kv: -sorted(kv[1][0])[len(kv[1][0]) // 2]):
-            print(f"  {spread(dirty, graph)}  {name}", flush=True)
-        del x
-        torch.cuda.empty_cache()
+        print_ranked(alternate(calls, ROUNDS))
 
 
 if __name__ == "__main__":
