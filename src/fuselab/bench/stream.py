@@ -180,6 +180,3 @@ def measure(case: BenchCase, device: torch.device, timer: Timer, sets: int = 1, 
     r.detail = (f"best of {len(variants) - len(failed)}: {best_variant.describe()}"
                 + (" (CUDA graph)" if cuda_graph else "") + (f"; skipped {skipped}" if failed else ""))
     return r
-    r.median_ms, r.p20_ms, r.p80_ms, r.timer = best.median_ms, best.p20_ms, best.p80_ms, timer.kind
-    r.detail = f"best of {len(variants)}: {best_variant.describe()}" + (" (CUDA graph)" if cuda_graph else "")
-    return r
