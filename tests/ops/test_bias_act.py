@@ -76,14 +76,19 @@ def _torch_formula(x, b, *, residual, alpha, activation):
     return {"relu": torch.relu(z), "relu2": torch.relu(z).square(), "none": z}[activation]
 
 
-@pytest.mark.parametrize("activation", ["relu", "relu2", "none"])
-def test_nan_propagates_like_torch(backend, device, activation):
-    """NaN stays NaN through relu (max(z, 0) would hide it), and the gradients match torch's autograd."""
-    got = _nan_case(device, activation, fuselab.bias_act)
+def _assert_nan_like_torch(device, activation, impl) -> None:
+    """``impl``'s y and gradients on inputs with NaN: NaN where torch's are, the same values elsewhere."""
+    got = _nan_case(device, activation, impl)
     want = _nan_case(device, activation, _torch_formula)
     for name, a, w in zip(("y", "grad_x", "grad_residual", "grad_bias"), got, want):
         assert torch.equal(a.isnan(), w.isnan()), name
         torch.testing.assert_close(a, w, rtol=1e-5, atol=1e-5, equal_nan=True, msg=name)
+
+
+@pytest.mark.parametrize("activation", ["relu", "relu2", "none"])
+def test_nan_propagates_like_torch(backend, device, activation):
+    """NaN stays NaN through relu (max(z, 0) would hide it), and the gradients match torch's autograd."""
+    _assert_nan_like_torch(device, activation, fuselab.bias_act)
 
 
 @pytest.mark.parametrize("has_bias", [True, False])
@@ -493,10 +498,7 @@ def test_cuda_backend_gpu(activation, dtype, shape):
 def test_cuda_backend_nan_gpu(activation):
     from fuselab.cuda import bias_act as cuda_bias_act
 
-    got = _nan_case(torch.device("cuda"), activation, cuda_bias_act)
-    want = _nan_case(torch.device("cuda"), activation, _torch_formula)
-    for name, a, w in zip(("y", "grad_x", "grad_residual", "grad_bias"), got, want):
-        torch.testing.assert_close(a, w, rtol=1e-5, atol=1e-5, equal_nan=True, msg=name)
+    _assert_nan_like_torch(torch.device("cuda"), activation, cuda_bias_act)
 
 
 @pytest.mark.gpu
