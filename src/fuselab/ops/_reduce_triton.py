@@ -352,10 +352,14 @@ def launch(x: torch.Tensor, plan: ReducePlan, out: torch.Tensor, partials: torch
     counters = ticket_counters(x.device, 2) if plan.steal else ticket_counters(x.device, plan.tiles) if split else out
     tensors = (x, out, partials if split else out, counters)
 
+    tma = plan.stages > 0 and x.data_ptr() % 16 == 0  # else the cols kernel runs the same plan from pointers
+
     def constexprs() -> dict:  # built only the first time this signature launches
-        common = dict(EVICT=evict, SPLIT_R=split, INTERLEAVE=plan.interleave, HAS_TAIL=plan.R % plan.block_r != 0,
-                      ACC=_TL_ACC[acc_dtype], BLOCK_S=block_s, OUT_BF16=out.dtype == torch.bfloat16, IS_MEAN=is_mean,
-                      INT64=int64, num_warps=plan.num_warps)
+        common = dict(SPLIT_R=split, ACC=_TL_ACC[acc_dtype], BLOCK_S=block_s, OUT_BF16=out.dtype == torch.bfloat16,
+                      IS_MEAN=is_mean, num_warps=plan.num_warps)
+        if tma:
+            return dict(BLOCK_R=plan.block_r, BLOCK_I=plan.block_i, STAGES=plan.stages, **common)
+        common.update(EVICT=evict, INTERLEAVE=plan.interleave, HAS_TAIL=plan.R % plan.block_r != 0, INT64=int64)
         if maxnreg is not None and x.is_cuda:  # a CUDA compile option (not the interpreter's)
             common["maxnreg"] = maxnreg
         if plan.kind == "rows":
@@ -367,13 +371,10 @@ def launch(x: torch.Tensor, plan: ReducePlan, out: torch.Tensor, partials: torch
         scalars = (plan.K, plan.I, plan.R, plan.s_o, plan.s_i, plan.s_r, plan.r_per_split, plan.R, plan.tiles,
                    plan.split)
         launch_kernel(_rows_kernel, key, plan.grid, tensors, scalars, constexprs)
-    elif plan.stages and x.data_ptr() % 16 == 0:  # else the cols kernel runs the same plan from pointers
+    elif tma:
         desc = TensorDescriptor(x, [plan.R, plan.I], [plan.s_r, 1], [plan.block_r, plan.block_i])
         scalars = (plan.I, plan.R, plan.r_per_split, plan.R)
-        launch_kernel(_cols_tma_kernel, key, plan.grid, (out, desc, *tensors[2:]), scalars,
-                      lambda: dict(BLOCK_R=plan.block_r, BLOCK_I=plan.block_i, STAGES=plan.stages, SPLIT_R=split,
-                                   ACC=_TL_ACC[acc_dtype], BLOCK_S=block_s, IS_MEAN=is_mean,
-                                   OUT_BF16=out.dtype == torch.bfloat16, num_warps=plan.num_warps))
+        launch_kernel(_cols_tma_kernel, key, plan.grid, (out, desc, *tensors[2:]), scalars, constexprs)
     else:
         scalars = (plan.O, plan.I, plan.R, plan.s_o, plan.s_r, plan.s_i, plan.r_per_split, plan.R)
         launch_kernel(_cols_kernel, key, plan.grid, tensors, scalars, constexprs)
