@@ -1,4 +1,4 @@
-# Sourced at the start of every device-machine command (see benchmarks/README.md).
+# Sourced by benchmarks/gpu_run.sh at the start of every device-machine command.
 # The GPU machine has torch, triton, rich, matplotlib, pandas, pyarrow and tensorboard, and no network:
 # peers come as wheels carried in .whl/, fuselab installs editable without build isolation.
 export PYTHONUNBUFFERED=1
