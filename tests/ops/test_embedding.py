@@ -18,8 +18,8 @@ from fuselab.ops.embedding import (
     embedding_bag_collection,
     embedding_bag_lookup,
     embedding_bag_update_,
+    launch,
 )
-from fuselab.ops.embedding import launch
 from fuselab.reference import embedding as ref
 
 #: small blocks: a batch of a few hundred ids spans many chunks, and runs of one row cross several of them
@@ -220,7 +220,7 @@ def test_atomic_sgd(triton_backend, device):
 
 @pytest.mark.parametrize("optimizer", OPTIMIZERS)
 def test_deterministic_bits(triton_backend, device, optimizer):
-    sizes, w, state, ids, offsets, grad = _update_case(optimizer, False, "sum", device, seed=8)
+    sizes, w, state, ids, _, grad = _update_case(optimizer, False, "sum", device, seed=8)
     results = []
     for _ in range(2):
         w_dev, s_dev = w.to(device), state.to(device)
@@ -466,3 +466,22 @@ def test_rows_past_int32_offsets(device):
     before = m.weight[ids[:, 0]].clone()
     out.sum().backward()
     assert torch.equal(m.weight[ids[:, 0]], before - 1.0)
+
+
+@pytest.mark.parametrize("bags", [False, True])
+def test_int64_position_math(triton_backend, device, monkeypatch, bags):
+    """The WIDE variants (position math in int64, chosen when an offset may pass 2^31) give the same results."""
+    monkeypatch.setattr(launch, "needs_int64", lambda *tensors: True)
+    sizes, w, state, ids, offsets, grad = _update_case("adagrad", bags, "mean", device, seed=11, batch=12)
+    pooling = "mean"
+    positions = _positions(ids.cpu(), sizes, None if offsets is None else offsets.cpu(), pooling)
+    table_sizes, row_offsets = _meta(sizes, device)
+    out = embedding_bag_lookup(w.to(device), ids, table_sizes, row_offsets, offsets, pooling=pooling, config=SMALL)
+    _close(out.reshape(-1, w.shape[1]), _oracle_lookup(w.double(), positions, grad.shape[0] * len(sizes)), "lookup")
+    w64, s64 = w.double(), state.double()
+    _oracle_update(w64, s64, 0.1, grad.double().view(-1, w.shape[1]), positions, "adagrad", 1e-8)
+    w_dev, s_dev = w.to(device), state.to(device)
+    embedding_bag_update_(w_dev, s_dev, torch.tensor(0.1, device=device), grad.to(device), ids, table_sizes,
+                          row_offsets, offsets, pooling=pooling, optimizer="adagrad", config=SMALL)
+    _close(w_dev, w64, "weight")
+    _close(s_dev, s64, "state")

@@ -24,6 +24,23 @@ ROWWISE_ADAGRAD: tl.constexpr = tl.constexpr(2)
 
 
 @triton.jit
+def _program(WIDE: tl.constexpr):
+    # this program's index, int64 when position math may pass 2^31
+    pid = tl.program_id(0)
+    if WIDE:
+        pid = pid.to(tl.int64)
+    return pid
+
+
+@triton.jit
+def _narrow(index, WIDE: tl.constexpr):
+    # an int64 position index as int32 when every position fits (cheaper division and modulus)
+    if not WIDE:
+        index = index.to(tl.int32)
+    return index
+
+
+@triton.jit
 def _global_row(raw, feature, sizes_ptr, row_offsets_ptr, mask):
     # raw: ids of any integer dtype; feature: their feature index (same shape); sizes_ptr/row_offsets_ptr: (F,) int64
     n = tl.load(sizes_ptr + feature, mask=mask, other=1)
@@ -52,9 +69,11 @@ def lookup_kernel(
     out_ptr,  # (B*F, D) fp32 output, contiguous
     num_bags, F, n_ids, s_ib, s_if,
     D: tl.constexpr, BLOCK_ROWS: tl.constexpr, BLOCK_D: tl.constexpr, BAGS: tl.constexpr, MEAN: tl.constexpr,
+    WIDE: tl.constexpr,
 ):
     # Bytes: one id: read B*F ids + B*F rows of D*4, write B*F*D*4. Bags: read N ids + N rows, write B*F*D*4.
-    j = tl.program_id(0).to(tl.int64) * BLOCK_ROWS + tl.arange(0, BLOCK_ROWS)
+    # Position math in int32 unless WIDE (an output or ids offset past 2^31); row addresses are always int64.
+    j = _program(WIDE) * BLOCK_ROWS + tl.arange(0, BLOCK_ROWS)
     jm = j < num_bags
     d = tl.arange(0, BLOCK_D)
     dm = d < D
@@ -85,13 +104,13 @@ def rows_kernel(
     row_offsets_ptr,  # (F,) int64
     keys_ptr,  # (N,) int32 or int64 out: global row of each id position (the sort keys)
     n_pos, F, s_ib, s_if,
-    BLOCK: tl.constexpr, BAGS: tl.constexpr,
+    BLOCK: tl.constexpr, BAGS: tl.constexpr, WIDE: tl.constexpr,
 ):
     # Bytes: read N ids (+ N*8 bag indices), write N keys.
-    p = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
+    p = _program(WIDE) * BLOCK + tl.arange(0, BLOCK)
     m = p < n_pos
     if BAGS:
-        feature = tl.load(bag_ptr + p, mask=m, other=0) % F
+        feature = _narrow(tl.load(bag_ptr + p, mask=m, other=0), WIDE) % F
         raw = tl.load(ids_ptr + p * s_ib, mask=m, other=0)
     else:
         feature = p % F
@@ -132,11 +151,13 @@ def _segment_add(v1, f1, v2, f2):
 
 @triton.jit
 def _position_grads(grad_ptr, bag_ptr, offsets_ptr, k, km, F, n_ids, s_gb, s_gf, s_gd,
-                    BLOCK_D: tl.constexpr, D: tl.constexpr, BAGS: tl.constexpr, MEAN: tl.constexpr):
+                    BLOCK_D: tl.constexpr, D: tl.constexpr, BAGS: tl.constexpr, MEAN: tl.constexpr,
+                    WIDE: tl.constexpr):
     # gradient (P, BLOCK_D) fp32 of id positions k: its bag's output gradient (/ length for MEAN; 0 outside bags)
     d = tl.arange(0, BLOCK_D)
+    k = _narrow(k, WIDE)
     if BAGS:
-        bag = tl.load(bag_ptr + k, mask=km, other=0)
+        bag = _narrow(tl.load(bag_ptr + k, mask=km, other=0), WIDE)
         start, end = _bag_bounds(offsets_ptr, bag, km, n_ids)
         inside = km & (k >= start) & (k < end)
         scale = tl.where(inside, 1.0, 0.0)
@@ -166,7 +187,7 @@ def segment_update_kernel(
     tail_ptr,  # (n_chunks, BLOCK_D) fp32 out: sum of each chunk's last run
     N, F, n_ids, s_gb, s_gf, s_gd, eps,
     D: tl.constexpr, BLOCK_P: tl.constexpr, BLOCK_D: tl.constexpr, OPTIMIZER: tl.constexpr,
-    BAGS: tl.constexpr, MEAN: tl.constexpr,
+    BAGS: tl.constexpr, MEAN: tl.constexpr, WIDE: tl.constexpr,
 ):
     # Bytes: read N keys (three overlapping loads, cached), N*8 perm, N gradient rows of D*4 (gathered);
     # per distinct row the update's read-modify-write (see _apply_update); write 2*BLOCK_D*4 partials per chunk.
@@ -182,7 +203,7 @@ def segment_update_kernel(
     first = tl.load(sorted_ptr + cs).to(tl.int64)
     k = tl.load(perm_ptr + p, mask=valid, other=0)
     g = _position_grads(grad_ptr, bag_ptr, offsets_ptr, k, valid, F, n_ids, s_gb, s_gf, s_gd,
-                        BLOCK_D, D, BAGS, MEAN)
+                        BLOCK_D, D, BAGS, MEAN, WIDE)
     flag = tl.broadcast_to(((row != prev) | (p == cs)).to(tl.int32)[:, None], (BLOCK_P, BLOCK_D))
     run_sum, _ = tl.associative_scan((g, flag), 0, _segment_add)
     is_tail = valid & (row != nxt)
@@ -246,13 +267,14 @@ def atomic_sgd_kernel(
     lr_ptr,  # () fp32
     N, F, n_ids, s_gb, s_gf, s_gd,
     D: tl.constexpr, BLOCK_P: tl.constexpr, BLOCK_D: tl.constexpr, BAGS: tl.constexpr, MEAN: tl.constexpr,
+    WIDE: tl.constexpr,
 ):
     # Non-deterministic SGD: w[row] += -lr * g per id position, no sort. Bytes: N keys, N gradient rows read,
     # N atomic row updates.
-    p = tl.program_id(0).to(tl.int64) * BLOCK_P + tl.arange(0, BLOCK_P)
+    p = _program(WIDE) * BLOCK_P + tl.arange(0, BLOCK_P)
     valid = p < N
     g = _position_grads(grad_ptr, bag_ptr, offsets_ptr, p, valid, F, n_ids, s_gb, s_gf, s_gd,
-                        BLOCK_D, D, BAGS, MEAN)
+                        BLOCK_D, D, BAGS, MEAN, WIDE)
     row = tl.load(keys_ptr + p, mask=valid, other=0).to(tl.int64)
     d = tl.arange(0, BLOCK_D)
     lr = tl.load(lr_ptr)

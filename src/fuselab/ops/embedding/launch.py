@@ -11,7 +11,7 @@ from dataclasses import dataclass
 
 import torch
 
-from fuselab.ops._launch import INT32_MAX, cdiv, next_power_of_2
+from fuselab.ops._launch import INT32_MAX, cdiv, needs_int64, next_power_of_2
 from fuselab.reference.embedding import OPTIMIZERS, POOLINGS, momentum_shape
 
 from . import kernels
@@ -163,7 +163,7 @@ def lookup_(out: torch.Tensor, weight: torch.Tensor, ids: torch.Tensor, table_si
         weight, ids, offsets if bags else table_sizes, table_sizes, row_offsets, out,
         num_bags, table_sizes.shape[0], ids.shape[0] if bags else 0, s_ib, s_if,
         D=dim, BLOCK_ROWS=block_rows, BLOCK_D=block_d, BAGS=bags, MEAN=pooling == "mean",
-        num_warps=config.num_warps)
+        WIDE=needs_int64(out, ids) or num_bags + block_rows > INT32_MAX, num_warps=config.num_warps)
 
 
 def _bag_of_positions(offsets: torch.Tensor, n_pos: int) -> torch.Tensor:
@@ -193,9 +193,10 @@ def update_(weight: torch.Tensor, momentum: torch.Tensor, lr: torch.Tensor, grad
     key_dtype = torch.int32 if weight.shape[0] <= INT32_MAX else torch.int64
     keys = torch.empty(n_pos, dtype=key_dtype, device=weight.device)
     s_ib, s_if = _id_strides(ids, bags)
+    wide = needs_int64(ids, grad) or n_pos + config.rows_block > INT32_MAX
     kernels.rows_kernel[(cdiv(n_pos, config.rows_block),)](
         ids, bag if bags else keys, table_sizes, row_offsets, keys, n_pos, f_count, s_ib, s_if,
-        BLOCK=config.rows_block, BAGS=bags, num_warps=config.num_warps)
+        BLOCK=config.rows_block, BAGS=bags, WIDE=wide, num_warps=config.num_warps)
     block_d = next_power_of_2(dim)
     flags = dict(D=dim, BLOCK_D=block_d, num_warps=config.num_warps)
     bag_arg = bag if bags else keys
@@ -205,7 +206,7 @@ def update_(weight: torch.Tensor, momentum: torch.Tensor, lr: torch.Tensor, grad
     if optimizer == "sgd" and not deterministic:
         kernels.atomic_sgd_kernel[(cdiv(n_pos, config.update_rows),)](
             grad, keys, bag_arg, offsets_arg, weight, lr, n_pos, f_count, n_ids, *grad.stride(),
-            BLOCK_P=config.update_rows, BAGS=bags, MEAN=pooling == "mean", **flags)
+            BLOCK_P=config.update_rows, BAGS=bags, MEAN=pooling == "mean", WIDE=wide, **flags)
         return
     sorted_keys, perm = torch.sort(keys, stable=True)
     n_chunks = cdiv(n_pos, config.update_rows)
@@ -215,7 +216,7 @@ def update_(weight: torch.Tensor, momentum: torch.Tensor, lr: torch.Tensor, grad
     kernels.segment_update_kernel[(n_chunks,)](
         sorted_keys, perm, grad, bag_arg, offsets_arg, weight, state, lr, head, tail,
         n_pos, f_count, n_ids, *grad.stride(), float(eps),
-        BLOCK_P=config.update_rows, OPTIMIZER=code, BAGS=bags, MEAN=pooling == "mean", **flags)
+        BLOCK_P=config.update_rows, OPTIMIZER=code, BAGS=bags, MEAN=pooling == "mean", WIDE=wide, **flags)
     kernels.carry_update_kernel[(n_chunks,)](
         sorted_keys, head, tail, weight, state, lr, n_pos, n_chunks, float(eps),
         BLOCK_P=config.update_rows, BLOCK_C=config.carry_chunks, OPTIMIZER=code, **flags)

@@ -73,8 +73,7 @@ def _lookup_op(weight: Tensor, ids: Tensor, offsets: Tensor | None, table_sizes:
 
 @_lookup_op.register_fake
 def _(weight, ids, offsets, table_sizes, row_offsets, pooling, knobs):
-    dtype = torch.float32 if weight.device.type == "cuda" else weight.dtype
-    return weight.new_empty(_out_shape(weight, ids, table_sizes, offsets), dtype=dtype)
+    return weight.new_empty(_out_shape(weight, ids, table_sizes, offsets))  # the kernels' fp32 is weight's dtype
 
 
 @torch.library.custom_op("fuselab::embedding_bag_update_", mutates_args=("weight", "momentum"))
@@ -101,8 +100,7 @@ def _train_op(anchor: Tensor, weight: Tensor, momentum: Tensor, lr: Tensor, ids:
 @_train_op.register_fake
 def _(anchor, weight, momentum, lr, ids, offsets, table_sizes, row_offsets, pooling, optimizer, eps, deterministic,
       knobs):
-    dtype = torch.float32 if weight.device.type == "cuda" else weight.dtype
-    return weight.new_empty(_out_shape(weight, ids, table_sizes, offsets), dtype=dtype)
+    return weight.new_empty(_out_shape(weight, ids, table_sizes, offsets))  # the kernels' fp32 is weight's dtype
 
 
 def _setup_context(ctx, inputs, output) -> None:
