@@ -485,3 +485,30 @@ def test_int64_position_math(triton_backend, device, monkeypatch, bags):
                           row_offsets, offsets, pooling=pooling, optimizer="adagrad", config=SMALL)
     _close(w_dev, w64, "weight")
     _close(s_dev, s64, "state")
+
+
+# ---------------------------------------------------------------------------------------------- bench suite
+def test_bench_suite(device):
+    """The suite's cases, cost model and providers: every provider agrees with the float64 reference on the CPU
+    cases (fuselab through the kernels under the interpreter; torch.compile on one case, it compiles slowly)."""
+    from fuselab.backend import forced
+    from fuselab.bench.check import check
+    from fuselab.bench.spec import CaseQuery
+    from fuselab.bench.suites import embedding as suite
+    from fuselab.bench.suites import get_spec
+
+    spec = get_spec("embedding")
+    gpu = spec.cases(CaseQuery("cuda"))
+    assert {c.params["batch"] for c in gpu} == {65536, 8192} and sum(gpu[0].params["sizes"]) > 33_000_000
+    lookup = next(c for c in gpu if c.params["kind"] == "lookup" and c.params["batch"] == 65536)
+    assert lookup.bytes == 65536 * 26 * (8 + 2 * 64)
+    assert not spec.cases(CaseQuery("cpu", modes=("fwd+bwd",)))
+    ids = suite.power_law_ids(4096, (1000,))
+    assert ids.min() >= 0 and ids.max() < 1000 and ids.unique().numel() < 1000  # power law: duplicates
+    for case in spec.cases(CaseQuery("cpu")):
+        for p in spec.providers:
+            if p.name == "torch.compile" and case.params["kind"] != "update-rowwise_adagrad":
+                continue
+            with forced("triton" if p.triton else "auto"):
+                result = check(spec, case, p.build(case), device=device)
+            assert result.ok, f"{p.name} {case.key}: {result.error:.2e}"
