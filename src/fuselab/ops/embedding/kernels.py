@@ -41,6 +41,17 @@ def _narrow(index, WIDE: tl.constexpr):
 
 
 @triton.jit
+def _rows_mask(rows_ok, D: tl.constexpr, BLOCK_D: tl.constexpr):
+    # (P, BLOCK_D) mask of P rows x D columns; when D == BLOCK_D it is constant along D, which lets the compiler
+    # use 16-byte vector loads and stores (a `d < D` term would hide that)
+    if D == BLOCK_D:
+        m = tl.broadcast_to(rows_ok[:, None], (rows_ok.shape[0], BLOCK_D))
+    else:
+        m = rows_ok[:, None] & (tl.arange(0, BLOCK_D) < D)[None, :]
+    return m
+
+
+@triton.jit
 def _global_row(raw, feature, sizes_ptr, row_offsets_ptr, mask):
     # raw: ids of any integer dtype; feature: their feature index (same shape); sizes_ptr/row_offsets_ptr: (F,) int64
     n = tl.load(sizes_ptr + feature, mask=mask, other=1)
@@ -76,7 +87,6 @@ def lookup_kernel(
     j = _program(WIDE) * BLOCK_ROWS + tl.arange(0, BLOCK_ROWS)
     jm = j < num_bags
     d = tl.arange(0, BLOCK_D)
-    dm = d < D
     feature = j % F
     if BAGS:
         start, end = _bag_bounds(offsets_ptr, j, jm, n_ids)
@@ -86,14 +96,14 @@ def lookup_kernel(
             m = jm & (i < length)
             raw = tl.load(ids_ptr + (start + i) * s_ib, mask=m, other=0)
             row = _global_row(raw, feature, sizes_ptr, row_offsets_ptr, m)
-            acc += tl.load(w_ptr + row[:, None] * D + d[None, :], mask=m[:, None] & dm[None, :], other=0.0)
+            acc += tl.load(w_ptr + row[:, None] * D + d[None, :], mask=_rows_mask(m, D, BLOCK_D), other=0.0)
         if MEAN:
             acc = acc / tl.maximum(length, 1).to(tl.float32)[:, None]
     else:
         raw = tl.load(ids_ptr + (j // F) * s_ib + feature * s_if, mask=jm, other=0)
         row = _global_row(raw, feature, sizes_ptr, row_offsets_ptr, jm)
-        acc = tl.load(w_ptr + row[:, None] * D + d[None, :], mask=jm[:, None] & dm[None, :], other=0.0)
-    tl.store(out_ptr + j[:, None] * D + d[None, :], acc, mask=jm[:, None] & dm[None, :])
+        acc = tl.load(w_ptr + row[:, None] * D + d[None, :], mask=_rows_mask(jm, D, BLOCK_D), other=0.0)
+    tl.store(out_ptr + j[:, None] * D + d[None, :], acc, mask=_rows_mask(jm, D, BLOCK_D))
 
 
 @triton.jit
@@ -125,7 +135,7 @@ def _apply_update(w_ptr, s_ptr, lr, rows, g, mask, eps, D: tl.constexpr, BLOCK_D
     # rows: (P,) int64 distinct rows; g: (P, BLOCK_D) fp32 coalesced gradients; mask: (P,) rows to update.
     # Bytes per row: read + write D*4 of weight; adagrad also D*4 of state each way, rowwise 4 each way.
     d = tl.arange(0, BLOCK_D)
-    m2 = mask[:, None] & (d < D)[None, :]
+    m2 = _rows_mask(mask, D, BLOCK_D)
     w_at = w_ptr + rows[:, None] * D + d[None, :]
     w = tl.load(w_at, mask=m2, other=0.0)
     if OPTIMIZER == SGD:
@@ -167,7 +177,7 @@ def _position_grads(grad_ptr, bag_ptr, offsets_ptr, k, km, F, n_ids, s_gb, s_gf,
         bag = k
         inside = km
     at = grad_ptr + (bag // F) * s_gb + (bag % F) * s_gf
-    g = tl.load(at[:, None] + d[None, :] * s_gd, mask=inside[:, None] & (d < D)[None, :], other=0.0).to(tl.float32)
+    g = tl.load(at[:, None] + d[None, :] * s_gd, mask=_rows_mask(inside, D, BLOCK_D), other=0.0).to(tl.float32)
     if BAGS:
         g = g * scale[:, None]
     return g
@@ -278,5 +288,5 @@ def atomic_sgd_kernel(
     row = tl.load(keys_ptr + p, mask=valid, other=0).to(tl.int64)
     d = tl.arange(0, BLOCK_D)
     lr = tl.load(lr_ptr)
-    tl.atomic_add(w_ptr + row[:, None] * D + d[None, :], -lr * g, mask=valid[:, None] & (d < D)[None, :],
+    tl.atomic_add(w_ptr + row[:, None] * D + d[None, :], -lr * g, mask=_rows_mask(valid, D, BLOCK_D),
                   sem="relaxed")

@@ -219,4 +219,5 @@ def update_(weight: torch.Tensor, momentum: torch.Tensor, lr: torch.Tensor, grad
         BLOCK_P=config.update_rows, OPTIMIZER=code, BAGS=bags, MEAN=pooling == "mean", WIDE=wide, **flags)
     kernels.carry_update_kernel[(n_chunks,)](
         sorted_keys, head, tail, weight, state, lr, n_pos, n_chunks, float(eps),
-        BLOCK_P=config.update_rows, BLOCK_C=config.carry_chunks, OPTIMIZER=code, **flags)
+        BLOCK_P=config.update_rows, BLOCK_C=config.carry_chunks, OPTIMIZER=code, D=dim, BLOCK_D=block_d,
+        num_warps=1)  # most programs read 3 keys and exit; a crossing run adds (carry_chunks, D) tiles
