@@ -8,8 +8,9 @@ Custom ops (``torch.compile(fullgraph=True)`` traces them):
   placeholder tensor ``anchor`` that requires grad, so autograd calls the backward, which applies the optimizer
   to ``weight`` in place and returns no gradient at all: no dense ``(R, D)`` and no sparse COO gradient exist.
 
-CUDA tensors run the Triton kernels, others the reference (:mod:`fuselab.reference.embedding`), as
-:func:`fuselab.backend.triton_for` decides.
+Eager calls skip the dispatcher (straight to the launchers; autograd through :class:`_TrainFunction`);
+``torch.compile`` always sees the custom ops. CUDA tensors run the Triton kernels, others the reference
+(:mod:`fuselab.reference.embedding`), as :func:`fuselab.backend.triton_for` decides.
 """
 
 from __future__ import annotations
@@ -119,6 +120,26 @@ def _backward(ctx, grad: Tensor) -> tuple:
 _train_op.register_autograd(_backward, setup_context=_setup_context)
 
 
+class _TrainFunction(torch.autograd.Function):
+    """Eager autograd straight to the lookup and the update (the custom-op dispatcher and its autograd wrapper cost
+    tens of microseconds of host time per call); ``torch.compile`` traces ``fuselab::embedding_bag_train`` instead.
+    The tensors for the backward are kept on ``ctx`` (not saved tensors): the update itself bumps ``weight``'s
+    version, and a second lookup of the same weight before its backward must not trip the version check."""
+
+    @staticmethod
+    def forward(ctx, anchor, weight, momentum, lr, ids, offsets, table_sizes, row_offsets, pooling, optimizer, eps,
+                deterministic, knobs):
+        ctx.args = (weight, momentum, lr, ids, offsets, table_sizes, row_offsets, pooling, optimizer, eps,
+                    deterministic, knobs)
+        return _lookup(weight, ids, offsets, table_sizes, row_offsets, pooling, knobs)
+
+    @staticmethod
+    def backward(ctx, grad):
+        weight, momentum, lr, ids, offsets, table_sizes, row_offsets, *params = ctx.args
+        _update(weight, momentum, lr, grad, ids, offsets, table_sizes, row_offsets, *params)
+        return (None,) * 13
+
+
 # ---------------------------------------------------------------------------------------------- public API
 def embedding_bag_lookup(weight: Tensor, ids: Tensor, table_sizes: Tensor, row_offsets: Tensor,
                          offsets: Tensor | None = None, *, pooling: str = "sum",
@@ -143,6 +164,8 @@ def embedding_bag_lookup(weight: Tensor, ids: Tensor, table_sizes: Tensor, row_o
         metadata not int64), wrong ranks, F mismatch, offsets not ``(B*F + 1,)``, mixed devices, unknown pooling.
     """
     check(weight, ids, table_sizes, row_offsets, offsets, pooling)
+    if not torch.compiler.is_compiling():  # eager: no dispatcher
+        return _lookup(weight, ids, offsets, table_sizes, row_offsets, pooling, _knobs(config))
     return torch.ops.fuselab.embedding_bag_lookup(weight, ids, offsets, table_sizes, row_offsets, pooling,
                                                   _knobs(config))
 
@@ -161,8 +184,12 @@ def embedding_bag_update_(weight: Tensor, momentum: Tensor, lr: Tensor, grad: Te
     """
     batch, f_count, _ = check(weight, ids, table_sizes, row_offsets, offsets, pooling)
     check_update(weight, momentum, lr, grad, optimizer, eps, batch, f_count)
-    torch.ops.fuselab.embedding_bag_update_(weight, momentum, lr, grad, ids, offsets, table_sizes, row_offsets,
-                                            pooling, optimizer, float(eps), bool(deterministic), _knobs(config))
+    args = (weight, momentum, lr, grad, ids, offsets, table_sizes, row_offsets, pooling, optimizer, float(eps),
+            bool(deterministic), _knobs(config))
+    if not torch.compiler.is_compiling():  # eager: no dispatcher
+        _update(*args)
+        return
+    torch.ops.fuselab.embedding_bag_update_(*args)
 
 
 def embedding_bag_collection(weight: Tensor, momentum: Tensor, lr: Tensor, ids: Tensor, table_sizes: Tensor,
@@ -177,10 +204,15 @@ def embedding_bag_collection(weight: Tensor, momentum: Tensor, lr: Tensor, ids: 
     """
     batch, f_count, _ = check(weight, ids, table_sizes, row_offsets, offsets, pooling)
     train = anchor is not None and anchor.requires_grad and torch.is_grad_enabled()
+    compiling = torch.compiler.is_compiling()
+    knobs = _knobs(config)
     if not train:
-        return torch.ops.fuselab.embedding_bag_lookup(weight, ids, offsets, table_sizes, row_offsets, pooling,
-                                                      _knobs(config))
+        if not compiling:
+            return _lookup(weight, ids, offsets, table_sizes, row_offsets, pooling, knobs)
+        return torch.ops.fuselab.embedding_bag_lookup(weight, ids, offsets, table_sizes, row_offsets, pooling, knobs)
     check_update(weight, momentum, lr, None, optimizer, eps, batch, f_count)
-    return torch.ops.fuselab.embedding_bag_train(anchor, weight, momentum, lr, ids, offsets, table_sizes,
-                                                 row_offsets, pooling, optimizer, float(eps), bool(deterministic),
-                                                 _knobs(config))
+    args = (anchor, weight, momentum, lr, ids, offsets, table_sizes, row_offsets, pooling, optimizer, float(eps),
+            bool(deterministic), knobs)
+    if not compiling:
+        return _TrainFunction.apply(*args)
+    return torch.ops.fuselab.embedding_bag_train(*args)
