@@ -79,7 +79,7 @@ def dot_interaction_fwd_kernel(
     n_rows, n_vec, dim, n_pairs, out_width,
     stride_db, stride_dd, stride_eb, stride_ef, stride_ed, stride_ob, stride_oc,
     ROWS: tl.constexpr, BLOCK_V: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_PAD: tl.constexpr,
-    SELF: tl.constexpr, LOWP_DOT: tl.constexpr, OUT_BF16: tl.constexpr,
+    SELF: tl.constexpr, LOWP_DOT: tl.constexpr, OUT_BF16: tl.constexpr, ONE_TILE: tl.constexpr,
 ):
     ti = tl.program_id(1)
     tj = tl.program_id(2)
@@ -105,8 +105,11 @@ def dot_interaction_fwd_kernel(
         for d0 in range(0, dim, BLOCK_D):
             a = _load_vectors(dense_ptr, emb_ptr, row, vi, d0 + cd, n_vec, dim_r,
                               stride_db, stride_dd, stride_eb, stride_ef, stride_ed)
-            b = _load_vectors(dense_ptr, emb_ptr, row, vj, d0 + cd, n_vec, dim_r,
-                              stride_db, stride_dd, stride_eb, stride_ef, stride_ed)
+            if ONE_TILE:  # all N vectors in one tile (N <= BLOCK_V): V Vᵀ from one load
+                b = a
+            else:
+                b = _load_vectors(dense_ptr, emb_ptr, row, vj, d0 + cd, n_vec, dim_r,
+                                  stride_db, stride_dd, stride_eb, stride_ef, stride_ed)
             acc += _dot(a, tl.trans(b), LOWP_DOT)
         tl.store(out_ptr + row * stride_ob + col * stride_oc, _cast_out(acc, out_ptr, OUT_BF16),
                  mask=kept & (i < tl.where(live, n_vec, 0)))

@@ -139,7 +139,8 @@ def dot_interaction_fwd_(dense: torch.Tensor, emb: torch.Tensor, out: torch.Tens
         dense, emb, out, b, f + 1, d, pairs, out.shape[1],
         *dense.stride(), *emb.stride(), *out.stride(),
         ROWS=p.rows, BLOCK_V=p.block_v, BLOCK_D=p.block_d, BLOCK_PAD=p.block_pad,
-        SELF=bool(self_interaction), LOWP_DOT=p.lowp_dot, OUT_BF16=p.out_bf16, num_warps=p.num_warps,
+        SELF=bool(self_interaction), LOWP_DOT=p.lowp_dot, OUT_BF16=p.out_bf16, ONE_TILE=tiles == 1,
+        num_warps=p.num_warps,
     )
 
 
