@@ -225,7 +225,7 @@ def test_torchrec_order(backend, device, b, f, d):
 
 
 def _bad_cases(device):
-    t = lambda *s, dtype=torch.float32: torch.randn(*s, device=device).to(dtype)  # noqa: E731
+    t = lambda *s, dtype=torch.float32: torch.randn(*s, device=device).to(dtype)
     return [
         ((t(3, 4).numpy(), t(3, 2, 4)), {}, TypeError, "dense must be a torch.Tensor"),
         ((t(3, 4), t(3, 2, 4, dtype=torch.bfloat16)), {}, TypeError, "same dtype"),
@@ -264,7 +264,7 @@ def test_launcher_rejects_bad_outputs(device):
     dense, emb = torch.randn(3, 4, device=device), torch.randn(3, 2, 4, device=device)
     with pytest.raises(ValueError, match=r"out must be \(B=3, W >= 7\)"):
         dot_interaction_fwd_(dense, emb, torch.empty(3, 6, device=device), False)
-    with pytest.raises(ValueError, match="out must be a torch.float32 tensor"):
+    with pytest.raises(ValueError, match=r"out must be a torch\.float32 tensor"):
         dot_interaction_fwd_(dense, emb, torch.empty(3, 8, device=device, dtype=torch.float16), False)
     with pytest.raises(ValueError, match="grad_emb must be"):
         dot_interaction_bwd_(torch.randn(3, 7, device=device), dense, emb, torch.empty(3, 4, device=device),
@@ -306,3 +306,33 @@ def test_torch_compile_fullgraph(triton_backend, device):
     f(dense, emb).backward()
     torch.testing.assert_close(grads[0], dense.grad)
     torch.testing.assert_close(grads[1], emb.grad)
+
+
+# ---------------------------------------------------------------- bench suite
+
+
+def test_bench_cost_model():
+    from fuselab.bench.spec import CaseQuery
+    from fuselab.bench.suites import get_spec
+
+    spec = get_spec("interaction")
+    gpu = {c.key: c for c in spec.cases(CaseQuery("cuda"))}
+    kaggle = gpu["interaction/65536x26x16/bf16/fwd"]
+    assert kaggle.bytes == (65536 * 27 * 16 + 65536 * 367) * 2 and kaggle.flops == 2 * 65536 * 351 * 16
+    both = gpu["interaction/65536x26x16-pad8/bf16/fwd+bwd"]
+    read = 65536 * 27 * 16 + 65536 * (16 + 351) + 65536 * 27 * 16
+    assert both.read_bytes == read * 2 and both.bytes == (read + 65536 * 368 + 65536 * 27 * 16) * 2
+    assert {"interaction/8192x26x16/fp32/fwd", "interaction/65536x26x128/bf16/fwd+bwd"} <= set(gpu)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
+def test_bench_providers_correct(triton_backend, device, dtype):
+    from fuselab.bench.check import check
+    from fuselab.bench.spec import CaseQuery
+    from fuselab.bench.suites import get_spec
+
+    spec = get_spec("interaction")
+    for case in spec.cases(CaseQuery(device.type, quick=True, dtypes=(dtype,))):
+        for name in ("eager", "fuselab"):
+            result = check(spec, case, spec.provider(name).build(case), device=device)
+            assert result.ok, f"{name} {case.key}: {result.error:.2e} > {result.tolerance:.0e}"

@@ -49,7 +49,7 @@ def dot_interaction(dense: torch.Tensor, emb: torch.Tensor, self_interaction: bo
                     pad_to: int = 1) -> torch.Tensor:
     """dense (B, D), emb (B, F, D) -> (B, W) in ``dense``'s dtype (bmm + gather, computed in float32/float64)."""
     acc = compute_dtype(dense.dtype)
-    b, f, d = emb.shape
+    f, d = emb.shape[1:]
     vectors = torch.cat([dense.to(acc).unsqueeze(1), emb.to(acc)], dim=1)  # (B, F+1, D)
     gram = torch.bmm(vectors, vectors.transpose(1, 2))  # (B, F+1, F+1)
     rows, cols = pair_rows_cols(f, self_interaction, dense.device)

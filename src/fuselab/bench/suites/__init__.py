@@ -16,6 +16,7 @@ SUITES: dict[str, str] = {
     "bias_act": "fuselab.bench.suites.bias_act",
     "mlp": "fuselab.bench.suites.mlp",
     "reduce": "fuselab.bench.suites.reduce",
+    "interaction": "fuselab.bench.suites.interaction",
 }
 
 

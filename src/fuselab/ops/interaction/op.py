@@ -73,7 +73,7 @@ def _(grad, dense, emb, self_interaction):
 
 
 def _setup_context(ctx, inputs, output) -> None:
-    dense, emb, self_interaction, pad_to = inputs
+    dense, emb, self_interaction, _pad_to = inputs
     ctx.save_for_backward(dense, emb)
     ctx.self_interaction = self_interaction
 
