@@ -163,6 +163,30 @@ def test_tiled_launch_into_poisoned_outputs(triton_backend, device, self_interac
     assert ge._base[:, 0].isnan().all() and ge._base[:, -1].isnan().all()
 
 
+def test_wide_offsets_path(triton_backend, device, monkeypatch):
+    """The 64-bit index variant (taken when an operand reaches past 2^31 - 1 elements) computes the same values;
+    forced here on small tensors (the real overflow case is the GPU test below)."""
+    from fuselab.ops.interaction import launch
+
+    monkeypatch.setattr(launch, "needs_int64", lambda *tensors: True)
+    _check(torch.randn(5, 13, device=device), torch.randn(5, 6, 26, device=device)[:, :, ::2], True, 8)
+
+
+@pytest.mark.gpu
+def test_offsets_past_int32(device):
+    """emb a permuted view whose feature stride times F passes 2^31: no int32 overflow (GPU: 6.4 GB of bf16)."""
+    b, f, d = 2**25 + 1, 3, 32
+    base = torch.randn(f, b, d, device=device, dtype=torch.bfloat16)
+    emb = base.permute(1, 0, 2)  # (B, F, D), stride_ef = B * D
+    assert emb.stride(1) * (f - 1) > 2**31 - 1
+    dense = torch.randn(b, d, device=device, dtype=torch.bfloat16)
+    out = dot_interaction(dense, emb)
+    for rows in (slice(0, 4), slice(b - 4, b)):
+        ref = _ref64(dense[rows], emb[rows], False, 1)
+        mag = _ref64(dense[rows].abs(), emb[rows].abs(), False, 1)
+        _assert_close(out[rows], ref, mag, torch.bfloat16, f"rows {rows}")
+
+
 def test_bf16_rounds_to_nearest_even(triton_backend, device):
     """Integer inputs: the fp32 dot products are exact and need rounding to bf16; the kernel's bits equal torch's
     round-to-nearest-even of them (the interpreter alone would truncate)."""

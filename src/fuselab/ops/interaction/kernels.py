@@ -63,6 +63,16 @@ def _load_vectors(dense_ptr, emb_ptr, row, vec, col, n_vec, dim_r,
 
 
 @triton.jit
+def _index(offsets, WIDE: tl.constexpr):
+    """Index vector ``offsets`` in 64-bit when an operand reaches past 2^31 - 1 elements (``WIDE``): the products
+    with the strides then cannot overflow."""
+    if WIDE:
+        return offsets.to(tl.int64)
+    else:
+        return offsets
+
+
+@triton.jit
 def _dot(a, b, LOWP_DOT: tl.constexpr):
     """``a @ b`` accumulated in fp32: 16-bit operands as they are (tensor cores) or fp32 copies, IEEE fp32."""
     if LOWP_DOT:
@@ -80,14 +90,15 @@ def dot_interaction_fwd_kernel(
     stride_db, stride_dd, stride_eb, stride_ef, stride_ed, stride_ob, stride_oc,
     ROWS: tl.constexpr, BLOCK_V: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_PAD: tl.constexpr,
     SELF: tl.constexpr, LOWP_DOT: tl.constexpr, OUT_BF16: tl.constexpr, ONE_TILE: tl.constexpr,
+    WIDE: tl.constexpr,
 ):
     ti = tl.program_id(1)
     tj = tl.program_id(2)
     if tj > ti:  # upper-triangle tiles hold no kept pair
         return
     row0 = tl.program_id(0).to(tl.int64) * ROWS
-    vi = ti * BLOCK_V + tl.arange(0, BLOCK_V)
-    vj = tj * BLOCK_V + tl.arange(0, BLOCK_V)
+    vi = _index(ti * BLOCK_V + tl.arange(0, BLOCK_V), WIDE)
+    vj = _index(tj * BLOCK_V + tl.arange(0, BLOCK_V), WIDE)
     i = vi[:, None]
     j = vj[None, :]
     if SELF:
@@ -96,7 +107,7 @@ def dot_interaction_fwd_kernel(
     else:
         kept = (j < i) & (i < n_vec)
         col = dim + i * (i - 1) // 2 + j
-    cd = tl.arange(0, BLOCK_D)
+    cd = _index(tl.arange(0, BLOCK_D), WIDE)
     for r in range(ROWS):
         row = row0 + r
         live = row < n_rows
@@ -120,7 +131,7 @@ def dot_interaction_fwd_kernel(
                 tl.store(out_ptr + row * stride_ob + c * stride_oc, x.to(out_ptr.dtype.element_ty), mask=c < dim_r)
             width_r = tl.where(live, out_width, 0)
             for c0 in range(dim + n_pairs, out_width, BLOCK_PAD):
-                c = c0 + tl.arange(0, BLOCK_PAD)
+                c = c0 + _index(tl.arange(0, BLOCK_PAD), WIDE)
                 zero = tl.zeros((BLOCK_PAD,), dtype=out_ptr.dtype.element_ty)
                 tl.store(out_ptr + row * stride_ob + c * stride_oc, zero, mask=c < width_r)
 
@@ -136,11 +147,11 @@ def dot_interaction_bwd_kernel(
     stride_gb, stride_gc, stride_db, stride_dd, stride_eb, stride_ef, stride_ed,
     stride_xb, stride_xd, stride_yb, stride_yf, stride_yd,
     ROWS: tl.constexpr, BLOCK_V: tl.constexpr, BLOCK_D: tl.constexpr,
-    SELF: tl.constexpr, LOWP_DOT: tl.constexpr, OUT_BF16: tl.constexpr,
+    SELF: tl.constexpr, LOWP_DOT: tl.constexpr, OUT_BF16: tl.constexpr, WIDE: tl.constexpr,
 ):
     row0 = tl.program_id(0).to(tl.int64) * ROWS
-    vi = tl.program_id(1) * BLOCK_V + tl.arange(0, BLOCK_V)
-    cols = tl.program_id(2) * BLOCK_D + tl.arange(0, BLOCK_D)
+    vi = _index(tl.program_id(1) * BLOCK_V + tl.arange(0, BLOCK_V), WIDE)
+    cols = _index(tl.program_id(2) * BLOCK_D + tl.arange(0, BLOCK_D), WIDE)
     i = vi[:, None]
     c = cols[None, :]
     for r in range(ROWS):
@@ -150,7 +161,7 @@ def dot_interaction_bwd_kernel(
         n_vec_r = tl.where(live, n_vec, 0)
         acc = tl.zeros((BLOCK_V, BLOCK_D), dtype=tl.float32)
         for j0 in range(0, n_vec, BLOCK_V):
-            vj = j0 + tl.arange(0, BLOCK_V)
+            vj = _index(j0 + tl.arange(0, BLOCK_V), WIDE)
             j = vj[None, :]
             hi = tl.maximum(i, j)
             lo = tl.minimum(i, j)

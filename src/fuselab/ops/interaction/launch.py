@@ -11,7 +11,7 @@ from dataclasses import dataclass
 
 import torch
 
-from fuselab.ops._launch import cdiv, next_power_of_2
+from fuselab.ops._launch import cdiv, needs_int64, next_power_of_2
 from fuselab.ops._validate import FLOAT_DTYPES, require_ndim, require_tensor
 from fuselab.reference.interaction import MAX_DIM, MAX_FEATURES, num_pairs, output_width
 
@@ -28,15 +28,22 @@ class InteractionTuning:
     max_block_d: int = 64
     #: zero-padding columns written per store
     block_pad: int = 16
+    #: warps of a program whose Gram tile is at most 32 x 32 (Kaggle: N = 27), and of one with a larger tile
     num_warps: int = 4
+    num_warps_large: int = 8
+    #: software-pipelining stages of the loops. 1: ptxas (Triton 3.6, sm_90) then fits every tile in registers
+    #: without spilling (3: the fp32 backward spills from 32 x 32 tiles on, and the Kaggle tiles take 2-3x the
+    #: registers); occupancy hides the load latency instead
+    num_stages: int = 1
 
     def __post_init__(self) -> None:
         for name in ("max_block_v", "max_block_d", "block_pad"):
             value = getattr(self, name)
             if value < 16 or value & (value - 1):
                 raise ValueError(f"InteractionTuning.{name} must be a power of two >= 16, got {value}")
-        if self.rows_per_program < 1 or self.num_warps < 1:
-            raise ValueError("InteractionTuning.rows_per_program and num_warps must be >= 1")
+        if min(self.rows_per_program, self.num_warps, self.num_warps_large, self.num_stages) < 1:
+            raise ValueError("InteractionTuning.rows_per_program, num_warps, num_warps_large and num_stages "
+                             "must be >= 1")
 
 
 DEFAULT_TUNING = InteractionTuning()
@@ -51,6 +58,7 @@ class InteractionPlan:
     block_d: int
     block_pad: int
     num_warps: int
+    num_stages: int
     lowp_dot: bool  # 16-bit operands straight to tl.dot (GPU); fp32 copies under the interpreter
     out_bf16: bool  # round bf16 stores to nearest even with integer ops (see kernels.round_to_bf16_rtne)
 
@@ -59,12 +67,14 @@ class InteractionPlan:
 def plan(n_vec: int, dim: int, dtype: torch.dtype, on_gpu: bool,
          tuning: InteractionTuning = DEFAULT_TUNING) -> InteractionPlan:
     """The launch of ``n_vec = F + 1`` vectors of length ``dim`` in ``dtype``."""
+    block_v = min(max(16, next_power_of_2(n_vec)), tuning.max_block_v)
     return InteractionPlan(
         rows=tuning.rows_per_program,
-        block_v=min(max(16, next_power_of_2(n_vec)), tuning.max_block_v),
+        block_v=block_v,
         block_d=min(max(16, next_power_of_2(dim)), tuning.max_block_d),
         block_pad=tuning.block_pad,
-        num_warps=tuning.num_warps,
+        num_warps=tuning.num_warps if block_v <= 32 else tuning.num_warps_large,
+        num_stages=tuning.num_stages,
         lowp_dot=on_gpu and dtype in (torch.bfloat16, torch.float16),
         out_bf16=dtype == torch.bfloat16,
     )
@@ -140,7 +150,7 @@ def dot_interaction_fwd_(dense: torch.Tensor, emb: torch.Tensor, out: torch.Tens
         *dense.stride(), *emb.stride(), *out.stride(),
         ROWS=p.rows, BLOCK_V=p.block_v, BLOCK_D=p.block_d, BLOCK_PAD=p.block_pad,
         SELF=bool(self_interaction), LOWP_DOT=p.lowp_dot, OUT_BF16=p.out_bf16, ONE_TILE=tiles == 1,
-        num_warps=p.num_warps,
+        WIDE=needs_int64(dense, emb, out), num_warps=p.num_warps, num_stages=p.num_stages,
     )
 
 
@@ -169,7 +179,8 @@ def dot_interaction_bwd_(grad: torch.Tensor, dense: torch.Tensor, emb: torch.Ten
         grad, dense, emb, grad_dense, grad_emb, b, f + 1, d,
         *grad.stride(), *dense.stride(), *emb.stride(), *grad_dense.stride(), *grad_emb.stride(),
         ROWS=p.rows, BLOCK_V=p.block_v, BLOCK_D=p.block_d,
-        SELF=bool(self_interaction), LOWP_DOT=p.lowp_dot, OUT_BF16=p.out_bf16, num_warps=p.num_warps,
+        SELF=bool(self_interaction), LOWP_DOT=p.lowp_dot, OUT_BF16=p.out_bf16,
+        WIDE=needs_int64(grad, dense, emb, grad_dense, grad_emb), num_warps=p.num_warps, num_stages=p.num_stages,
     )
 
 
