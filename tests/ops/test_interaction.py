@@ -108,6 +108,14 @@ def test_limits(triton_backend, device):
     _check(dense, emb, True, 8)
 
 
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
+def test_kaggle_shape(device, dtype):
+    """Criteo Kaggle at the training batch: B 65536, F 26, D 16, padded to 368 (GPU: 8192 programs)."""
+    _check(torch.randn(65536, 16, device=device, dtype=dtype), torch.randn(65536, 26, 16, device=device, dtype=dtype),
+           False, 8)
+
+
 def test_strided_views(backend, device):
     """emb a slice with a stride-2 last dim, dense a transposed view: read through their strides."""
     big = torch.randn(6, 9, 22, device=device)
