@@ -17,6 +17,7 @@ SUITES: dict[str, str] = {
     "mlp": "fuselab.bench.suites.mlp",
     "reduce": "fuselab.bench.suites.reduce",
     "embedding": "fuselab.bench.suites.embedding",
+    "interaction": "fuselab.bench.suites.interaction",
 }
 
 
