@@ -96,7 +96,7 @@ class _AddmmReLU(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad: Tensor) -> tuple[Tensor | None, Tensor | None, Tensor | None]:
         x, weight, y = ctx.saved_tensors
-        dz = torch.threshold_backward(grad, y, 0)  # nn.ReLU's backward: grad where y > 0
+        dz = torch.ops.aten.threshold_backward(grad, y, 0)  # nn.ReLU's backward: grad where y > 0
         want_x, want_w, want_b = ctx.needs_input_grad
         return (dz.mm(weight) if want_x else None, dz.t().mm(x) if want_w else None,
                 dz.sum(0) if want_b else None)
