@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+from dlrm_fake_ops import fuselab_ops  # noqa: F401  (a fixture)
 
 from fuselab.dlrm.config import load_config
 from fuselab.dlrm.model import (
@@ -200,9 +201,8 @@ def test_dlrm_rejects_bad_options():
         InteractionArch(3, 4, "dot", pad_to=8)  # padding needs the fused interaction
 
 
+@pytest.mark.usefixtures("fuselab_ops")
 def test_fuselab_path_starts_from_the_torch_path_function():
-    pytest.importorskip("fuselab.ops.embedding", reason="fuselab's embedding collection is not built in yet")
-    pytest.importorskip("fuselab.ops.interaction", reason="fuselab's dot interaction is not built in yet")
     sizes = [7, 1, 130, 33, 5] + [3] * 21  # 26 features: interaction width 4 + 351 = 355, padded to 360
     ref = DLRM(sizes, 4, [8, 4], [6, 1], seed=5)
     ours = DLRM(sizes, 4, [8, 4], [6, 1], seed=5, kernels="fuselab", optimizer="rowwise_adagrad")

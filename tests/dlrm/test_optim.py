@@ -10,6 +10,7 @@ from __future__ import annotations
 import pytest
 import torch
 import torch.nn.functional as F
+from dlrm_fake_ops import fuselab_ops  # noqa: F401  (a fixture)
 
 from fuselab.dlrm.model import DLRM
 from fuselab.dlrm.optim import OPTIMIZERS, Optimizers
@@ -153,3 +154,54 @@ def test_bad_arguments():
     opts = Optimizers(model, optimizer="sgd", lr_dense=0.1, lr_sparse=0.1)
     with pytest.raises(ValueError, match="optimizer state"):
         opts.load_state_dict({"optimizer": "adagrad", "dense": [], "sparse": [], "lr_dense": 0.1, "lr_sparse": 0.1})
+
+
+@pytest.mark.usefixtures("fuselab_ops")
+@pytest.mark.parametrize("optimizer", OPTIMIZERS)
+def test_fuselab_path_fused_update_matches_float64_update(optimizer):
+    """The embedding update happens in backward: weight and state after it equal a float64 update computed here
+    from the gradient of the lookup's output (duplicates summed, ids taken modulo the table rows)."""
+    model = DLRM(SIZES, 4, [8, 4], [6, 1], seed=3, kernels="fuselab", optimizer=optimizer, lr_sparse=0.3,
+                 adagrad_eps=EPS)
+    opts = Optimizers(model, optimizer=optimizer, lr_dense=0.05, lr_sparse=0.3, eps=EPS)
+    ebc = model.sparse_arch
+    offsets = torch.tensor([0, *SIZES[:-1]]).cumsum(0)
+    gen = torch.Generator().manual_seed(4)
+    for step in range(4):
+        if step == 2:
+            opts.set_lr(0.05, 0.8)
+        dense, sparse, labels = _batch(gen)
+        sparse = sparse + 7 * torch.tensor(SIZES)  # raw ids: the collection applies id % rows
+        w = ebc.weight.detach().double().clone()
+        s = ebc.momentum.detach().double().clone() if optimizer != "sgd" else None
+        grads = []
+        opts.zero_grad()
+        emb = ebc(sparse)
+        emb.register_hook(grads.append)
+        F.binary_cross_entropy_with_logits(model.dense_forward(dense, emb), labels).backward()
+        assert ebc.weight.grad is None
+        rows = (sparse % torch.tensor(SIZES) + offsets).reshape(-1)
+        g = torch.zeros_like(w).index_add_(0, rows, grads[0].reshape(-1, 4).double())
+        touched = torch.zeros(len(w), dtype=torch.bool)
+        touched[rows] = True
+        w_ref = w.clone()
+        _reference_update(optimizer, w_ref, g, s, opts.lr["sparse"], True)
+        w_ref[~touched] = w[~touched]
+        assert_close(ebc.weight.detach(), w_ref, torch.float32, f"{optimizer} fused update, step {step}")
+        if optimizer != "sgd":
+            assert_close(ebc.momentum, s, torch.float32, f"{optimizer} fused state, step {step}")
+        opts.step()
+
+
+@pytest.mark.usefixtures("fuselab_ops")
+def test_fuselab_path_learning_rate_and_state():
+    model = DLRM(SIZES, 4, [8, 4], [6, 1], kernels="fuselab", optimizer="rowwise_adagrad")
+    with pytest.raises(ValueError, match="built for 'rowwise_adagrad'"):
+        Optimizers(model, optimizer="sgd", lr_dense=0.1, lr_sparse=0.1)
+    opts = Optimizers(model, optimizer="rowwise_adagrad", lr_dense=0.1, lr_sparse=0.25)
+    assert float(model.sparse_arch.lr) == 0.25 and opts.sparse_params == [] and opts.sparse_state == []
+    opts.set_lr(0.1, 0.125)
+    assert float(model.sparse_arch.lr) == 0.125
+    assert "sparse_arch.momentum" in model.state_dict() and "sparse_arch.weight" in model.state_dict()
+    dense = {id(p) for n, p in model.named_parameters() if not n.startswith("sparse_arch.")}
+    assert {id(p) for p in opts.dense_params} == dense and id(model.sparse_arch.weight) not in dense

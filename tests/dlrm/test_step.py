@@ -8,6 +8,7 @@ import copy
 import pytest
 import torch
 import torch.nn.functional as F
+from dlrm_fake_ops import fuselab_ops  # noqa: F401  (a fixture)
 
 from fuselab.dlrm.model import DLRM
 from fuselab.dlrm.optim import OPTIMIZERS, Optimizers
@@ -56,6 +57,22 @@ def test_eager_step_equals_hand_written_step(precision, mlp):
     for (name, pa), pb in zip(a.state_dict().items(), b.state_dict().values()):
         assert torch.equal(pa, pb), name
     assert torch.get_float32_matmul_precision() == "highest"  # restored after the tf32 steps
+
+
+@pytest.mark.usefixtures("fuselab_ops")
+@pytest.mark.parametrize("precision", ["fp32", "bf16"])
+def test_fuselab_path_eager_step_equals_hand_written_step(precision):
+    a = _model(kernels="fuselab", optimizer="rowwise_adagrad", lr_sparse=0.1)
+    b = copy.deepcopy(a)
+    step = TrainStep(a, Optimizers(a, optimizer="rowwise_adagrad", lr_dense=0.05, lr_sparse=0.1),
+                     precision=precision)
+    opts_b = Optimizers(b, optimizer="rowwise_adagrad", lr_dense=0.05, lr_sparse=0.1)
+    for dense, sparse, labels in _batches(4):
+        assert torch.equal(step(dense, sparse, labels), _hand_step(b, opts_b, dense, sparse, labels,
+                                                                   precision == "bf16"))
+    for (name, pa), pb in zip(a.state_dict().items(), b.state_dict().values()):
+        assert torch.equal(pa, pb), name
+    assert not torch.equal(a.sparse_arch.momentum, torch.zeros_like(a.sparse_arch.momentum))
 
 
 def test_losses_are_independent_tensors_and_decrease():
@@ -125,11 +142,10 @@ def test_cuda_graph_equals_eager_and_sees_new_lr(optimizer):
         steps[1](*[t.cuda()[:5] for t in _batches(1)[0]])
 
 
-@pytest.mark.slow
+@pytest.mark.usefixtures("fuselab_ops")
 @pytest.mark.parametrize("optimizer", OPTIMIZERS)
 def test_kernel_paths_learn_the_same_loss_curve(optimizer):
     """A few hundred steps of both paths from the same initial function: the loss curves agree to tolerance."""
-    _fuselab_available()
     sizes = [11, 3, 50, 7, 20]
     lr = {"sgd": (0.1, 0.5), "adagrad": (0.02, 0.05), "rowwise_adagrad": (0.02, 0.05)}[optimizer]
     curves = []
