@@ -357,7 +357,7 @@ class Bench:
     def run(self, provider: str, case: Case, batches) -> dict[str, Any]:
         a, family = self.args, provider.split("-")[0]
         row: dict[str, Any] = {"provider": provider, **asdict(case)}
-        skip = self.skip_reason(provider)
+        skip = self.skip_reason(provider, case)
         if skip:
             return {**row, "status": "skipped", "reason": skip}
         cuda = self.device.type == "cuda"
@@ -380,18 +380,23 @@ class Bench:
             row.update(status="error", error=repr(exc)[:500])
         return row
 
-    def skip_reason(self, provider: str) -> str | None:
+    def skip_reason(self, provider: str, case: Case) -> str | None:
         if provider.startswith("fuselab") and "fuselab" not in self.models:
             try:
                 self.model("fuselab")
-            except ImportError as exc:
+            except Exception as exc:  # not built in (ImportError) or broken: every fuselab run says why
+                traceback.print_exc()
                 self.models["fuselab"] = exc
-        if isinstance(self.models.get("fuselab"), ImportError) and provider.startswith("fuselab"):
-            return f"fuselab kernels unavailable: {self.models['fuselab']}"
+        if isinstance(self.models.get("fuselab"), Exception) and provider.startswith("fuselab"):
+            return f"fuselab kernels unavailable: {self.models['fuselab']!r}"[:300]
         if provider.endswith("graph") and self.device.type != "cuda":
             return "CUDA graphs need a CUDA device"
-        if time.perf_counter() - self.t0 > self.args.budget_s:
+        left = self.args.budget_s - (time.perf_counter() - self.t0)
+        if left < 0:
             return f"time budget ({self.args.budget_s:.0f} s) spent"
+        compiling = provider.endswith("compile") and (provider, case.batch, case.precision) not in self.steps
+        if compiling and left < self.args.compile_min_s:
+            return f"a compilation needs {self.args.compile_min_s:.0f} s of budget, {left:.0f} s left"
         return None
 
 
@@ -426,7 +431,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--warmup", type=int, default=3)
     p.add_argument("--windows", type=int, default=5)
     p.add_argument("--steps", type=int, default=10, help="steps per timed window")
-    p.add_argument("--budget-s", type=float, default=330.0, help="start no run after this many seconds")
+    p.add_argument("--budget-s", type=float, default=300.0, help="start no run after this many seconds")
+    p.add_argument("--compile-min-s", type=float, default=45.0, help="start no compilation with less budget left")
     p.add_argument("--no-profile", action="store_true", help="skip the breakdown and the profiler counts")
     args = p.parse_args(argv)
     cpu = args.device == "cpu"
