@@ -161,17 +161,20 @@ def _mlp(widths: Sequence[int], relu_last: bool, gen: torch.Generator | None, im
 
 class DenseArch(nn.Module):
     """Bottom MLP: [B, I] -> [B, widths[-1]], ReLU after every layer (as both reference models).
-    ``mlp``: one of :data:`MLP_IMPLS` (``"torch"``: nn.Linear + nn.ReLU modules)."""
+    ``mlp``: one of :data:`MLP_IMPLS` (``"torch"``: nn.Linear + nn.ReLU modules). ``in_pad`` zero columns are
+    appended to the input (fused MLPs only: 13 -> 16 keeps the first GEMM's rows 16-byte aligned in bf16); the
+    first layer's weights for them start at zero and get zero gradient."""
 
     def __init__(self, in_features: int, widths: Sequence[int], generator: torch.Generator | None = None,
-                 mlp: str = "torch"):
+                 mlp: str = "torch", in_pad: int = 0):
         super().__init__()
         self.out_features = int(widths[-1])
-        self.mlp = _mlp([in_features, *widths], relu_last=True, gen=generator, impl=mlp)
+        self.in_pad = in_pad
+        self.mlp = _mlp([in_features, *widths], relu_last=True, gen=generator, impl=mlp, in_pad=in_pad)
 
     def forward(self, dense: Tensor) -> Tensor:
         """dense [B, I] float -> [B, widths[-1]]"""
-        return self.mlp(dense)
+        return self.mlp(F.pad(dense, (0, self.in_pad)) if self.in_pad else dense)
 
 
 class SparseArch(nn.Module):
@@ -319,13 +322,14 @@ class DLRM(nn.Module):
     """DLRM: ``forward(dense [B, 13], sparse [B, F] table-row ids) -> logits [B]`` (sigmoid at prediction).
 
     ``kernels="torch"`` (the reference; ``sparse`` must already be hashed into each table, see
-    :class:`fuselab.dlrm.data.loader.Hasher`) or ``"fuselab"`` (the fused embedding collection applies ``id %
-    rows`` itself; ``optimizer``, ``lr_sparse``, ``adagrad_eps``, ``deterministic`` configure its fused update;
-    ``pad_to`` pads the interaction; ``mlp`` picks the :class:`LinearAct` implementation, default ``"addmm"``).
-    The torch path's embedding optimizer lives in :class:`fuselab.dlrm.optim.Optimizers` (``optimizer`` etc.
-    are only recorded). Build from a config with :meth:`from_config`; the seed makes initialisation
-    reproducible and equal across the two paths. Raises ValueError for an unknown kernels/optimizer/mlp and
-    ImportError when ``kernels="fuselab"`` and fuselab's embedding/interaction ops are missing.
+    :class:`fuselab.dlrm.data.loader.Hasher`) or ``"fuselab"`` (the fused embedding collection applies
+    ``id % rows`` itself; ``optimizer``, ``lr_sparse``, ``adagrad_eps``, ``deterministic`` configure its fused
+    update; ``pad_to`` pads the interaction output and, with fused MLPs, the dense input; ``mlp`` picks the
+    :class:`LinearAct` implementation, default ``"addmm"``). The torch path's embedding optimizer lives in
+    :class:`fuselab.dlrm.optim.Optimizers` (``optimizer`` etc. are only recorded). Build from a config with
+    :meth:`from_config`; the seed makes initialisation reproducible and equal across the two paths.
+    Raises ValueError for an unknown kernels/optimizer/mlp or a ``pad_to`` below 1, ImportError when
+    ``kernels="fuselab"`` and fuselab's embedding/interaction ops are missing.
     """
 
     def __init__(self, table_sizes: Sequence[int], embedding_dim: int, bottom_mlp: Sequence[int],
@@ -342,9 +346,12 @@ class DLRM(nn.Module):
         mlp = mlp or ("addmm" if fused else "torch")
         if mlp not in MLP_IMPLS:
             raise ValueError(f"mlp must be one of {MLP_IMPLS}, got {mlp!r}")
+        if not isinstance(pad_to, int) or pad_to < 1:
+            raise ValueError(f"pad_to must be a positive int, got {pad_to!r}")
         self.kernels, self.optimizer, self.adagrad_eps, self.mlp_impl = kernels, optimizer, adagrad_eps, mlp
         gen = torch.Generator().manual_seed(seed)
-        self.dense_arch = DenseArch(NUM_DENSE, bottom_mlp, gen, mlp)
+        dense_pad = -NUM_DENSE % pad_to if fused and mlp != "torch" else 0
+        self.dense_arch = DenseArch(NUM_DENSE, bottom_mlp, gen, mlp, dense_pad)
         if fused:
             collection, dot_fn = _fuselab_ops()
             self.sparse_arch = collection(list(table_sizes), embedding_dim, optimizer=optimizer, lr=lr_sparse,
