@@ -39,6 +39,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
+from torch.profiler import ProfilerActivity, profile
 
 from fuselab import envinfo
 
@@ -168,7 +169,7 @@ def make_batches(case: Case, sizes: list[int], device: torch.device, count: int 
 
 
 class Clock:
-    """CUDA events on a GPU, perf_counter (after a sync) elsewhere."""
+    """CUDA events on a GPU (no synchronization until :meth:`sync`), perf_counter on a CPU."""
 
     def __init__(self, device: torch.device):
         self.cuda = device.type == "cuda"
@@ -278,8 +279,6 @@ _LAUNCH_CALLS = ("cudaLaunchKernel", "cudaLaunchKernelExC", "cuLaunchKernel", "c
 
 def profile_counts(step, batches, device: torch.device, steps: int = 3) -> dict[str, Any]:
     """Kernels, copies/sets, launch API calls and kernel time per step, from torch.profiler."""
-    from torch.profiler import ProfilerActivity, profile
-
     activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.type == "cuda" else [])
     with profile(activities=activities) as prof:
         for k in range(steps):
