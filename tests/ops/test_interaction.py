@@ -18,7 +18,7 @@ from fuselab.ops.interaction.launch import InteractionTuning, dot_interaction_bw
 #: rounding of the result to the output dtype, ACC the fp32 accumulation
 RTOL = {torch.float32: 1e-6, torch.bfloat16: 2.0**-8, torch.float16: 2.0**-10}
 ACC = 4e-6
-SMALL_TILES = InteractionTuning(rows_per_program=3, max_block_v=16, max_block_d=16)
+SMALL_TILES = InteractionTuning(rows_per_program=2, max_block_v=16, max_block_d=16)
 
 
 @pytest.fixture(params=["triton", "torch"])
