@@ -19,6 +19,9 @@ from fuselab.ops.interaction.launch import InteractionTuning, dot_interaction_bw
 RTOL = {torch.float32: 1e-6, torch.bfloat16: 2.0**-8, torch.float16: 2.0**-10}
 ACC = 4e-6
 SMALL_TILES = InteractionTuning(rows_per_program=2, max_block_v=16, max_block_d=16)
+#: the same tiles computed by CUDA-core outer products over D (kernels' OUTER) in both directions, every dtype
+SMALL_OUTER = InteractionTuning(rows_per_program=2, max_block_v=16, max_block_d=16, fwd_outer_fp32=True,
+                                fwd_outer_lowp=True, bwd_outer_fp32=True, bwd_outer_lowp=True)
 
 
 @pytest.fixture(params=["triton", "torch"])
@@ -142,8 +145,9 @@ def test_padding_gradient_ignored(backend, device):
     _check(dense, emb, False, 8, grad=grad)
 
 
+@pytest.mark.parametrize("tuning", [SMALL_TILES, SMALL_OUTER], ids=["dot", "outer"])
 @pytest.mark.parametrize("self_interaction", [False, True], ids=["strict", "self"])
-def test_tiled_launch_into_poisoned_outputs(triton_backend, device, self_interaction):
+def test_tiled_launch_into_poisoned_outputs(triton_backend, device, self_interaction, tuning):
     """Small tiles (several Gram tiles, D chunks, a row tail) into NaN-filled strided outputs: every element of
     the output written (padding exactly 0) and nothing outside it."""
     b, f, d = 7, 20, 37
@@ -151,7 +155,7 @@ def test_tiled_launch_into_poisoned_outputs(triton_backend, device, self_interac
     p = len(_pairs(f, self_interaction))
     buf = torch.full((b, d + p + 9), float("nan"), device=device)
     out = buf[:, 2:-2]  # width d + p + 5: five padding columns
-    dot_interaction_fwd_(dense, emb, out, self_interaction, SMALL_TILES)
+    dot_interaction_fwd_(dense, emb, out, self_interaction, tuning)
     ref = _ref64(dense, emb, self_interaction, 1)
     mag = _ref64(dense.abs(), emb.abs(), self_interaction, 1)
     _assert_close(out[:, : d + p], ref, mag, torch.float32, "forward")
@@ -161,7 +165,7 @@ def test_tiled_launch_into_poisoned_outputs(triton_backend, device, self_interac
     grad = torch.randn(b, d + p + 5, device=device)
     gd = torch.full((b, d), float("nan"), device=device)
     ge = torch.full((b, f + 2, d), float("nan"), device=device)[:, 1:-1]
-    dot_interaction_bwd_(grad, dense, emb, gd, ge, self_interaction, SMALL_TILES)
+    dot_interaction_bwd_(grad, dense, emb, gd, ge, self_interaction, tuning)
     d64, e64 = dense.double().requires_grad_(True), emb.double().requires_grad_(True)
     da, ea = dense.double().abs().requires_grad_(True), emb.double().abs().requires_grad_(True)
     _ref64(d64, e64, self_interaction, 1).backward(grad[:, : d + p].double())

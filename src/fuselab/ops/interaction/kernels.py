@@ -92,7 +92,7 @@ def dot_interaction_fwd_kernel(
     stride_db, stride_dd, stride_eb, stride_ef, stride_ed, stride_ob, stride_oc,
     ROWS: tl.constexpr, BLOCK_V: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_PAD: tl.constexpr,
     SELF: tl.constexpr, LOWP_DOT: tl.constexpr, OUT_BF16: tl.constexpr, ONE_TILE: tl.constexpr,
-    WIDE: tl.constexpr,
+    WIDE: tl.constexpr, OUTER: tl.constexpr,
 ):
     ti = tl.program_id(1)
     tj = tl.program_id(2)
@@ -106,16 +106,25 @@ def dot_interaction_fwd_kernel(
     j = vj[None, None, :]
     cd = _index(tl.arange(0, BLOCK_D), WIDE)
     acc = tl.zeros((ROWS, BLOCK_V, BLOCK_V), dtype=tl.float32)
-    for d0 in range(0, dim, BLOCK_D):
-        c = (d0 + cd)[None, None, :]
-        a = _load_vectors(dense_ptr, emb_ptr, r3, live, i, c, n_vec, dim,
-                          stride_db, stride_dd, stride_eb, stride_ef, stride_ed)
-        if ONE_TILE:  # all N vectors in one tile (N <= BLOCK_V): V Vᵀ from one load
-            b = a
-        else:
-            b = _load_vectors(dense_ptr, emb_ptr, r3, live, vj[None, :, None], c, n_vec, dim,
+    if OUTER:  # CUDA-core FMAs: one outer product v_I[:, d] v_J[:, d]ᵀ per element of D (L1-resident rows)
+        for d in range(0, dim):
+            dd = _index(d + tl.zeros((1, 1, 1), tl.int32), WIDE)  # a tensor (the interpreter's d is an int)
+            a = _load_vectors(dense_ptr, emb_ptr, r3, live, i, dd, n_vec, dim,
                               stride_db, stride_dd, stride_eb, stride_ef, stride_ed)
-        acc += _dot(a, tl.trans(b, (0, 2, 1)), LOWP_DOT)
+            b = _load_vectors(dense_ptr, emb_ptr, r3, live, j, dd, n_vec, dim,
+                              stride_db, stride_dd, stride_eb, stride_ef, stride_ed)
+            acc += a.to(tl.float32) * b.to(tl.float32)
+    else:
+        for d0 in range(0, dim, BLOCK_D):
+            c = (d0 + cd)[None, None, :]
+            a = _load_vectors(dense_ptr, emb_ptr, r3, live, i, c, n_vec, dim,
+                              stride_db, stride_dd, stride_eb, stride_ef, stride_ed)
+            if ONE_TILE:  # all N vectors in one tile (N <= BLOCK_V): V Vᵀ from one load
+                b = a
+            else:
+                b = _load_vectors(dense_ptr, emb_ptr, r3, live, vj[None, :, None], c, n_vec, dim,
+                                  stride_db, stride_dd, stride_eb, stride_ef, stride_ed)
+            acc += _dot(a, tl.trans(b, (0, 2, 1)), LOWP_DOT)
     if SELF:
         kept = (j <= i) & (i < n_vec)
         col = dim + i * (i + 1) // 2 + j
@@ -147,31 +156,49 @@ def dot_interaction_bwd_kernel(
     stride_gb, stride_gc, stride_db, stride_dd, stride_eb, stride_ef, stride_ed,
     stride_xb, stride_xd, stride_yb, stride_yf, stride_yd,
     ROWS: tl.constexpr, BLOCK_V: tl.constexpr, BLOCK_D: tl.constexpr,
-    SELF: tl.constexpr, LOWP_DOT: tl.constexpr, OUT_BF16: tl.constexpr, WIDE: tl.constexpr,
+    SELF: tl.constexpr, LOWP_DOT: tl.constexpr, OUT_BF16: tl.constexpr, WIDE: tl.constexpr, OUTER: tl.constexpr,
 ):
     r3 = (tl.program_id(0).to(tl.int64) * ROWS + tl.arange(0, ROWS))[:, None, None]
     live = r3 < n_rows
     i = _index(tl.program_id(1) * BLOCK_V + tl.arange(0, BLOCK_V), WIDE)[None, :, None]
     c = _index(tl.program_id(2) * BLOCK_D + tl.arange(0, BLOCK_D), WIDE)[None, None, :]
     acc = tl.zeros((ROWS, BLOCK_V, BLOCK_D), dtype=tl.float32)
-    for j0 in range(0, n_vec, BLOCK_V):
-        vj = _index(j0 + tl.arange(0, BLOCK_V), WIDE)
-        j = vj[None, None, :]
-        hi = tl.maximum(i, j)
-        lo = tl.minimum(i, j)
-        if SELF:
-            kept = live & (hi < n_vec)
-            pair = hi * (hi + 1) // 2 + lo
-        else:
-            kept = live & (hi < n_vec) & (i != j)
-            pair = hi * (hi - 1) // 2 + lo
-        # S[r, i, j] = dL/dZ_ij of row r for the kept pair {i, j}: symmetric, read from the gradient's rows
-        s = tl.load(grad_ptr + r3 * stride_gb + (dim + pair) * stride_gc, mask=kept, other=0.0)
-        if SELF:  # d(v_i . v_i)/dv_i = 2 v_i: exact doubling, back in the gradient's dtype
-            s = tl.where(i == j, s.to(tl.float32) * 2.0, s.to(tl.float32)).to(s.dtype)
-        v = _load_vectors(dense_ptr, emb_ptr, r3, live, vj[None, :, None], c, n_vec, dim,
-                          stride_db, stride_dd, stride_eb, stride_ef, stride_ed)
-        acc += _dot(s.to(v.dtype), v, LOWP_DOT)
+    if OUTER:  # CUDA-core FMAs: dV_I += S[:, I, j] v_j per vector j (a column of S, one row of V)
+        for jj in range(0, n_vec):
+            j = _index(jj + tl.zeros((1, 1, 1), tl.int32), WIDE)  # a tensor (the interpreter's jj is an int)
+            hi = tl.maximum(i, j)
+            lo = tl.minimum(i, j)
+            if SELF:
+                kept = live & (hi < n_vec)
+                pair = hi * (hi + 1) // 2 + lo
+            else:
+                kept = live & (hi < n_vec) & (i != j)
+                pair = hi * (hi - 1) // 2 + lo
+            s = tl.load(grad_ptr + r3 * stride_gb + (dim + pair) * stride_gc, mask=kept, other=0.0).to(tl.float32)
+            if SELF:
+                s = tl.where(i == j, s * 2.0, s)
+            v = _load_vectors(dense_ptr, emb_ptr, r3, live, j, c, n_vec, dim,
+                              stride_db, stride_dd, stride_eb, stride_ef, stride_ed)
+            acc += s * v.to(tl.float32)
+    else:
+        for j0 in range(0, n_vec, BLOCK_V):
+            vj = _index(j0 + tl.arange(0, BLOCK_V), WIDE)
+            j = vj[None, None, :]
+            hi = tl.maximum(i, j)
+            lo = tl.minimum(i, j)
+            if SELF:
+                kept = live & (hi < n_vec)
+                pair = hi * (hi + 1) // 2 + lo
+            else:
+                kept = live & (hi < n_vec) & (i != j)
+                pair = hi * (hi - 1) // 2 + lo
+            # S[r, i, j] = dL/dZ_ij of row r for the kept pair {i, j}: symmetric, read from the gradient's rows
+            s = tl.load(grad_ptr + r3 * stride_gb + (dim + pair) * stride_gc, mask=kept, other=0.0)
+            if SELF:  # d(v_i . v_i)/dv_i = 2 v_i: exact doubling, back in the gradient's dtype
+                s = tl.where(i == j, s.to(tl.float32) * 2.0, s.to(tl.float32)).to(s.dtype)
+            v = _load_vectors(dense_ptr, emb_ptr, r3, live, vj[None, :, None], c, n_vec, dim,
+                              stride_db, stride_dd, stride_eb, stride_ef, stride_ed)
+            acc += _dot(s.to(v.dtype), v, LOWP_DOT)
     # v_0 = dense passes straight through to output columns [0, D)
     is_dense = live & (i == 0) & (c < dim)
     g0 = tl.load(grad_ptr + r3 * stride_gb + c * stride_gc + i * 0, mask=is_dense, other=0.0)

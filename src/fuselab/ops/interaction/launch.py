@@ -11,7 +11,7 @@ from dataclasses import dataclass
 
 import torch
 
-from fuselab.ops._launch import cdiv, needs_int64, next_power_of_2
+from fuselab.ops._launch import cdiv, launch, needs_int64, next_power_of_2
 from fuselab.ops._validate import FLOAT_DTYPES, require_ndim, require_tensor
 from fuselab.reference.interaction import MAX_DIM, MAX_FEATURES, num_pairs, output_width
 
@@ -43,6 +43,12 @@ class InteractionTuning:
     #: without spilling (3: the fp32 backward spills from 32 x 32 tiles on, and the Kaggle tiles take 2-3x the
     #: registers); occupancy hides the load latency instead
     num_stages: int = 1
+    #: compute with CUDA-core FMAs, one outer product per element of D (forward: ``v_I[:, d] v_J[:, d]ᵀ``;
+    #: backward: ``S[:, I, j] v_j`` per vector ``j``) instead of ``tl.dot``; per dtype class (fp32, 16-bit)
+    fwd_outer_fp32: bool = False
+    fwd_outer_lowp: bool = False
+    bwd_outer_fp32: bool = False
+    bwd_outer_lowp: bool = False
 
     def __post_init__(self) -> None:
         for name in ("max_block_v", "max_block_d", "block_pad"):
@@ -71,6 +77,7 @@ class InteractionPlan:
     num_warps: int
     num_stages: int
     lowp_dot: bool  # 16-bit operands straight to tl.dot (GPU); fp32 copies under the interpreter
+    outer: bool  # CUDA-core outer products over D instead of tl.dot (kernels' OUTER)
     out_bf16: bool  # round bf16 stores to nearest even with integer ops (see kernels.round_to_bf16_rtne)
 
 
@@ -82,6 +89,11 @@ def plan(n_vec: int, dim: int, dtype: torch.dtype, on_gpu: bool, backward: bool,
     block_d = min(max(16, next_power_of_2(dim)), tuning.max_block_d)
     rows, budget = ((tuning.bwd_rows_per_program, tuning.bwd_max_tile_elements) if backward
                     else (tuning.rows_per_program, tuning.max_tile_elements))
+    lowp = dtype in (torch.bfloat16, torch.float16)
+    if backward:
+        outer = tuning.bwd_outer_lowp if lowp else tuning.bwd_outer_fp32
+    else:
+        outer = tuning.fwd_outer_lowp if lowp else tuning.fwd_outer_fp32
     return InteractionPlan(
         rows=max(1, min(rows, budget // (block_v * max(block_v, block_d)))),
         block_v=block_v,
@@ -89,7 +101,8 @@ def plan(n_vec: int, dim: int, dtype: torch.dtype, on_gpu: bool, backward: bool,
         block_pad=tuning.block_pad,
         num_warps=tuning.num_warps if block_v <= 32 else tuning.num_warps_large,
         num_stages=tuning.num_stages,
-        lowp_dot=on_gpu and dtype in (torch.bfloat16, torch.float16),
+        lowp_dot=on_gpu and lowp,
+        outer=outer,
         out_bf16=dtype == torch.bfloat16,
     )
 
@@ -144,27 +157,36 @@ def _triton_dtype_ok(t: torch.Tensor) -> None:
 def dot_interaction_fwd_(dense: torch.Tensor, emb: torch.Tensor, out: torch.Tensor, self_interaction: bool,
                          tuning: InteractionTuning = DEFAULT_TUNING) -> None:
     """Write ``[dense, pairs, zeros]`` into ``out`` (B, W), any strides; W fixes the padding (W >= D + P)."""
-    from fuselab.ops.interaction.kernels import dot_interaction_fwd_kernel
-
     check_inputs(dense, emb)
-    _triton_dtype_ok(dense)
     b, f, d = emb.shape
     pairs = num_pairs(f, self_interaction)
     require_tensor("out", out)
     if out.dim() != 2 or out.shape[0] != b or out.shape[1] < d + pairs:
         raise ValueError(f"out must be (B={b}, W >= {d + pairs}), got {tuple(out.shape)}")
     _require_out("out", out, (b, out.shape[1]), dense.dtype, dense.device)
+    launch_fwd(dense, emb, out, bool(self_interaction), tuning)
+
+
+def launch_fwd(dense: torch.Tensor, emb: torch.Tensor, out: torch.Tensor, self_interaction: bool,
+               tuning: InteractionTuning = DEFAULT_TUNING) -> None:
+    """:func:`dot_interaction_fwd_` without its checks (but the dtype's), for callers that made them (the op):
+    one launch through :func:`fuselab.ops._launch.launch` (the compiled kernel's own launcher after the first call
+    of a signature)."""
+    from fuselab.ops.interaction.kernels import dot_interaction_fwd_kernel
+
+    _triton_dtype_ok(dense)
+    b, f, d = emb.shape
     if b == 0:
         return
-    p = plan(f + 1, d, dense.dtype, dense.device.type == "cuda", False, tuning)
+    p = plan(f + 1, d, dense.dtype, dense.is_cuda, False, tuning)
     tiles = cdiv(f + 1, p.block_v)
-    grid = (cdiv(b, p.rows), tiles, tiles)
-    dot_interaction_fwd_kernel[grid](
-        dense, emb, out, b, f + 1, d, pairs, out.shape[1],
-        *dense.stride(), *emb.stride(), *out.stride(),
-        ROWS=p.rows, BLOCK_V=p.block_v, BLOCK_D=p.block_d, BLOCK_PAD=p.block_pad,
-        SELF=bool(self_interaction), LOWP_DOT=p.lowp_dot, OUT_BF16=p.out_bf16, ONE_TILE=tiles == 1,
-        WIDE=needs_int64(dense, emb, out), num_warps=p.num_warps, num_stages=p.num_stages,
+    wide = needs_int64(dense, emb, out)
+    launch(
+        dot_interaction_fwd_kernel, (p, self_interaction, wide), (cdiv(b, p.rows), tiles, tiles), (dense, emb, out),
+        (b, f + 1, d, num_pairs(f, self_interaction), out.shape[1], *dense.stride(), *emb.stride(), *out.stride()),
+        lambda: dict(ROWS=p.rows, BLOCK_V=p.block_v, BLOCK_D=p.block_d, BLOCK_PAD=p.block_pad, SELF=self_interaction,
+                     LOWP_DOT=p.lowp_dot, OUT_BF16=p.out_bf16, ONE_TILE=tiles == 1, WIDE=wide, OUTER=p.outer,
+                     num_warps=p.num_warps, num_stages=p.num_stages),
     )
 
 
@@ -173,10 +195,7 @@ def dot_interaction_bwd_(grad: torch.Tensor, dense: torch.Tensor, emb: torch.Ten
                          tuning: InteractionTuning = DEFAULT_TUNING) -> None:
     """Write the gradients of dense (B, D) and emb (B, F, D) from ``grad`` (B, W >= D + P, inputs' dtype, any
     strides; columns past D + P are not read) into ``grad_dense`` and ``grad_emb`` (any strides)."""
-    from fuselab.ops.interaction.kernels import dot_interaction_bwd_kernel
-
     check_inputs(dense, emb)
-    _triton_dtype_ok(dense)
     b, f, d = emb.shape
     pairs = num_pairs(f, self_interaction)
     require_tensor("grad", grad)
@@ -185,18 +204,31 @@ def dot_interaction_bwd_(grad: torch.Tensor, dense: torch.Tensor, emb: torch.Ten
     _require_out("grad", grad, (b, grad.shape[1]), dense.dtype, dense.device)
     _require_out("grad_dense", grad_dense, (b, d), dense.dtype, dense.device)
     _require_out("grad_emb", grad_emb, (b, f, d), emb.dtype, emb.device)
+    launch_bwd(grad, dense, emb, grad_dense, grad_emb, bool(self_interaction), tuning)
+
+
+def launch_bwd(grad: torch.Tensor, dense: torch.Tensor, emb: torch.Tensor, grad_dense: torch.Tensor,
+               grad_emb: torch.Tensor, self_interaction: bool, tuning: InteractionTuning = DEFAULT_TUNING) -> None:
+    """:func:`dot_interaction_bwd_` without its checks (but the dtype's), for callers that made them (the op's
+    backward, on the autograd engine's thread, where every Python step costs several times its main-thread
+    time)."""
+    from fuselab.ops.interaction.kernels import dot_interaction_bwd_kernel
+
+    _triton_dtype_ok(dense)
+    b, f, d = emb.shape
     if b == 0:
         return
-    p = plan(f + 1, d, dense.dtype, dense.device.type == "cuda", True, tuning)
-    grid = (cdiv(b, p.rows), cdiv(f + 1, p.block_v), cdiv(d, p.block_d))
-    dot_interaction_bwd_kernel[grid](
-        grad, dense, emb, grad_dense, grad_emb, b, f + 1, d,
-        *grad.stride(), *dense.stride(), *emb.stride(), *grad_dense.stride(), *grad_emb.stride(),
-        ROWS=p.rows, BLOCK_V=p.block_v, BLOCK_D=p.block_d,
-        SELF=bool(self_interaction), LOWP_DOT=p.lowp_dot, OUT_BF16=p.out_bf16,
-        WIDE=needs_int64(grad, dense, emb, grad_dense, grad_emb), num_warps=p.num_warps, num_stages=p.num_stages,
+    p = plan(f + 1, d, dense.dtype, dense.is_cuda, True, tuning)
+    wide = needs_int64(grad, dense, emb, grad_dense, grad_emb)
+    launch(
+        dot_interaction_bwd_kernel, (p, self_interaction, wide), (cdiv(b, p.rows), cdiv(f + 1, p.block_v),
+                                                                  cdiv(d, p.block_d)),
+        (grad, dense, emb, grad_dense, grad_emb),
+        (b, f + 1, d, *grad.stride(), *dense.stride(), *emb.stride(), *grad_dense.stride(), *grad_emb.stride()),
+        lambda: dict(ROWS=p.rows, BLOCK_V=p.block_v, BLOCK_D=p.block_d, SELF=self_interaction, LOWP_DOT=p.lowp_dot,
+                     OUT_BF16=p.out_bf16, WIDE=wide, OUTER=p.outer, num_warps=p.num_warps, num_stages=p.num_stages),
     )
 
 
 __all__ = ["DEFAULT_TUNING", "InteractionPlan", "InteractionTuning", "check_inputs", "dot_interaction_bwd_",
-           "dot_interaction_fwd_", "output_width", "plan"]
+           "dot_interaction_fwd_", "launch_bwd", "launch_fwd", "output_width", "plan"]

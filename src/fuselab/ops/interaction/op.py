@@ -27,10 +27,10 @@ def _forward(dense: torch.Tensor, emb: torch.Tensor, self_interaction: bool, pad
     if not triton_for(dense):
         with torch.no_grad():
             return ref.dot_interaction(dense, emb, self_interaction, pad_to)
-    from fuselab.ops.interaction.launch import dot_interaction_fwd_
+    from fuselab.ops.interaction.launch import launch_fwd
 
     out = torch.empty((b, ref.output_width(f, d, self_interaction, pad_to)), dtype=dense.dtype, device=dense.device)
-    dot_interaction_fwd_(dense, emb, out, self_interaction)
+    launch_fwd(dense, emb, out, self_interaction)  # dense and emb checked by the caller
     return out
 
 
@@ -42,11 +42,16 @@ def _backward(grad: torch.Tensor, dense: torch.Tensor, emb: torch.Tensor,
     if not triton_for(dense):
         with torch.no_grad():
             return ref.dot_interaction_backward(grad, dense, emb, self_interaction)
-    from fuselab.ops.interaction.launch import dot_interaction_bwd_
+    from fuselab.ops.interaction.launch import dot_interaction_bwd_, launch_bwd
 
     grad_dense = torch.empty(dense.shape, dtype=dense.dtype, device=dense.device)
     grad_emb = torch.empty(emb.shape, dtype=emb.dtype, device=emb.device)
-    dot_interaction_bwd_(grad, dense, emb, grad_dense, grad_emb, self_interaction)
+    b, f, d = emb.shape
+    if (grad.dim() == 2 and grad.shape[0] == b and grad.shape[1] >= d + ref.num_pairs(f, self_interaction)
+            and grad.device == dense.device):
+        launch_bwd(grad, dense, emb, grad_dense, grad_emb, self_interaction)  # autograd's grad of a checked call
+    else:  # a direct call of the custom op: the checked launcher names what is wrong
+        dot_interaction_bwd_(grad, dense, emb, grad_dense, grad_emb, self_interaction)
     return grad_dense, grad_emb
 
 
