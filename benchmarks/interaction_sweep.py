@@ -136,14 +136,19 @@ def describe(t) -> str:
     return f"{outer} r{t.rows_per_program} w{t.num_warps} s{t.num_stages} d{t.max_block_d}"
 
 
-def run_case(name: str, with_compile: bool, grid: dict | None, log) -> dict:
+def run_case(name: str, with_providers: bool, with_compile: bool, grid: dict | None, log) -> dict:
     b, f, d, dtype = CASES[name]
     dense, emb, grad = make_inputs(b, f, d, dtype)
     fwd_mb, bwd_mb = (x / 1e6 for x in case_bytes(b, f, d, dtype.itemsize))
     log(f"== {name}: {b}x{f}x{d} {str(dtype)[6:]}, fwd {fwd_mb:.1f} MB, bwd {bwd_mb:.1f} MB")
     row = {"case": name}
-    providers = [("fuselab", lambda x, y: dot_interaction(x, y))]
-    if with_compile:  # a fresh Dynamo cache and static shapes per case, as the bench's provider
+    width = d + (f + 1) * f // 2
+    # floor: one op (pad) with a trivial backward: the host cost of a step through autograd, for scale
+    providers = [("floor", lambda x, y: torch.nn.functional.pad(x, (0, width - d))),
+                 ("fuselab", lambda x, y: dot_interaction(x, y))]
+    if not with_providers:
+        providers = []
+    if with_providers and with_compile:  # a fresh Dynamo cache and static shapes per case, as the bench's provider
         torch._dynamo.reset()
         compiled = torch.compile(eager_interaction, dynamic=False)
         providers.insert(0, ("compile", lambda x, y: compiled(x, y, False, 1)))
@@ -179,6 +184,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--tag", default="", help="label of this run in the summary table")
     parser.add_argument("--no-compile", action="store_true", help="skip the torch.compile provider")
     parser.add_argument("--no-variants", action="store_true", help="time only the providers")
+    parser.add_argument("--no-providers", action="store_true", help="time only the variants")
     parser.add_argument("--grid", nargs="*", default=[], metavar="KNOB=V1,V2",
                         help="override a knob's values: " + ", ".join(f"{k}={','.join(map(str, v))}"
                                                                      for k, v in GRID.items()))
@@ -197,9 +203,11 @@ def main(argv: list[str] | None = None) -> int:
         if n not in CASES:
             parser.error(f"unknown case {n!r}; valid: {', '.join(CASES)}")
     print(f"# {torch.cuda.get_device_name()}, torch {torch.__version__}, tag {args.tag or '-'}", flush=True)
-    rows = [run_case(n, not args.no_compile, None if args.no_variants else grid, lambda line: print(line, flush=True))
-            for n in names]
+    rows = [run_case(n, not args.no_providers, not args.no_compile, None if args.no_variants else grid,
+                     lambda line: print(line, flush=True)) for n in names]
     keys = [k for k in rows[0] if k.endswith("step") or k.endswith("graph")]
+    if not keys:
+        return 0
     print(f"\n## summary {args.tag} (ms; step = as fuselab bench times it, graph = CUDA graph replay)")
     print("| case | " + " | ".join(keys) + " |")
     for r in rows:

@@ -272,7 +272,7 @@ def test_torchrec_order(backend, device, b, f, d):
 def _bad_cases(device):
     t = lambda *s, dtype=torch.float32: torch.randn(*s, device=device).to(dtype)
     return [
-        ((t(3, 4).numpy(), t(3, 2, 4)), {}, TypeError, "dense must be a torch.Tensor"),
+        ((t(3, 4).cpu().numpy(), t(3, 2, 4)), {}, TypeError, "dense must be a torch.Tensor"),
         ((t(3, 4), t(3, 2, 4, dtype=torch.bfloat16)), {}, TypeError, "same dtype"),
         ((t(3, 4).int(), t(3, 2, 4).int()), {}, TypeError, "dense must be float32"),
         ((t(3, 1, 4), t(3, 2, 4)), {}, ValueError, r"dense must have 2 dims \(B, D\)"),

@@ -54,13 +54,10 @@ def _load_vectors(dense_ptr, emb_ptr, rows, live, vec, col, n_vec, dim,
     """``[ROWS, BLOCK_V, BLOCK_D]`` slice of the rows' vectors in the input dtype: ``v_0`` from ``dense``, ``v_k``
     from ``emb[:, k-1]``; zeros past ``n_vec``, ``dim`` and the last row. ``rows``/``live`` are ``[ROWS, 1, 1]``,
     ``vec`` ``[1, BLOCK_V, 1]``, ``col`` ``[1, 1, BLOCK_D]``."""
-    ok = live & (col < dim)
-    from_dense = ok & (vec == 0)
-    from_emb = ok & (vec >= 1) & (vec < n_vec)
-    x = tl.load(dense_ptr + rows * stride_db + col * stride_dd + vec * 0, mask=from_dense, other=0.0)
-    e = tl.load(emb_ptr + rows * stride_eb + tl.maximum(vec - 1, 0) * stride_ef + col * stride_ed, mask=from_emb,
-                other=0.0)
-    return tl.where(vec == 0, x, e)
+    x = dense_ptr + rows * stride_db + col * stride_dd + vec * 0
+    e = emb_ptr + rows * stride_eb + tl.maximum(vec - 1, 0) * stride_ef + col * stride_ed
+    # one load through a selected pointer (not a load per source and a select): half the load instructions
+    return tl.load(tl.where(vec == 0, x, e), mask=live & (col < dim) & (vec < n_vec), other=0.0)
 
 
 @triton.jit
@@ -201,8 +198,9 @@ def dot_interaction_bwd_kernel(
             acc += _dot(s.to(v.dtype), v, LOWP_DOT)
     # v_0 = dense passes straight through to output columns [0, D)
     is_dense = live & (i == 0) & (c < dim)
-    g0 = tl.load(grad_ptr + r3 * stride_gb + c * stride_gc + i * 0, mask=is_dense, other=0.0)
-    acc += g0.to(tl.float32)
+    g0 = tl.load(grad_ptr + r3 * stride_gb + c * stride_gc, mask=live & (c < dim) & (c * 0 + tl.program_id(1) == 0),
+                 other=0.0)  # [ROWS, 1, BLOCK_D]: one load per column, added to vector 0 alone
+    acc += tl.where(i == 0, g0.to(tl.float32), 0.0)
     tl.store(grad_dense_ptr + r3 * stride_xb + c * stride_xd + i * 0, _cast_out(acc, grad_dense_ptr, OUT_BF16),
              mask=is_dense)
     is_emb = live & (i >= 1) & (i < n_vec) & (c < dim)
