@@ -82,6 +82,50 @@ def step_times(fn, dense, emb, grad) -> dict[str, float]:
     return out
 
 
+class _PyFloor(torch.autograd.Function):
+    """``pad`` as a Python autograd Function whose backward is one C++ op: the host cost of Python on the
+    autograd engine's thread, for scale."""
+
+    @staticmethod
+    def forward(ctx, x, width):
+        ctx.dim = x.shape[1]
+        return torch.nn.functional.pad(x, (0, width - x.shape[1]))
+
+    @staticmethod
+    def backward(ctx, g):
+        return g[:, : ctx.dim], None
+
+
+def host_probe(dense, emb, grad, log) -> None:
+    """Host µs per call of the op's allocating forward and backward, called in a loop without syncs: on the main
+    thread, and on another thread (where autograd runs backwards)."""
+    import threading
+    import time
+
+    from fuselab.ops.interaction import op
+
+    calls = {"fwd": lambda: op._forward(dense, emb, False, 1), "bwd": lambda: op._backward(grad, dense, emb, False)}
+    for name, call in calls.items():
+        for where in ("main", "thread"):
+            result = {}
+
+            def loop(call=call, result=result):
+                call()
+                t0 = time.perf_counter()
+                for _ in range(200):
+                    call()
+                result["us"] = (time.perf_counter() - t0) / 200 * 1e6
+
+            if where == "main":
+                loop()
+            else:
+                worker = threading.Thread(target=loop)
+                worker.start()
+                worker.join()
+            torch.cuda.synchronize()
+            log(f"host {name} on the {where} thread: {result['us']:.1f} us per call")
+
+
 def check_variant(tuning, dense, emb, grad) -> float:
     """Max relative error (over the reference's largest magnitude) of the output and both gradients of the
     launchers with ``tuning`` on the first :data:`CHECK_ROWS` rows, outputs poisoned with NaN first."""
@@ -119,7 +163,8 @@ def variants(grid: dict[str, tuple]) -> list:
     out = [DEFAULT_TUNING]
     for outer, rows, warps, stages, block_d in itertools.product(*(grid[k] for k in GRID)):
         out.append(InteractionTuning(
-            rows_per_program=rows, bwd_rows_per_program=rows, num_warps=warps, num_warps_large=warps,
+            rows_per_program=rows, outer_rows_per_program=rows, bwd_rows_per_program=rows,
+            bwd_rows_per_program_fp32=rows, num_warps=warps, num_warps_large=warps,
             num_stages=stages, max_block_d=block_d, fwd_outer_fp32=outer, fwd_outer_lowp=outer,
             bwd_outer_fp32=outer, bwd_outer_lowp=outer, **big))
     return out
@@ -145,6 +190,7 @@ def run_case(name: str, with_providers: bool, with_compile: bool, grid: dict | N
     width = d + (f + 1) * f // 2
     # floor: one op (pad) with a trivial backward: the host cost of a step through autograd, for scale
     providers = [("floor", lambda x, y: torch.nn.functional.pad(x, (0, width - d))),
+                 ("pyfloor", lambda x, y: _PyFloor.apply(x, width)),
                  ("fuselab", lambda x, y: dot_interaction(x, y))]
     if not with_providers:
         providers = []
@@ -156,6 +202,11 @@ def run_case(name: str, with_providers: bool, with_compile: bool, grid: dict | N
         times = step_times(fn, dense, emb, grad)
         row.update({f"{prov} {k}": v for k, v in times.items()})
         log(f"{prov:8s} " + "  ".join(f"{k} {v * 1e3:8.1f} us" for k, v in times.items()))
+    if with_providers:
+        with torch.autograd.set_multithreading_enabled(False):  # backwards on the calling thread
+            times = step_times(lambda x, y: dot_interaction(x, y), dense, emb, grad)
+        log("fuselab, autograd multithreading off: " + "  ".join(f"{k} {v * 1e3:8.1f} us" for k, v in times.items()))
+        host_probe(dense, emb, grad, log)
     if grid is not None:
         best = {}
         for tuning in variants(grid):

@@ -18,17 +18,23 @@ from fuselab.reference.interaction import MAX_DIM, MAX_FEATURES, num_pairs, outp
 
 @dataclass(frozen=True)
 class InteractionTuning:
-    """Knobs of :func:`plan` (defaults: not yet tuned on a GPU; they are data, never module state)."""
+    """Knobs of :func:`plan` (data, never module state). Defaults: the fastest of the H100 sweep
+    (``benchmarks/interaction_sweep.py``, ``benchmarks/results/h100/interaction_sweep.txt``): one warp per program,
+    two rows per ``tl.dot`` program, float32 forward by outer products over four rows."""
 
     #: batch rows one forward program handles at once (a leading dimension of every tile, one batched
     #: ``tl.dot``): more rows keep more loads in flight per program; a power of two
-    rows_per_program: int = 4
+    rows_per_program: int = 2
     #: register budget of a forward program: rows x the larger tile (``BLOCK_V x max(BLOCK_V, BLOCK_D)``) stays
     #: within this many elements (fewer rows for large tiles, at least one)
-    max_tile_elements: int = 4096
-    #: the same two for the backward, whose ``S`` tile is a gather (a 64-bit address per element): ptxas
-    #: (Triton 3.6, sm_90, 4 warps) gives the Kaggle tile 128 registers at 2 rows, 200 at 4
+    max_tile_elements: int = 2048
+    #: rows of a forward program that computes by outer products (``fwd_outer_*``), whose registers hold the
+    #: Gram tile alone: rows x ``BLOCK_V x BLOCK_V`` stays within 4 x ``max_tile_elements``
+    outer_rows_per_program: int = 4
+    #: the same for the backward (16-bit and float32 inputs), whose ``S`` tile is a gather (a 64-bit address per
+    #: element)
     bwd_rows_per_program: int = 2
+    bwd_rows_per_program_fp32: int = 1
     bwd_max_tile_elements: int = 2048
     #: largest tile of vectors (Gram tile ``BLOCK_V x BLOCK_V``); a power of two >= 16 (``tl.dot``'s minimum)
     max_block_v: int = 64
@@ -37,15 +43,13 @@ class InteractionTuning:
     #: zero-padding columns written per store
     block_pad: int = 16
     #: warps of a program whose Gram tile is at most 32 x 32 (Kaggle: N = 27), and of one with a larger tile
-    num_warps: int = 4
-    num_warps_large: int = 8
-    #: software-pipelining stages of the loops. 1: ptxas (Triton 3.6, sm_90) then fits every tile in registers
-    #: without spilling (3: the fp32 backward spills from 32 x 32 tiles on, and the Kaggle tiles take 2-3x the
-    #: registers); occupancy hides the load latency instead
+    num_warps: int = 1
+    num_warps_large: int = 4
+    #: software-pipelining stages of the loops (2-3 measured no faster than 1 on the H100)
     num_stages: int = 1
     #: compute with CUDA-core FMAs, one outer product per element of D (forward: ``v_I[:, d] v_J[:, d]ᵀ``;
     #: backward: ``S[:, I, j] v_j`` per vector ``j``) instead of ``tl.dot``; per dtype class (fp32, 16-bit)
-    fwd_outer_fp32: bool = False
+    fwd_outer_fp32: bool = True
     fwd_outer_lowp: bool = False
     bwd_outer_fp32: bool = False
     bwd_outer_lowp: bool = False
@@ -55,7 +59,8 @@ class InteractionTuning:
             value = getattr(self, name)
             if value < 16 or value & (value - 1):
                 raise ValueError(f"InteractionTuning.{name} must be a power of two >= 16, got {value}")
-        for name in ("rows_per_program", "max_tile_elements", "bwd_rows_per_program", "bwd_max_tile_elements"):
+        for name in ("rows_per_program", "max_tile_elements", "outer_rows_per_program", "bwd_rows_per_program",
+                     "bwd_rows_per_program_fp32", "bwd_max_tile_elements"):
             value = getattr(self, name)
             if value < 1 or value & (value - 1):
                 raise ValueError(f"InteractionTuning.{name} must be a power of two >= 1, got {value}")
@@ -87,15 +92,19 @@ def plan(n_vec: int, dim: int, dtype: torch.dtype, on_gpu: bool, backward: bool,
     """The forward or backward launch of ``n_vec = F + 1`` vectors of length ``dim`` in ``dtype``."""
     block_v = min(max(16, next_power_of_2(n_vec)), tuning.max_block_v)
     block_d = min(max(16, next_power_of_2(dim)), tuning.max_block_d)
-    rows, budget = ((tuning.bwd_rows_per_program, tuning.bwd_max_tile_elements) if backward
-                    else (tuning.rows_per_program, tuning.max_tile_elements))
     lowp = dtype in (torch.bfloat16, torch.float16)
+    tile = block_v * max(block_v, block_d)
     if backward:
         outer = tuning.bwd_outer_lowp if lowp else tuning.bwd_outer_fp32
+        rows = tuning.bwd_rows_per_program if lowp else tuning.bwd_rows_per_program_fp32
+        budget = tuning.bwd_max_tile_elements
     else:
         outer = tuning.fwd_outer_lowp if lowp else tuning.fwd_outer_fp32
+        rows = tuning.outer_rows_per_program if outer else tuning.rows_per_program
+        budget = 4 * tuning.max_tile_elements if outer else tuning.max_tile_elements
+        tile = block_v * block_v if outer else tile
     return InteractionPlan(
-        rows=max(1, min(rows, budget // (block_v * max(block_v, block_d)))),
+        rows=max(1, min(rows, budget // tile)),
         block_v=block_v,
         block_d=block_d,
         block_pad=tuning.block_pad,
