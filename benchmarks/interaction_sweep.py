@@ -96,34 +96,53 @@ class _PyFloor(torch.autograd.Function):
         return g[:, : ctx.dim], None
 
 
-def host_probe(dense, emb, grad, log) -> None:
-    """Host µs per call of the op's allocating forward and backward, called in a loop without syncs: on the main
-    thread, and on another thread (where autograd runs backwards)."""
-    import threading
+class _Timed(torch.autograd.Function):
+    """Identity whose backward times ``ctx.calls`` (name -> function) on the autograd engine's thread."""
+
+    @staticmethod
+    def forward(ctx, x, calls, result):
+        ctx.calls, ctx.result = calls, result
+        return x.view_as(x)
+
+    @staticmethod
+    def backward(ctx, g):
+        ctx.result.update(_time_calls(ctx.calls))
+        return g, None, None
+
+
+def _time_calls(calls: dict) -> dict[str, float]:
     import time
 
+    out = {}
+    for name, call in calls.items():
+        call()
+        t0 = time.perf_counter()
+        for _ in range(100):
+            call()
+        out[name] = (time.perf_counter() - t0) / 100 * 1e6
+    return out
+
+
+def host_probe(dense, emb, grad, log) -> None:
+    """Host µs per call (in a loop, no syncs) of the op's allocating forward and backward and of their parts, on
+    the main thread and on the autograd engine's thread (inside a backward)."""
     from fuselab.ops.interaction import op
 
-    calls = {"fwd": lambda: op._forward(dense, emb, False, 1), "bwd": lambda: op._backward(grad, dense, emb, False)}
-    for name, call in calls.items():
-        for where in ("main", "thread"):
-            result = {}
-
-            def loop(call=call, result=result):
-                call()
-                t0 = time.perf_counter()
-                for _ in range(200):
-                    call()
-                result["us"] = (time.perf_counter() - t0) / 200 * 1e6
-
-            if where == "main":
-                loop()
-            else:
-                worker = threading.Thread(target=loop)
-                worker.start()
-                worker.join()
-            torch.cuda.synchronize()
-            log(f"host {name} on the {where} thread: {result['us']:.1f} us per call")
+    gd, ge = torch.empty_like(dense), torch.empty_like(emb)
+    calls = {"op._forward": lambda: op._forward(dense, emb, False, 1),
+             "op._backward": lambda: op._backward(grad, dense, emb, False),
+             "launch_bwd": lambda: launch_bwd(grad, dense, emb, gd, ge, False),
+             "empty_like(emb)": lambda: torch.empty_like(emb),
+             "current_device": torch.cuda.current_device,
+             "data_ptr": dense.data_ptr}
+    main = _time_calls(calls)
+    engine: dict[str, float] = {}
+    leaf = dense.detach().requires_grad_(True)
+    _Timed.apply(leaf, calls, engine).sum().backward()
+    torch.cuda.synchronize()
+    for name in calls:
+        there = engine.get(name, float("nan"))
+        log(f"host {name:16s} main thread {main[name]:7.1f} us  autograd thread {there:7.1f} us")
 
 
 def check_variant(tuning, dense, emb, grad) -> float:
@@ -163,8 +182,8 @@ def variants(grid: dict[str, tuple]) -> list:
     out = [DEFAULT_TUNING]
     for outer, rows, warps, stages, block_d in itertools.product(*(grid[k] for k in GRID)):
         out.append(InteractionTuning(
-            rows_per_program=rows, outer_rows_per_program=rows, bwd_rows_per_program=rows,
-            bwd_rows_per_program_fp32=rows, num_warps=warps, num_warps_large=warps,
+            rows_per_program=rows, bwd_rows_per_program=rows, num_warps=warps, num_warps_large=warps,
+            outer_max_dim=256,
             num_stages=stages, max_block_d=block_d, fwd_outer_fp32=outer, fwd_outer_lowp=outer,
             bwd_outer_fp32=outer, bwd_outer_lowp=outer, **big))
     return out
@@ -202,7 +221,7 @@ def run_case(name: str, with_providers: bool, with_compile: bool, grid: dict | N
         times = step_times(fn, dense, emb, grad)
         row.update({f"{prov} {k}": v for k, v in times.items()})
         log(f"{prov:8s} " + "  ".join(f"{k} {v * 1e3:8.1f} us" for k, v in times.items()))
-    if with_providers:
+    if with_providers and launch_bwd is not None:
         with torch.autograd.set_multithreading_enabled(False):  # backwards on the calling thread
             times = step_times(lambda x, y: dot_interaction(x, y), dense, emb, grad)
         log("fuselab, autograd multithreading off: " + "  ".join(f"{k} {v * 1e3:8.1f} us" for k, v in times.items()))

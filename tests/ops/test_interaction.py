@@ -18,10 +18,12 @@ from fuselab.ops.interaction.launch import InteractionTuning, dot_interaction_bw
 #: rounding of the result to the output dtype, ACC the fp32 accumulation
 RTOL = {torch.float32: 1e-6, torch.bfloat16: 2.0**-8, torch.float16: 2.0**-10}
 ACC = 4e-6
-SMALL_TILES = InteractionTuning(rows_per_program=2, max_block_v=16, max_block_d=16)
+SMALL_TILES = InteractionTuning(rows_per_program=2, bwd_rows_per_program=2, max_block_v=16, max_block_d=16,
+                                fwd_outer_fp32=False)
 #: the same tiles computed by CUDA-core outer products over D (kernels' OUTER) in both directions, every dtype
-SMALL_OUTER = InteractionTuning(rows_per_program=2, max_block_v=16, max_block_d=16, fwd_outer_fp32=True,
-                                fwd_outer_lowp=True, bwd_outer_fp32=True, bwd_outer_lowp=True)
+SMALL_OUTER = InteractionTuning(rows_per_program=2, bwd_rows_per_program=2, max_block_v=16, max_block_d=16,
+                                outer_max_dim=256, fwd_outer_fp32=True, fwd_outer_lowp=True, bwd_outer_fp32=True,
+                                bwd_outer_lowp=True)
 
 
 @pytest.fixture(params=["triton", "torch"])

@@ -20,7 +20,7 @@ from fuselab.reference.interaction import MAX_DIM, MAX_FEATURES, num_pairs, outp
 class InteractionTuning:
     """Knobs of :func:`plan` (data, never module state). Defaults: the fastest of the H100 sweep
     (``benchmarks/interaction_sweep.py``, ``benchmarks/results/h100/interaction_sweep.txt``): one warp per program,
-    two rows per ``tl.dot`` program, float32 forward by outer products over four rows."""
+    two rows per forward program, one per backward program, float32 forward by outer products up to D = 32."""
 
     #: batch rows one forward program handles at once (a leading dimension of every tile, one batched
     #: ``tl.dot``): more rows keep more loads in flight per program; a power of two
@@ -28,13 +28,8 @@ class InteractionTuning:
     #: register budget of a forward program: rows x the larger tile (``BLOCK_V x max(BLOCK_V, BLOCK_D)``) stays
     #: within this many elements (fewer rows for large tiles, at least one)
     max_tile_elements: int = 2048
-    #: rows of a forward program that computes by outer products (``fwd_outer_*``), whose registers hold the
-    #: Gram tile alone: rows x ``BLOCK_V x BLOCK_V`` stays within 4 x ``max_tile_elements``
-    outer_rows_per_program: int = 4
-    #: the same for the backward (16-bit and float32 inputs), whose ``S`` tile is a gather (a 64-bit address per
-    #: element)
-    bwd_rows_per_program: int = 2
-    bwd_rows_per_program_fp32: int = 1
+    #: the same two for the backward, whose ``S`` tile is a gather (a 64-bit address per element)
+    bwd_rows_per_program: int = 1
     bwd_max_tile_elements: int = 2048
     #: largest tile of vectors (Gram tile ``BLOCK_V x BLOCK_V``); a power of two >= 16 (``tl.dot``'s minimum)
     max_block_v: int = 64
@@ -47,8 +42,11 @@ class InteractionTuning:
     num_warps_large: int = 4
     #: software-pipelining stages of the loops (2-3 measured no faster than 1 on the H100)
     num_stages: int = 1
-    #: compute with CUDA-core FMAs, one outer product per element of D (forward: ``v_I[:, d] v_J[:, d]ᵀ``;
-    #: backward: ``S[:, I, j] v_j`` per vector ``j``) instead of ``tl.dot``; per dtype class (fp32, 16-bit)
+    #: compute with CUDA-core FMAs, one outer product per element of D (forward: ``v_I[:, d] v_J[:, d]ᵀ``, whose
+    #: registers hold the Gram tile alone: rows x ``BLOCK_V²`` within ``max_tile_elements``; backward:
+    #: ``S[:, I, j] v_j`` per vector ``j``) instead of ``tl.dot``; per dtype class (fp32, 16-bit), for D up to
+    #: ``outer_max_dim`` (one D element per step: slower than ``tl.dot`` on long vectors)
+    outer_max_dim: int = 32
     fwd_outer_fp32: bool = True
     fwd_outer_lowp: bool = False
     bwd_outer_fp32: bool = False
@@ -59,11 +57,12 @@ class InteractionTuning:
             value = getattr(self, name)
             if value < 16 or value & (value - 1):
                 raise ValueError(f"InteractionTuning.{name} must be a power of two >= 16, got {value}")
-        for name in ("rows_per_program", "max_tile_elements", "outer_rows_per_program", "bwd_rows_per_program",
-                     "bwd_rows_per_program_fp32", "bwd_max_tile_elements"):
+        for name in ("rows_per_program", "max_tile_elements", "bwd_rows_per_program", "bwd_max_tile_elements"):
             value = getattr(self, name)
             if value < 1 or value & (value - 1):
                 raise ValueError(f"InteractionTuning.{name} must be a power of two >= 1, got {value}")
+        if self.outer_max_dim < 0:
+            raise ValueError(f"InteractionTuning.outer_max_dim must be >= 0, got {self.outer_max_dim}")
         if min(self.num_warps, self.num_warps_large, self.num_stages) < 1:
             raise ValueError("InteractionTuning.num_warps, num_warps_large and num_stages must be >= 1")
 
@@ -96,13 +95,13 @@ def plan(n_vec: int, dim: int, dtype: torch.dtype, on_gpu: bool, backward: bool,
     tile = block_v * max(block_v, block_d)
     if backward:
         outer = tuning.bwd_outer_lowp if lowp else tuning.bwd_outer_fp32
-        rows = tuning.bwd_rows_per_program if lowp else tuning.bwd_rows_per_program_fp32
-        budget = tuning.bwd_max_tile_elements
+        rows, budget = tuning.bwd_rows_per_program, tuning.bwd_max_tile_elements
     else:
         outer = tuning.fwd_outer_lowp if lowp else tuning.fwd_outer_fp32
-        rows = tuning.outer_rows_per_program if outer else tuning.rows_per_program
-        budget = 4 * tuning.max_tile_elements if outer else tuning.max_tile_elements
-        tile = block_v * block_v if outer else tile
+        rows, budget = tuning.rows_per_program, tuning.max_tile_elements
+    outer = outer and dim <= tuning.outer_max_dim
+    if outer and not backward:
+        tile = block_v * block_v
     return InteractionPlan(
         rows=max(1, min(rows, budget // tile)),
         block_v=block_v,
