@@ -180,23 +180,23 @@ def variants(grid: dict[str, tuple]) -> list:
         return []
     big = dict(max_tile_elements=1 << 20, bwd_max_tile_elements=1 << 20)
     out = [DEFAULT_TUNING]
-    for outer, rows, warps, stages, block_d in itertools.product(*(grid[k] for k in GRID)):
+    for outer, rows, warps, stages, block_d, outer4 in itertools.product(*(grid[k] for k in GRID)):
         out.append(InteractionTuning(
             rows_per_program=rows, bwd_rows_per_program=rows, num_warps=warps, num_warps_large=warps,
-            outer_max_dim=256,
+            outer_max_dim=256, outer4=bool(outer4),
             num_stages=stages, max_block_d=block_d, fwd_outer_fp32=outer, fwd_outer_lowp=outer,
             bwd_outer_fp32=outer, bwd_outer_lowp=outer, **big))
     return out
 
 
 #: the knobs a sweep varies, with their defaults (``--grid outer=0,1 rows=1,2,4 ...`` overrides)
-GRID = {"outer": (0, 1), "rows": (1, 2, 4, 8), "warps": (4, 8), "stages": (1,), "block_d": (64,)}
+GRID = {"outer": (0, 1), "rows": (1, 2, 4, 8), "warps": (4, 8), "stages": (1,), "block_d": (64,), "outer4": (1,)}
 
 
 def describe(t) -> str:
     if t == DEFAULT_TUNING:
         return "default"
-    outer = "outer" if t.fwd_outer_fp32 else "dot"
+    outer = ("outer4" if t.outer4 else "outer") if t.fwd_outer_fp32 else "dot"
     return f"{outer} r{t.rows_per_program} w{t.num_warps} s{t.num_stages} d{t.max_block_d}"
 
 

@@ -24,6 +24,9 @@ SMALL_TILES = InteractionTuning(rows_per_program=2, bwd_rows_per_program=2, max_
 SMALL_OUTER = InteractionTuning(rows_per_program=2, bwd_rows_per_program=2, max_block_v=16, max_block_d=16,
                                 outer_max_dim=256, fwd_outer_fp32=True, fwd_outer_lowp=True, bwd_outer_fp32=True,
                                 bwd_outer_lowp=True)
+#: and with four elements of D per forward step (kernels' OUTER4) instead of one
+SMALL_OUTER4 = InteractionTuning(rows_per_program=2, bwd_rows_per_program=2, max_block_v=16, max_block_d=16,
+                                 outer_max_dim=256, outer4=True, fwd_outer_fp32=True, fwd_outer_lowp=True)
 
 
 @pytest.fixture(params=["triton", "torch"])
@@ -147,7 +150,7 @@ def test_padding_gradient_ignored(backend, device):
     _check(dense, emb, False, 8, grad=grad)
 
 
-@pytest.mark.parametrize("tuning", [SMALL_TILES, SMALL_OUTER], ids=["dot", "outer"])
+@pytest.mark.parametrize("tuning", [SMALL_TILES, SMALL_OUTER, SMALL_OUTER4], ids=["dot", "outer", "outer4"])
 @pytest.mark.parametrize("self_interaction", [False, True], ids=["strict", "self"])
 def test_tiled_launch_into_poisoned_outputs(triton_backend, device, self_interaction, tuning):
     """Small tiles (several Gram tiles, D chunks, a row tail) into NaN-filled strided outputs: every element of

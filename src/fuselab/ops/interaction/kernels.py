@@ -89,7 +89,7 @@ def dot_interaction_fwd_kernel(
     stride_db, stride_dd, stride_eb, stride_ef, stride_ed, stride_ob, stride_oc,
     ROWS: tl.constexpr, BLOCK_V: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_PAD: tl.constexpr,
     SELF: tl.constexpr, LOWP_DOT: tl.constexpr, OUT_BF16: tl.constexpr, ONE_TILE: tl.constexpr,
-    WIDE: tl.constexpr, OUTER: tl.constexpr,
+    WIDE: tl.constexpr, OUTER: tl.constexpr, OUTER4: tl.constexpr,
 ):
     ti = tl.program_id(1)
     tj = tl.program_id(2)
@@ -103,7 +103,25 @@ def dot_interaction_fwd_kernel(
     j = vj[None, None, :]
     cd = _index(tl.arange(0, BLOCK_D), WIDE)
     acc = tl.zeros((ROWS, BLOCK_V, BLOCK_V), dtype=tl.float32)
-    if OUTER:  # CUDA-core FMAs: one outer product v_I[:, d] v_J[:, d]ᵀ per element of D (L1-resident rows)
+    if OUTER and OUTER4:  # the same, four elements of D per step: one 16-byte load per vector, split in registers
+        k4 = tl.arange(0, 4)[None, None, None, :]
+        for d in range(0, dim, 4):
+            c4 = _index(d + k4, WIDE)
+            a = _load_vectors(dense_ptr, emb_ptr, r3[:, :, :, None], live[:, :, :, None], i[:, :, :, None], c4,
+                              n_vec, dim, stride_db, stride_dd, stride_eb, stride_ef, stride_ed)
+            b = _load_vectors(dense_ptr, emb_ptr, r3[:, :, :, None], live[:, :, :, None], j[:, :, :, None], c4,
+                              n_vec, dim, stride_db, stride_dd, stride_eb, stride_ef, stride_ed)
+            a_even, a_odd = tl.split(tl.reshape(a.to(tl.float32), (ROWS, BLOCK_V, 1, 2, 2)))  # d + {0, 2}, d + {1, 3}
+            b_even, b_odd = tl.split(tl.reshape(b.to(tl.float32), (ROWS, 1, BLOCK_V, 2, 2)))
+            a0, a2 = tl.split(a_even)
+            a1, a3 = tl.split(a_odd)
+            b0, b2 = tl.split(b_even)
+            b1, b3 = tl.split(b_odd)
+            acc += a0 * b0
+            acc += a1 * b1
+            acc += a2 * b2
+            acc += a3 * b3
+    elif OUTER:  # CUDA-core FMAs: one outer product v_I[:, d] v_J[:, d]ᵀ per element of D (L1-resident rows)
         for d in range(0, dim):
             dd = _index(d + tl.zeros((1, 1, 1), tl.int32), WIDE)  # a tensor (the interpreter's d is an int)
             a = _load_vectors(dense_ptr, emb_ptr, r3, live, i, dd, n_vec, dim,

@@ -47,6 +47,9 @@ class InteractionTuning:
     #: ``S[:, I, j] v_j`` per vector ``j``) instead of ``tl.dot``; per dtype class (fp32, 16-bit), for D up to
     #: ``outer_max_dim`` (one D element per step: slower than ``tl.dot`` on long vectors)
     outer_max_dim: int = 32
+    #: forward outer products four elements of D per step (one 16-byte load per vector and step, split in
+    #: registers) instead of one
+    outer4: bool = False
     fwd_outer_fp32: bool = True
     fwd_outer_lowp: bool = False
     bwd_outer_fp32: bool = False
@@ -82,6 +85,7 @@ class InteractionPlan:
     num_stages: int
     lowp_dot: bool  # 16-bit operands straight to tl.dot (GPU); fp32 copies under the interpreter
     outer: bool  # CUDA-core outer products over D instead of tl.dot (kernels' OUTER)
+    outer4: bool  # forward outer products four elements of D per step (kernels' OUTER4)
     out_bf16: bool  # round bf16 stores to nearest even with integer ops (see kernels.round_to_bf16_rtne)
 
 
@@ -111,6 +115,7 @@ def plan(n_vec: int, dim: int, dtype: torch.dtype, on_gpu: bool, backward: bool,
         num_stages=tuning.num_stages,
         lowp_dot=on_gpu and lowp,
         outer=outer,
+        outer4=outer and tuning.outer4,
         out_bf16=dtype == torch.bfloat16,
     )
 
@@ -194,7 +199,7 @@ def launch_fwd(dense: torch.Tensor, emb: torch.Tensor, out: torch.Tensor, self_i
         (b, f + 1, d, num_pairs(f, self_interaction), out.shape[1], *dense.stride(), *emb.stride(), *out.stride()),
         lambda: dict(ROWS=p.rows, BLOCK_V=p.block_v, BLOCK_D=p.block_d, BLOCK_PAD=p.block_pad, SELF=self_interaction,
                      LOWP_DOT=p.lowp_dot, OUT_BF16=p.out_bf16, ONE_TILE=tiles == 1, WIDE=wide, OUTER=p.outer,
-                     num_warps=p.num_warps, num_stages=p.num_stages),
+                     OUTER4=p.outer4, num_warps=p.num_warps, num_stages=p.num_stages),
     )
 
 
