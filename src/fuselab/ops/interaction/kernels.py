@@ -19,6 +19,10 @@ diagonal with ``SELF``), accumulated in fp32 over the ``J`` blocks, plus ``grad[
 row: read ``P + D`` gradient and ``N·D`` input elements, write ``N·D`` (``S`` is re-read from L1/L2 per ``D``
 chunk); flops ``4·P·D`` useful.
 
+``OUTER`` replaces the ``tl.dot`` s by CUDA-core FMAs, one outer product per element of D (forward
+``v_I[:, d] v_J[:, d]ᵀ``; backward ``S[:, I, j] v_j`` per vector ``j``), the operands read from L1; ``OUTER4``
+makes the forward take four elements of D per step (one 16-byte load per vector, split in registers).
+
 Under the interpreter (``LOWP_DOT`` off) the dots run on fp32 copies; on GPUs 16-bit inputs go to the tensor
 cores as they are (their products are exact in fp32, the accumulation is fp32 either way) and fp32 inputs use
 ``input_precision="ieee"`` (no TF32).

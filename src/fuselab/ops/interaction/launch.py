@@ -20,7 +20,8 @@ from fuselab.reference.interaction import MAX_DIM, MAX_FEATURES, num_pairs, outp
 class InteractionTuning:
     """Knobs of :func:`plan` (data, never module state). Defaults: the fastest of the H100 sweep
     (``benchmarks/interaction_sweep.py``, ``benchmarks/results/h100/interaction_sweep.txt``): one warp per program,
-    two rows per forward program, one per backward program, float32 forward by outer products up to D = 32."""
+    two rows per forward program, one per backward program, float32 forward by outer products (four elements
+    of D per step) up to D = 32."""
 
     #: batch rows one forward program handles at once (a leading dimension of every tile, one batched
     #: ``tl.dot``): more rows keep more loads in flight per program; a power of two
@@ -49,7 +50,7 @@ class InteractionTuning:
     outer_max_dim: int = 32
     #: forward outer products four elements of D per step (one 16-byte load per vector and step, split in
     #: registers) instead of one
-    outer4: bool = False
+    outer4: bool = True
     fwd_outer_fp32: bool = True
     fwd_outer_lowp: bool = False
     bwd_outer_fp32: bool = False
