@@ -15,6 +15,7 @@ from fuselab.dlrm.distributed import (DistributedDLRM, ShardedEmbeddingCollectio
 
 SIZES = [50, 7, 300, 13, 1]  # table 2 is split row-wise (row_wise_share below)
 DIM = 4
+BATCH = 16
 TIMEOUT_S = 60.0
 
 
