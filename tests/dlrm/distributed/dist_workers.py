@@ -10,8 +10,16 @@ import torch.distributed as dist
 from torch import Tensor, nn
 
 from fuselab.dlrm.dcn import InteractionDCNArch
-from fuselab.dlrm.distributed import (DistributedDLRM, ShardedEmbeddingCollection, init_from_env, local_slice,
-                                      plan_sharding, shutdown, slice_bags, torch_factory)
+from fuselab.dlrm.distributed import (
+    DistributedDLRM,
+    ShardedEmbeddingCollection,
+    init_from_env,
+    local_slice,
+    plan_sharding,
+    shutdown,
+    slice_bags,
+    torch_factory,
+)
 
 SIZES = [50, 7, 300, 13, 1]  # table 2 is split row-wise (row_wise_share below)
 DIM = 4

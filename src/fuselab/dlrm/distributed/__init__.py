@@ -6,8 +6,16 @@ See ``docs/dlrm_distributed.md``. Modules: :mod:`.plan`, :mod:`.local`, :mod:`.e
 
 from .embedding import ShardedEmbeddingCollection
 from .local import TorchShards, default_factory, fused_factory, init_rows, torch_factory
-from .parallel import (DistributedDLRM, ParallelContext, init_from_env, local_rows, local_slice, shutdown,
-                       slice_bags, slice_batch)
+from .parallel import (
+                       DistributedDLRM,
+                       ParallelContext,
+                       init_from_env,
+                       local_rows,
+                       local_slice,
+                       shutdown,
+                       slice_bags,
+                       slice_batch,
+)
 from .plan import Shard, ShardingPlan, plan_sharding, row_bytes
 
 __all__ = ["DistributedDLRM", "ParallelContext", "Shard", "ShardedEmbeddingCollection", "ShardingPlan", "TorchShards",

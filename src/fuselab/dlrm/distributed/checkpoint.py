@@ -81,7 +81,7 @@ def embedding_state(sparse: ShardedEmbeddingCollection) -> dict[str, Any]:
         template = sparse.local.momentum if sparse.local is not None else None
         has_state = template is not None and template.numel() > 0
         if not _distributed():
-            (start, weight, state), = mine  # one rank: the table is one shard
+            (_, weight, state), = mine  # one rank: the table is one shard
             out[f"t{t}/weight"] = weight
             if has_state:
                 out[f"t{t}/state"] = state

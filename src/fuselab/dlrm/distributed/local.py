@@ -103,7 +103,8 @@ def fused_factory(shard_rows: Sequence[int], dim: int, *, optimizer: str = "roww
 
 
 def default_factory() -> LocalFactory:
-    """:func:`fused_factory` when ``fuselab.ops.embedding.EmbeddingBagCollection`` exists, else :func:`torch_factory`."""
+    """:func:`fused_factory` when ``fuselab.ops.embedding.EmbeddingBagCollection`` exists, else
+    :func:`torch_factory`."""
     try:
         ops = importlib.import_module("fuselab.ops.embedding")
     except ImportError:
