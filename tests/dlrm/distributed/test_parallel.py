@@ -1,0 +1,91 @@
+"""Per-rank batch slicing, the one-rank context, the launcher's argument list, local module contract."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import pytest
+import torch
+
+from fuselab.dlrm.distributed import (TorchShards, default_factory, init_from_env, local_rows, local_slice,
+                                      slice_bags, slice_batch)
+from fuselab.dlrm.distributed.launch import main, torchrun_argv
+
+
+@pytest.mark.parametrize("batch,world", [(16, 4), (10, 4), (7, 2), (5, 5), (1, 1)])
+def test_local_slices_partition_the_batch(batch, world):
+    parts = [local_slice(batch, r, world) for r in range(world)]
+    assert parts[0].start == 0 and parts[-1].stop == batch
+    assert all(a.stop == b.start for a, b in zip(parts, parts[1:]))
+    sizes = [p.stop - p.start for p in parts]
+    assert max(sizes) - min(sizes) <= 1 and min(sizes) >= 1
+
+
+def test_local_rows_and_errors():
+    assert local_rows(2, 10, 1, 2, 100) == (25, 30)
+    assert local_rows(9, 10, 0, 2, 95) == (90, 93)  # short last batch
+    with pytest.raises(ValueError, match="past"):
+        local_rows(10, 10, 0, 2, 100)
+    with pytest.raises(ValueError, match="fewer rows"):
+        local_slice(3, 0, 4)
+    with pytest.raises(ValueError, match="rank"):
+        local_slice(8, 4, 4)
+
+
+@dataclass
+class _Batch:
+    dense: torch.Tensor
+    labels: torch.Tensor
+
+
+def test_slice_batch_and_bags():
+    batch = _Batch(torch.arange(20.0).view(10, 2), torch.arange(10.0))
+    part = slice_batch(batch, 1, 3)
+    assert torch.equal(part.labels, torch.tensor([4.0, 5.0, 6.0])) and part.dense.shape == (3, 2)
+    assert torch.equal(slice_batch({"x": torch.arange(4)}, 1, 2)["x"], torch.tensor([2, 3]))
+    with pytest.raises(TypeError, match="cannot slice"):
+        slice_batch(3, 0, 1)
+    # 3 samples x 2 features, bag lengths 1,0,2,1,3,1
+    ids = torch.arange(8)
+    offsets = torch.tensor([0, 1, 1, 3, 4, 7, 8])
+    got_ids, got_off = slice_bags(ids, offsets, 2, 1, 2)  # rank 1 of 2 holds sample 2
+    assert torch.equal(got_ids, torch.tensor([4, 5, 6, 7])) and torch.equal(got_off, torch.tensor([0, 3, 4]))
+
+
+def test_single_process_context(monkeypatch):
+    for key in ("WORLD_SIZE", "RANK", "LOCAL_RANK"):
+        monkeypatch.delenv(key, raising=False)
+    monkeypatch.delenv("NCCL_NVLS_ENABLE", raising=False)
+    ctx = init_from_env()
+    assert (ctx.rank, ctx.world_size, ctx.embedding_group) == (0, 1, None) and ctx.is_main
+    import os
+
+    assert os.environ["NCCL_NVLS_ENABLE"] == "0" and os.environ["TORCH_SYMM_MEM_DISABLE_MULTICAST"] == "1"
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    monkeypatch.setenv("RANK", "2")
+    with pytest.raises(ValueError, match="RANK"):
+        init_from_env()
+
+
+def test_launcher_argv():
+    assert torchrun_argv(4, ["dlrm", "train", "--config", "tiny"]) == [
+        "--standalone", "--nproc-per-node=4", "-m", "fuselab", "dlrm", "train", "--config", "tiny"]
+    with pytest.raises(ValueError, match="nproc"):
+        torchrun_argv(0, [])
+    with pytest.raises(SystemExit):
+        main(["--help"])
+
+
+def test_torch_shards_contract():
+    mod = TorchShards([3, 2], 2, optimizer="sgd", lr=1.0)
+    with torch.no_grad():
+        mod.weight.copy_(torch.arange(10.0).view(5, 2))
+    ids, offsets = torch.tensor([0, 2, 1, 1]), torch.tensor([0, 2, 3, 4, 4])  # 2 samples x 2 shards
+    out = mod(ids, offsets)
+    assert torch.equal(out, torch.tensor([[[4.0, 6.0], [8.0, 9.0]], [[2.0, 3.0], [0.0, 0.0]]]))
+    out.sum().backward()  # sgd lr 1: each looked-up row decreases by its count
+    assert mod.weight.grad is None
+    assert torch.equal(mod.weight[:, 0], torch.tensor([-1.0, 1.0, 3.0, 6.0, 7.0]))
+    with pytest.raises(ValueError, match="optimizer"):
+        TorchShards([3], 2, optimizer="adam")
+    assert callable(default_factory())
