@@ -2,13 +2,22 @@
 
 from __future__ import annotations
 
+import itertools
+import os
 from dataclasses import dataclass
 
 import pytest
 import torch
 
-from fuselab.dlrm.distributed import (TorchShards, default_factory, init_from_env, local_rows, local_slice,
-                                      slice_bags, slice_batch)
+from fuselab.dlrm.distributed import (
+    TorchShards,
+    default_factory,
+    init_from_env,
+    local_rows,
+    local_slice,
+    slice_bags,
+    slice_batch,
+)
 from fuselab.dlrm.distributed.launch import main, torchrun_argv
 
 
@@ -16,7 +25,7 @@ from fuselab.dlrm.distributed.launch import main, torchrun_argv
 def test_local_slices_partition_the_batch(batch, world):
     parts = [local_slice(batch, r, world) for r in range(world)]
     assert parts[0].start == 0 and parts[-1].stop == batch
-    assert all(a.stop == b.start for a, b in zip(parts, parts[1:]))
+    assert all(a.stop == b.start for a, b in itertools.pairwise(parts))
     sizes = [p.stop - p.start for p in parts]
     assert max(sizes) - min(sizes) <= 1 and min(sizes) >= 1
 
@@ -58,8 +67,6 @@ def test_single_process_context(monkeypatch):
     monkeypatch.delenv("NCCL_NVLS_ENABLE", raising=False)
     ctx = init_from_env()
     assert (ctx.rank, ctx.world_size, ctx.embedding_group) == (0, 1, None) and ctx.is_main
-    import os
-
     assert os.environ["NCCL_NVLS_ENABLE"] == "0" and os.environ["TORCH_SYMM_MEM_DISABLE_MULTICAST"] == "1"
     monkeypatch.setenv("WORLD_SIZE", "2")
     monkeypatch.setenv("RANK", "2")

@@ -1,5 +1,6 @@
 """Hybrid-parallel training (sharded embeddings + DDP dense part, gloo) at 2 and 4 ranks: the loss curve over
-100 steps (60 at 4 ranks: 2 shared cores) equals one process training on the same global batches, for the dot and the DCNv2 interactions."""
+100 steps (60 at 4 ranks: 2 shared cores) equals one process training on the same global batches, for the dot
+and the DCNv2 interactions."""
 
 from __future__ import annotations
 
