@@ -4,12 +4,14 @@ from __future__ import annotations
 
 import pytest
 import torch
+from dlrm_fake_ops import fuselab_ops  # noqa: F401  (a fixture)
 
 from fuselab.dlrm.config import load_config
 from fuselab.dlrm.model import (
     DLRM,
     DenseArch,
     InteractionArch,
+    LinearAct,
     OverArch,
     SparseArch,
     pair_indices,
@@ -144,3 +146,75 @@ def test_dlrm_seeded_init_is_reproducible():
     for (name, pa), pb in zip(a.state_dict().items(), b.state_dict().values()):
         assert torch.equal(pa, pb), name
     assert not torch.equal(a.sparse_arch.weight, c.sparse_arch.weight)
+
+
+@pytest.mark.parametrize("impl", ["torch", "addmm", "fused_linear"])
+@pytest.mark.parametrize("relu", [True, False])
+def test_linear_act_matches_float64_reference(impl, relu):
+    gen = torch.Generator().manual_seed(4)
+    layer = LinearAct(7, 5, relu, impl, in_pad=1, generator=gen)
+    assert layer.weight.shape == (5, 8) and torch.all(layer.weight[:, 7] == 0)
+    x = torch.cat([torch.randn(9, 7), torch.zeros(9, 1)], dim=1).requires_grad_()
+    y = layer(x)
+    grad = torch.randn(9, 5)
+    y.backward(grad)
+    x64, w64, b64 = (t.detach().double().requires_grad_() for t in (x, layer.weight, layer.bias))
+    z = x64 @ w64.t() + b64
+    y64 = torch.relu(z) if relu else z
+    y64.backward(grad.double())
+    assert_close(y, y64, torch.float32, f"{impl} forward")
+    for got, ref, name in ((x.grad, x64.grad, "dx"), (layer.weight.grad, w64.grad, "dW"), (layer.bias.grad, b64.grad,
+                                                                                          "db")):
+        assert_close(got, ref, torch.float32, f"{impl} {name}")
+    assert torch.all(layer.weight.grad[:, 7] == 0)  # the pad column's input is zero: its weight never moves
+
+
+@pytest.mark.parametrize("impl", ["addmm", "fused_linear"])
+def test_linear_act_under_bf16_autocast(impl):
+    layer = LinearAct(6, 4, True, impl, generator=torch.Generator().manual_seed(0))
+    x = torch.randn(5, 6)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        y = layer(x)
+    assert y.dtype == torch.bfloat16
+    y.float().sum().backward()
+    assert layer.weight.grad.dtype == torch.float32
+    ref = torch.relu(x.bfloat16().float() @ layer.weight.bfloat16().float().t() + layer.bias.bfloat16().float())
+    torch.testing.assert_close(y.float(), ref, rtol=2e-2, atol=2e-2)
+
+
+def test_mlp_implementations_start_from_the_same_function():
+    dense, sparse = torch.rand(6, 13), torch.stack([torch.randint(0, n, (6,)) for n in SIZES], dim=1)
+    models = [DLRM(SIZES, 4, [8, 4], [6, 1], seed=2, mlp=mlp) for mlp in ("torch", "addmm", "fused_linear")]
+    ref = models[0](dense, sparse)
+    for model in models[1:]:
+        assert_close(model(dense, sparse), ref.double(), torch.float32, model.mlp_impl)
+
+
+def test_dlrm_rejects_bad_options():
+    with pytest.raises(ValueError, match="kernels"):
+        DLRM(SIZES, 4, [8, 4], [6, 1], kernels="auto")
+    with pytest.raises(ValueError, match="optimizer"):
+        DLRM(SIZES, 4, [8, 4], [6, 1], optimizer="adam")
+    with pytest.raises(ValueError, match="mlp"):
+        DLRM(SIZES, 4, [8, 4], [6, 1], mlp="cublas")
+    with pytest.raises(ValueError, match="pad_to"):
+        InteractionArch(3, 4, "dot", pad_to=8)  # padding needs the fused interaction
+
+
+@pytest.mark.usefixtures("fuselab_ops")
+def test_fuselab_path_starts_from_the_torch_path_function():
+    sizes = [7, 1, 130, 33, 5] + [3] * 21  # 26 features: interaction width 4 + 351 = 355, padded to 360
+    ref = DLRM(sizes, 4, [8, 4], [6, 1], seed=5)
+    ours = DLRM(sizes, 4, [8, 4], [6, 1], seed=5, kernels="fuselab", optimizer="rowwise_adagrad")
+    assert torch.equal(ours.sparse_arch.weight, ref.sparse_arch.weight)
+    assert ours.interaction_arch.width == 355 and ours.interaction_arch.out_features == 360
+    linears = [m for m in ref.modules() if isinstance(m, torch.nn.Linear)]
+    fused = [m for m in ours.modules() if isinstance(m, LinearAct)]
+    assert len(linears) == len(fused) == 4
+    for a, b in zip(linears, fused):
+        assert torch.equal(b.weight[:, : a.in_features], a.weight) and torch.equal(b.bias, a.bias)
+        assert torch.all(b.weight[:, a.in_features:] == 0)
+    dense = torch.rand(5, 13)
+    sparse = torch.stack([torch.randint(0, n, (5,)) for n in sizes], dim=1)
+    with torch.no_grad():
+        assert_close(ours(dense, sparse), ref(dense, sparse).double(), torch.float32, "fuselab vs torch path")

@@ -13,6 +13,19 @@ so pair ``(i, j)`` with ``j < i`` sits at flat index ``i(i-1)/2 + j`` (with self
 included: pairs ``(i, j)``, ``j <= i``, at index ``i(i+1)/2 + j``). This is facebookresearch/dlrm's order.
 torchrec keeps the *upper* triangle row-major, ``(0,1), (0,2), ..., (0,F), (1,2), ...``; the same dot products in
 another order. :func:`torchrec_permutation` gives the index map: ``ours[:, perm] == torchrec's``.
+
+Two kernel paths (``DLRM(kernels=...)``)
+----------------------------------------
+* ``"torch"``, the reference: :class:`SparseArch` (``F.embedding``, sparse COO gradients updated by
+  :class:`fuselab.dlrm.optim.Optimizers`), ``bmm`` + gather interaction, ``nn.Linear`` + ``nn.ReLU``.
+* ``"fuselab"``: the sparse arch is :class:`fuselab.ops.embedding.EmbeddingBagCollection` (its backward applies
+  the optimizer update in place: no embedding gradient exists), the interaction is
+  :func:`fuselab.ops.interaction.dot_interaction` zero-padded to a multiple of ``pad_to`` columns (367 -> 368 for
+  Kaggle: the first top layer gets ``in_features`` = padded width, its pad columns start at zero and, as their
+  inputs are always zero, get zero gradient and stay zero), and :class:`LinearAct` layers with bias and ReLU
+  fused (``mlp="addmm"``: cuBLASLt's epilogue; ``"fused_linear"``: :func:`fuselab.nn.fused_linear`).
+  Both paths draw the same initial values (same generator, same order), so they start from the same function.
+The sigmoid is not part of the model: the loss is BCE with logits.
 """
 
 from __future__ import annotations
@@ -22,9 +35,17 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
+import torch.nn.functional as F
 from torch import Tensor, nn
 
+from fuselab.nn import fused_linear
+
 from .config import NUM_DENSE, DLRMConfig
+
+KERNELS = ("torch", "fuselab")
+#: LinearAct implementations: F.linear + relu, cuBLASLt's bias+ReLU epilogue, fuselab's Triton epilogue
+MLP_IMPLS = ("torch", "addmm", "fused_linear")
+OPTIMIZERS = ("sgd", "adagrad", "rowwise_adagrad")
 
 
 @dataclass
@@ -48,36 +69,112 @@ class Batch:
         return Batch(self.dense.pin_memory(), self.sparse.pin_memory(), self.labels.pin_memory())
 
 
+def _init_values(fan_in: int, fan_out: int, gen: torch.Generator | None) -> tuple[Tensor, Tensor]:
+    """facebookresearch/dlrm's initialisation: W ~ N(0, sqrt(2/(fan_in+fan_out))) [out, in], b ~ N(0, sqrt(1/out))."""
+    weight = torch.empty(fan_out, fan_in).normal_(0.0, math.sqrt(2.0 / (fan_in + fan_out)), generator=gen)
+    bias = torch.empty(fan_out).normal_(0.0, math.sqrt(1.0 / fan_out), generator=gen)
+    return weight, bias
+
+
 def _init_linear(layer: nn.Linear, gen: torch.Generator | None) -> None:
-    # facebookresearch/dlrm's initialisation: W ~ N(0, sqrt(2/(fan_in+fan_out))), b ~ N(0, sqrt(1/fan_out))
-    fan_out, fan_in = layer.weight.shape
+    weight, bias = _init_values(layer.in_features, layer.out_features, gen)
     with torch.no_grad():
-        layer.weight.normal_(0.0, math.sqrt(2.0 / (fan_in + fan_out)), generator=gen)
-        layer.bias.normal_(0.0, math.sqrt(1.0 / fan_out), generator=gen)
+        layer.weight.copy_(weight)
+        layer.bias.copy_(bias)
 
 
-def _mlp(widths: Sequence[int], relu_last: bool, gen: torch.Generator | None) -> nn.Sequential:
+class _AddmmReLU(torch.autograd.Function):
+    """``relu(x @ weight.T + bias)`` through ``torch._addmm_activation`` (cuBLASLt's bias+ReLU epilogue on CUDA,
+    which has no autograd formula): backward ``dz = grad * (y > 0)``, ``dx = dz W``, ``dW = dzᵀ x``, ``db = Σ dz``."""
+
+    @staticmethod
+    def forward(ctx, x: Tensor, weight: Tensor, bias: Tensor) -> Tensor:
+        y = torch._addmm_activation(bias, x, weight.t())
+        ctx.save_for_backward(x if ctx.needs_input_grad[1] else None, weight if ctx.needs_input_grad[0] else None, y)
+        return y
+
+    @staticmethod
+    def backward(ctx, grad: Tensor) -> tuple[Tensor | None, Tensor | None, Tensor | None]:
+        x, weight, y = ctx.saved_tensors
+        dz = torch.ops.aten.threshold_backward(grad, y, 0)  # nn.ReLU's backward: grad where y > 0
+        want_x, want_w, want_b = ctx.needs_input_grad
+        return (dz.mm(weight) if want_x else None, dz.t().mm(x) if want_w else None,
+                dz.sum(0) if want_b else None)
+
+
+class LinearAct(nn.Module):
+    """``y = act(x @ W.T + b)``, act ReLU or none: x [B, in] -> [B, out] (fuselab path's MLP layer).
+
+    ``impl``: ``"torch"`` (``F.linear`` + ``F.relu``), ``"addmm"`` (``torch._addmm_activation``: cuBLASLt's bias+ReLU
+    epilogue; ``torch.addmm`` without activation), ``"fused_linear"`` (:func:`fuselab.nn.fused_linear`: cuBLAS
+    matmul + Triton epilogue). Under autocast the fused implementations cast x, W, b to the autocast dtype
+    themselves (as autocast does for ``nn.Linear``) and run with autocast off, so they take their fast paths.
+    ``in_pad`` extra zero input columns: the layer's weight is [out, in + in_pad], its pad columns zero.
+    """
+
+    def __init__(self, in_features: int, out_features: int, relu: bool, impl: str = "addmm", in_pad: int = 0,
+                 generator: torch.Generator | None = None):
+        super().__init__()
+        if impl not in MLP_IMPLS:
+            raise ValueError(f"mlp must be one of {MLP_IMPLS}, got {impl!r}")
+        self.in_features, self.out_features, self.relu, self.impl = in_features + in_pad, out_features, relu, impl
+        weight, bias = _init_values(in_features, out_features, generator)
+        self.weight = nn.Parameter(F.pad(weight, (0, in_pad)))
+        self.bias = nn.Parameter(bias)
+
+    def forward(self, x: Tensor) -> Tensor:
+        if self.impl == "torch":
+            y = F.linear(x, self.weight, self.bias)
+            return F.relu(y) if self.relu else y
+        device = x.device.type
+        if torch.is_autocast_enabled(device):
+            dtype = torch.get_autocast_dtype(device)
+            with torch.autocast(device, enabled=False):
+                return self._fused(x.to(dtype), self.weight.to(dtype), self.bias.to(dtype))
+        return self._fused(x, self.weight, self.bias)
+
+    def _fused(self, x: Tensor, weight: Tensor, bias: Tensor) -> Tensor:
+        if self.impl == "fused_linear":
+            return fused_linear(x, weight, bias, "relu" if self.relu else "none")
+        return _AddmmReLU.apply(x, weight, bias) if self.relu else torch.addmm(bias, x, weight.t())
+
+    def extra_repr(self) -> str:
+        return f"in_features={self.in_features}, out_features={self.out_features}, relu={self.relu}, impl={self.impl!r}"
+
+
+def _mlp(widths: Sequence[int], relu_last: bool, gen: torch.Generator | None, impl: str = "torch",
+         in_pad: int = 0) -> nn.Sequential:
+    """``impl="torch"``: nn.Linear and nn.ReLU modules (the reference); else :class:`LinearAct` layers."""
     layers: list[nn.Module] = []
     for k in range(len(widths) - 1):
-        linear = nn.Linear(widths[k], widths[k + 1])
-        _init_linear(linear, gen)
-        layers.append(linear)
-        if k < len(widths) - 2 or relu_last:
-            layers.append(nn.ReLU())
+        relu = k < len(widths) - 2 or relu_last
+        if impl == "torch":
+            if in_pad:
+                raise ValueError("in_pad needs a fused MLP implementation")
+            linear = nn.Linear(widths[k], widths[k + 1])
+            _init_linear(linear, gen)
+            layers.extend([linear, nn.ReLU()] if relu else [linear])
+        else:
+            layers.append(LinearAct(widths[k], widths[k + 1], relu, impl, in_pad if k == 0 else 0, gen))
     return nn.Sequential(*layers)
 
 
 class DenseArch(nn.Module):
-    """Bottom MLP: [B, I] -> [B, widths[-1]], ReLU after every layer (as both reference models)."""
+    """Bottom MLP: [B, I] -> [B, widths[-1]], ReLU after every layer (as both reference models).
+    ``mlp``: one of :data:`MLP_IMPLS` (``"torch"``: nn.Linear + nn.ReLU modules). ``in_pad`` zero columns are
+    appended to the input (fused MLPs only: 13 -> 16 keeps the first GEMM's rows 16-byte aligned in bf16); the
+    first layer's weights for them start at zero and get zero gradient."""
 
-    def __init__(self, in_features: int, widths: Sequence[int], generator: torch.Generator | None = None):
+    def __init__(self, in_features: int, widths: Sequence[int], generator: torch.Generator | None = None,
+                 mlp: str = "torch", in_pad: int = 0):
         super().__init__()
         self.out_features = int(widths[-1])
-        self.mlp = _mlp([in_features, *widths], relu_last=True, gen=generator)
+        self.in_pad = in_pad
+        self.mlp = _mlp([in_features, *widths], relu_last=True, gen=generator, impl=mlp, in_pad=in_pad)
 
     def forward(self, dense: Tensor) -> Tensor:
         """dense [B, I] float -> [B, widths[-1]]"""
-        return self.mlp(dense)
+        return self.mlp(F.pad(dense, (0, self.in_pad)) if self.in_pad else dense)
 
 
 class SparseArch(nn.Module):
@@ -157,15 +254,23 @@ class InteractionArch(nn.Module):
 
     ``"dot"``: ``[dense, Z[:, i, j] for the pairs of the module docstring]``, width D + (F+1)F/2
     (+ F+1 with self-interaction). ``"cat"``: ``[dense, emb.flatten(1)]``, width D_dense + F·D.
+    ``dot_fn``: the fused dot interaction (:func:`fuselab.ops.interaction.dot_interaction`); None: ``bmm`` + gather.
+    With ``dot_fn``, ``pad_to`` rounds ``out_features`` up to a multiple of it (zero columns at the end);
+    ``width`` is the unpadded width. emb is cast to dense's dtype (bf16 under autocast).
     """
 
     def __init__(self, num_sparse: int, dim: int, kind: str = "dot", self_interaction: bool = False,
-                 dense_dim: int | None = None):
+                 dense_dim: int | None = None, dot_fn=None, pad_to: int = 1):
         super().__init__()
         if kind not in ("dot", "cat"):
             raise ValueError(f"interaction must be 'dot' or 'cat', got {kind!r}")
+        if not isinstance(pad_to, int) or pad_to < 1 or (pad_to > 1 and (dot_fn is None or kind != "dot")):
+            raise ValueError(f"pad_to must be 1, or a positive int with the fused dot interaction, got {pad_to!r}")
         self.kind = kind
         self.num_sparse = num_sparse
+        self.self_interaction = self_interaction
+        self.dot_fn = dot_fn if kind == "dot" else None
+        self.pad_to = pad_to
         dense_dim = dim if dense_dim is None else dense_dim
         if kind == "dot":
             if dense_dim != dim:
@@ -173,53 +278,106 @@ class InteractionArch(nn.Module):
             rows, cols = pair_indices(num_sparse + 1, self_interaction)
             self.register_buffer("rows", rows, persistent=False)
             self.register_buffer("cols", cols, persistent=False)
-            self.out_features = dim + len(rows)
+            self.width = dim + len(rows)
         else:
-            self.out_features = dense_dim + num_sparse * dim
+            self.width = dense_dim + num_sparse * dim
+        self.out_features = -(-self.width // pad_to) * pad_to
 
     def forward(self, dense: Tensor, emb: Tensor) -> Tensor:
         """dense [B, D], emb [B, F, D] -> [B, out_features]"""
         if self.kind == "cat":
             return torch.cat([dense, emb.flatten(1)], dim=1)
-        vectors = torch.cat([dense.unsqueeze(1), emb.to(dense.dtype)], dim=1)  # [B, F+1, D]
+        emb = emb.to(dense.dtype)
+        if self.dot_fn is not None:
+            return self.dot_fn(dense, emb, self_interaction=self.self_interaction, pad_to=self.pad_to)
+        vectors = torch.cat([dense.unsqueeze(1), emb], dim=1)  # [B, F+1, D]
         gram = torch.bmm(vectors, vectors.transpose(1, 2))  # [B, F+1, F+1]
         return torch.cat([dense, gram[:, self.rows, self.cols]], dim=1)
 
 
 class OverArch(nn.Module):
-    """Top MLP: [B, in] -> [B, 1] logit (ReLU between layers, none after the last)."""
+    """Top MLP: [B, in + in_pad] -> [B, 1] logit (ReLU between layers, none after the last). The first layer's
+    ``in_pad`` extra input columns (zero-padded interaction output) have zero weights at initialisation."""
 
-    def __init__(self, in_features: int, widths: Sequence[int], generator: torch.Generator | None = None):
+    def __init__(self, in_features: int, widths: Sequence[int], generator: torch.Generator | None = None,
+                 mlp: str = "torch", in_pad: int = 0):
         super().__init__()
-        self.mlp = _mlp([in_features, *widths], relu_last=False, gen=generator)
+        self.mlp = _mlp([in_features, *widths], relu_last=False, gen=generator, impl=mlp, in_pad=in_pad)
 
     def forward(self, x: Tensor) -> Tensor:
         return self.mlp(x)
 
 
+def _fuselab_ops() -> tuple[type, object]:
+    """fuselab's EmbeddingBagCollection and dot_interaction; ImportError naming them when not built in."""
+    try:
+        from fuselab.ops.embedding import EmbeddingBagCollection
+        from fuselab.ops.interaction import dot_interaction
+    except ImportError as exc:
+        raise ImportError(f"kernels='fuselab' needs fuselab.ops.embedding and fuselab.ops.interaction: {exc}") from exc
+    return EmbeddingBagCollection, dot_interaction
+
+
 class DLRM(nn.Module):
     """DLRM: ``forward(dense [B, 13], sparse [B, F] table-row ids) -> logits [B]`` (sigmoid at prediction).
 
-    ``sparse`` must already be hashed into each table (see :class:`fuselab.dlrm.data.loader.Hasher`).
-    Build from a config with :meth:`from_config`; the seed makes initialisation reproducible.
+    ``kernels="torch"`` (the reference; ``sparse`` must already be hashed into each table, see
+    :class:`fuselab.dlrm.data.loader.Hasher`) or ``"fuselab"`` (the fused embedding collection applies
+    ``id % rows`` itself; ``optimizer``, ``lr_sparse``, ``adagrad_eps``, ``deterministic`` configure its fused
+    update; ``pad_to`` pads the interaction output and, with fused MLPs, the dense input; ``mlp`` picks the
+    :class:`LinearAct` implementation, default ``"addmm"``). The torch path's embedding optimizer lives in
+    :class:`fuselab.dlrm.optim.Optimizers` (``optimizer`` etc. are only recorded). Build from a config with
+    :meth:`from_config`; the seed makes initialisation reproducible and equal across the two paths.
+    Raises ValueError for an unknown kernels/optimizer/mlp or a ``pad_to`` below 1, ImportError when
+    ``kernels="fuselab"`` and fuselab's embedding/interaction ops are missing.
     """
 
     def __init__(self, table_sizes: Sequence[int], embedding_dim: int, bottom_mlp: Sequence[int],
                  top_mlp: Sequence[int], interaction: str = "dot", self_interaction: bool = False,
-                 embedding_layout: str = "fused", sparse_grad: bool = True, seed: int = 0):
+                 embedding_layout: str = "fused", sparse_grad: bool = True, seed: int = 0, *,
+                 kernels: str = "torch", optimizer: str = "adagrad", lr_sparse: float = 0.05,
+                 adagrad_eps: float = 1e-8, mlp: str | None = None, pad_to: int = 8, deterministic: bool = True):
         super().__init__()
+        if kernels not in KERNELS:
+            raise ValueError(f"kernels must be one of {KERNELS}, got {kernels!r}")
+        if optimizer not in OPTIMIZERS:
+            raise ValueError(f"optimizer must be one of {OPTIMIZERS}, got {optimizer!r}")
+        fused = kernels == "fuselab"
+        mlp = mlp or ("addmm" if fused else "torch")
+        if mlp not in MLP_IMPLS:
+            raise ValueError(f"mlp must be one of {MLP_IMPLS}, got {mlp!r}")
+        if not isinstance(pad_to, int) or pad_to < 1:
+            raise ValueError(f"pad_to must be a positive int, got {pad_to!r}")
+        self.kernels, self.optimizer, self.adagrad_eps, self.mlp_impl = kernels, optimizer, adagrad_eps, mlp
         gen = torch.Generator().manual_seed(seed)
-        self.dense_arch = DenseArch(NUM_DENSE, bottom_mlp, gen)
-        self.sparse_arch = SparseArch(table_sizes, embedding_dim, embedding_layout, sparse_grad, gen)
+        dense_pad = -NUM_DENSE % pad_to if fused and mlp != "torch" else 0
+        self.dense_arch = DenseArch(NUM_DENSE, bottom_mlp, gen, mlp, dense_pad)
+        if fused:
+            collection, dot_fn = _fuselab_ops()
+            self.sparse_arch = collection(list(table_sizes), embedding_dim, optimizer=optimizer, lr=lr_sparse,
+                                          eps=adagrad_eps, deterministic=deterministic, generator=gen)
+        else:
+            dot_fn, pad_to = None, 1
+            self.sparse_arch = SparseArch(table_sizes, embedding_dim, embedding_layout, sparse_grad, gen)
+        if interaction != "dot":
+            pad_to = 1
         self.interaction_arch = InteractionArch(len(table_sizes), embedding_dim, interaction, self_interaction,
-                                                dense_dim=self.dense_arch.out_features)
-        self.over_arch = OverArch(self.interaction_arch.out_features, top_mlp, gen)
+                                                dense_dim=self.dense_arch.out_features, dot_fn=dot_fn, pad_to=pad_to)
+        inter = self.interaction_arch
+        self.over_arch = OverArch(inter.width, top_mlp, gen, mlp, in_pad=inter.out_features - inter.width)
         self._dense_part = self.dense_forward
 
     @classmethod
-    def from_config(cls, cfg: DLRMConfig, table_sizes: Sequence[int]) -> DLRM:
+    def from_config(cls, cfg: DLRMConfig, table_sizes: Sequence[int], **overrides) -> DLRM:
+        """The model of ``cfg``: its architecture, ``seed``, ``kernels`` ("torch" or "fuselab"; the trainer
+        resolves "auto"), ``optimizer``, ``lr_sparse``, ``adagrad_eps`` (defaults where a config lacks them);
+        ``overrides`` are passed to the constructor (e.g. ``mlp="fused_linear"``)."""
+        options = {"kernels": getattr(cfg, "kernels", "torch"), "optimizer": cfg.optimizer,
+                   "lr_sparse": cfg.lr_sparse, "adagrad_eps": getattr(cfg, "adagrad_eps", 1e-8)}
+        options.update(overrides)
         return cls(table_sizes, cfg.embedding_dim, cfg.bottom_mlp, cfg.top_mlp, cfg.interaction,
-                   cfg.self_interaction, cfg.embedding_layout, cfg.sparse_grad, cfg.seed)
+                   cfg.self_interaction, getattr(cfg, "embedding_layout", "fused"), getattr(cfg, "sparse_grad", True),
+                   cfg.seed, **options)
 
     def dense_forward(self, dense: Tensor, emb: Tensor) -> Tensor:
         """Everything but the embedding lookup: dense [B, 13], emb [B, F, D] -> logits [B]."""

@@ -16,6 +16,8 @@ SUITES: dict[str, str] = {
     "bias_act": "fuselab.bench.suites.bias_act",
     "mlp": "fuselab.bench.suites.mlp",
     "reduce": "fuselab.bench.suites.reduce",
+    "embedding": "fuselab.bench.suites.embedding",
+    "interaction": "fuselab.bench.suites.interaction",
 }
 
 

@@ -1,0 +1,170 @@
+"""One DLRM training step as a callable: forward, BCE-with-logits loss, backward, both updates, no host sync.
+
+``TrainStep(model, optimizers, precision=..., mode=...)(dense, sparse, labels) -> 0-dim fp32 loss``.
+
+Precision: ``"fp32"`` (IEEE fp32 matmuls: ``torch.set_float32_matmul_precision("highest")``), ``"tf32"``
+(``"high"``: TF32 tensor-core matmuls), both set around each call and restored after it; ``"bf16"``: autocast to
+bf16 over the MLPs and the interaction (the embedding tables, their lookup and the loss stay fp32; the process's
+matmul precision is left alone).
+
+Modes:
+
+* ``"eager"``: ``zero_grad``, forward + loss, ``backward``, ``optimizers.step()``.
+* ``"compile"``: ``torch.compile`` of forward + loss (``kernels="fuselab"``: the whole forward, the embedding
+  collection included unless ``compile_embedding=False``; ``kernels="torch"``: everything after the lookup, which
+  stays eager for its sparse gradient) and of the dense optimizer step (``compile_optimizer``).
+* ``"cuda_graph"`` (``kernels="fuselab"`` on CUDA only: the torch path's sparse update synchronizes with the host):
+  the first call copies the batch into static buffers, runs ``warmup_steps`` eager steps on a side stream (the
+  model and optimizer state are restored afterwards, so warm-up does not train), then captures the whole step
+  (forward, loss, backward with the fused embedding update, dense update) in one CUDA graph; each later call
+  copies its batch into the static buffers (skipped for a tensor that *is* the static buffer: write into
+  :attr:`TrainStep.static_inputs` directly to avoid the copy) and replays. Shapes and dtypes are fixed by the
+  first call: another shape raises ValueError. Learning rates changed with ``optimizers.set_lr`` reach the graph.
+
+The returned loss is a fresh tensor (in graph mode a copy of the static one), so keeping it is safe.
+Raises ValueError for an unknown precision or mode, and for ``"cuda_graph"`` on a CPU model or the torch path.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from .optim import Optimizers
+
+PRECISIONS = ("fp32", "tf32", "bf16")
+MODES = ("eager", "compile", "cuda_graph")
+
+
+class TrainStep:
+    """A training step of ``model`` with ``optimizers`` (see the module docstring for precision and modes)."""
+
+    def __init__(self, model: nn.Module, optimizers: Optimizers, *, precision: str = "fp32", mode: str = "eager",
+                 compile_options: dict[str, Any] | None = None, compile_embedding: bool = True,
+                 compile_optimizer: bool = True, warmup_steps: int = 3):
+        if precision not in PRECISIONS:
+            raise ValueError(f"precision must be one of {PRECISIONS}, got {precision!r}")
+        if mode not in MODES:
+            raise ValueError(f"mode must be one of {MODES}, got {mode!r}")
+        self.model, self.optimizers, self.precision, self.mode = model, optimizers, precision, mode
+        self.fused = getattr(model, "kernels", "torch") == "fuselab"
+        self.device = next(model.parameters()).device
+        if mode == "cuda_graph":
+            if self.device.type != "cuda":
+                raise ValueError(f"mode='cuda_graph' needs the model on a CUDA device; it is on {self.device}")
+            if not self.fused:
+                raise ValueError("mode='cuda_graph' needs kernels='fuselab': the torch path's sparse embedding "
+                                 "update (coalesce) synchronizes with the host and cannot be captured")
+        if warmup_steps < 1:
+            raise ValueError(f"warmup_steps must be >= 1, got {warmup_steps}")
+        self.warmup_steps = warmup_steps
+        self._whole = self.fused and compile_embedding  # forward + loss as one function of (dense, sparse, labels)
+        self._loss_fn = self._forward_loss if self._whole else self._dense_loss
+        self._dense_step = optimizers.dense_step
+        if mode == "compile":
+            options = compile_options or {}
+            self._loss_fn = torch.compile(self._loss_fn, **options)
+            if compile_optimizer:
+                self._dense_step = torch.compile(optimizers.dense_step, **options)
+        self._graph: torch.cuda.CUDAGraph | None = None
+        self.static_inputs: tuple[Tensor, Tensor, Tensor] | None = None
+        self._static_loss: Tensor | None = None
+
+    # -- the pieces -------------------------------------------------------------------------------------------
+    def _autocast(self):
+        # no autocast weight cache: a cache inside a CUDA graph capture would keep stale casts
+        return torch.autocast(self.device.type, dtype=torch.bfloat16, enabled=self.precision == "bf16",
+                              cache_enabled=False)
+
+    def _forward_loss(self, dense: Tensor, sparse: Tensor, labels: Tensor) -> Tensor:
+        with self._autocast():
+            logits = self.model.dense_forward(dense, self.model.sparse_arch(sparse))
+        return F.binary_cross_entropy_with_logits(logits.float(), labels)
+
+    def _dense_loss(self, dense: Tensor, emb: Tensor, labels: Tensor) -> Tensor:
+        with self._autocast():
+            logits = self.model.dense_forward(dense, emb)
+        return F.binary_cross_entropy_with_logits(logits.float(), labels)
+
+    def _loss(self, dense: Tensor, sparse: Tensor, labels: Tensor) -> Tensor:
+        if self._whole:
+            return self._loss_fn(dense, sparse, labels)
+        return self._loss_fn(dense, self.model.sparse_arch(sparse), labels)
+
+    def _matmul_precision(self):
+        if self.precision == "bf16":
+            return contextlib.nullcontext()
+        return _float32_matmul_precision("highest" if self.precision == "fp32" else "high")
+
+    def _update(self) -> None:
+        self._dense_step()
+        self.optimizers.sparse_step()
+
+    def _eager(self, dense: Tensor, sparse: Tensor, labels: Tensor) -> Tensor:
+        self.optimizers.zero_grad()
+        loss = self._loss(dense, sparse, labels)
+        loss.backward()
+        self._update()
+        return loss.detach()
+
+    # -- the call ---------------------------------------------------------------------------------------------
+    def __call__(self, dense: Tensor, sparse: Tensor, labels: Tensor) -> Tensor:
+        """dense [B, 13] fp32, sparse [B, F] int64, labels [B] fp32 -> the batch's mean loss (0-dim fp32)."""
+        with self._matmul_precision():
+            if self.mode != "cuda_graph":
+                return self._eager(dense, sparse, labels)
+            if self._graph is None:
+                self._capture(dense, sparse, labels)
+            self._load(dense, sparse, labels)
+            self._graph.replay()
+        return self._static_loss.clone()
+
+    def _load(self, *batch: Tensor) -> None:
+        for name, static, new in zip(("dense", "sparse", "labels"), self.static_inputs, batch):
+            if new.shape != static.shape or new.dtype != static.dtype:
+                raise ValueError(f"{name}: the CUDA graph was captured for {tuple(static.shape)} {static.dtype}, "
+                                 f"got {tuple(new.shape)} {new.dtype}")
+            if new.data_ptr() != static.data_ptr():
+                static.copy_(new, non_blocking=True)
+
+    def _state(self) -> list[Tensor]:
+        """Every tensor a step changes: the model's state and the optimizer state."""
+        opt = self.optimizers
+        return [*self.model.state_dict().values(), *opt.dense_state, *opt.sparse_state]
+
+    def _capture(self, dense: Tensor, sparse: Tensor, labels: Tensor) -> None:
+        self.static_inputs = tuple(t.detach().clone() for t in (dense, sparse, labels))
+        state = self._state()
+        saved = [t.clone() for t in state]
+        side = torch.cuda.Stream(self.device)
+        side.wait_stream(torch.cuda.current_stream(self.device))
+        with torch.cuda.stream(side):
+            for _ in range(self.warmup_steps):
+                self._eager(*self.static_inputs)
+        torch.cuda.current_stream(self.device).wait_stream(side)
+        with torch.no_grad():
+            for t, s in zip(state, saved):
+                t.copy_(s)
+        del saved
+        self.optimizers.zero_grad()
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            loss = self._loss(*self.static_inputs)
+            loss.backward()
+            self._update()
+        self._static_loss = loss.detach()
+        self._graph = graph
+
+
+@contextlib.contextmanager
+def _float32_matmul_precision(value: str):
+    old = torch.get_float32_matmul_precision()
+    torch.set_float32_matmul_precision(value)
+    try:
+        yield
+    finally:
+        torch.set_float32_matmul_precision(old)

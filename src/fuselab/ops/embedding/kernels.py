@@ -1,0 +1,292 @@
+"""Triton kernels of the embedding bag collection (launched by :mod:`fuselab.ops.embedding.launch`).
+
+All tables live in one ``(R, D)`` fp32 weight; feature ``f``'s table is rows ``[row_offsets[f], row_offsets[f] +
+table_sizes[f])``. A raw id of feature ``f`` maps to ``row_offsets[f] + (id mod table_sizes[f])`` (non-negative
+modulus) in every kernel, so no id can address outside its table. Row addresses are int64 (``R*D`` may pass 2^31).
+
+Variants are ``tl.constexpr`` flags: ``BAGS`` (CSR bags of ids, else one id per feature), ``MEAN`` (mean pooling,
+else sum) and ``OPTIMIZER`` (0 sgd, 1 element-wise adagrad, 2 row-wise adagrad).
+
+The update is deterministic: the launcher sorts the ``N`` global rows (stable); :func:`segment_update_kernel`
+walks the sorted positions in chunks of ``BLOCK_P`` (a fixed grid, masked), sums each run of equal rows with a
+segmented scan, and updates the rows whose run starts and ends inside the chunk; runs that cross a chunk boundary
+are finished by :func:`carry_update_kernel` from the per-chunk partial sums. Same order of additions every run.
+"""
+
+from __future__ import annotations
+
+import triton
+import triton.language as tl
+
+SGD: tl.constexpr = tl.constexpr(0)
+ADAGRAD: tl.constexpr = tl.constexpr(1)
+ROWWISE_ADAGRAD: tl.constexpr = tl.constexpr(2)
+
+
+@triton.jit
+def _program(WIDE: tl.constexpr):
+    # this program's index, int64 when position math may pass 2^31
+    pid = tl.program_id(0)
+    if WIDE:
+        pid = pid.to(tl.int64)
+    return pid
+
+
+@triton.jit
+def _narrow(index, WIDE: tl.constexpr):
+    # an int64 position index as int32 when every position fits (cheaper division and modulus)
+    if not WIDE:
+        index = index.to(tl.int32)
+    return index
+
+
+@triton.jit
+def _rows_mask(rows_ok, D: tl.constexpr, BLOCK_D: tl.constexpr):
+    # (P, BLOCK_D) mask of P rows x D columns; when D == BLOCK_D it is constant along D, which lets the compiler
+    # use 16-byte vector loads and stores (a `d < D` term would hide that)
+    if D == BLOCK_D:
+        m = tl.broadcast_to(rows_ok[:, None], (rows_ok.shape[0], BLOCK_D))
+    else:
+        m = rows_ok[:, None] & (tl.arange(0, BLOCK_D) < D)[None, :]
+    return m
+
+
+@triton.jit
+def _global_row(raw, feature, sizes_ptr, row_offsets_ptr, mask):
+    # raw: ids of any integer dtype; feature: their feature index (same shape); sizes_ptr/row_offsets_ptr: (F,) int64
+    n = tl.load(sizes_ptr + feature, mask=mask, other=1)
+    base = tl.load(row_offsets_ptr + feature, mask=mask, other=0)
+    r = raw.to(tl.int64) % n  # C remainder: the sign of raw
+    return base + tl.where(r < 0, r + n, r)
+
+
+@triton.jit
+def _bag_bounds(offsets_ptr, bag, mask, n_ids):
+    # offsets_ptr: (B*F + 1,) int64 CSR offsets; bag: bag indices. Clamped into [0, n_ids], end >= start.
+    start = tl.load(offsets_ptr + bag, mask=mask, other=0)
+    end = tl.load(offsets_ptr + bag + 1, mask=mask, other=0)
+    start = tl.minimum(tl.maximum(start, 0), n_ids)
+    end = tl.minimum(tl.maximum(end, start), n_ids)
+    return start, end
+
+
+@triton.jit
+def lookup_kernel(
+    w_ptr,  # (R, D) fp32 weight, contiguous
+    ids_ptr,  # one id: (B, F) any integer dtype, strides (s_ib, s_if); bags: (N,) stride s_ib
+    offsets_ptr,  # bags: (B*F + 1,) int64 CSR offsets; unused otherwise
+    sizes_ptr,  # (F,) int64 rows per table
+    row_offsets_ptr,  # (F,) int64 first row of each table
+    out_ptr,  # (B*F, D) fp32 output, contiguous
+    num_bags, F, n_ids, s_ib, s_if,
+    D: tl.constexpr, BLOCK_ROWS: tl.constexpr, BLOCK_D: tl.constexpr, BAGS: tl.constexpr, MEAN: tl.constexpr,
+    WIDE: tl.constexpr,
+):
+    # Bytes: one id: read B*F ids + B*F rows of D*4, write B*F*D*4. Bags: read N ids + N rows, write B*F*D*4.
+    # Position math in int32 unless WIDE (an output or ids offset past 2^31); row addresses are always int64.
+    j = _program(WIDE) * BLOCK_ROWS + tl.arange(0, BLOCK_ROWS)
+    jm = j < num_bags
+    d = tl.arange(0, BLOCK_D)
+    feature = j % F
+    if BAGS:
+        start, end = _bag_bounds(offsets_ptr, j, jm, n_ids)
+        length = end - start
+        acc = tl.zeros((BLOCK_ROWS, BLOCK_D), dtype=tl.float32)
+        for i in range(0, tl.max(length, axis=0)):
+            m = jm & (i < length)
+            raw = tl.load(ids_ptr + (start + i) * s_ib, mask=m, other=0)
+            row = _global_row(raw, feature, sizes_ptr, row_offsets_ptr, m)
+            acc += tl.load(w_ptr + row[:, None] * D + d[None, :], mask=_rows_mask(m, D, BLOCK_D), other=0.0)
+        if MEAN:
+            acc = acc / tl.maximum(length, 1).to(tl.float32)[:, None]
+    else:
+        raw = tl.load(ids_ptr + (j // F) * s_ib + feature * s_if, mask=jm, other=0)
+        row = _global_row(raw, feature, sizes_ptr, row_offsets_ptr, jm)
+        acc = tl.load(w_ptr + row[:, None] * D + d[None, :], mask=_rows_mask(jm, D, BLOCK_D), other=0.0)
+    tl.store(out_ptr + j[:, None] * D + d[None, :], acc, mask=_rows_mask(jm, D, BLOCK_D))
+
+
+@triton.jit
+def rows_kernel(
+    ids_ptr,  # one id: (B, F) integer, strides (s_ib, s_if); bags: (N,) stride s_ib
+    bag_ptr,  # bags: (N,) int64 bag of each id position (searchsorted over the offsets); unused otherwise
+    sizes_ptr,  # (F,) int64
+    row_offsets_ptr,  # (F,) int64
+    keys_ptr,  # (N,) int32 or int64 out: global row of each id position (the sort keys)
+    n_pos, F, s_ib, s_if,
+    BLOCK: tl.constexpr, BAGS: tl.constexpr, WIDE: tl.constexpr,
+):
+    # Bytes: read N ids (+ N*8 bag indices), write N keys.
+    p = _program(WIDE) * BLOCK + tl.arange(0, BLOCK)
+    m = p < n_pos
+    if BAGS:
+        feature = _narrow(tl.load(bag_ptr + p, mask=m, other=0), WIDE) % F
+        raw = tl.load(ids_ptr + p * s_ib, mask=m, other=0)
+    else:
+        feature = p % F
+        raw = tl.load(ids_ptr + (p // F) * s_ib + feature * s_if, mask=m, other=0)
+    row = _global_row(raw, feature, sizes_ptr, row_offsets_ptr, m)
+    tl.store(keys_ptr + p, row.to(keys_ptr.dtype.element_ty), mask=m)
+
+
+@triton.jit
+def _apply_update(w_ptr, s_ptr, lr, rows, g, mask, eps, D: tl.constexpr, BLOCK_D: tl.constexpr,
+                  OPTIMIZER: tl.constexpr):
+    # rows: (P,) int64 distinct rows; g: (P, BLOCK_D) fp32 coalesced gradients; mask: (P,) rows to update.
+    # Bytes per row: read + write D*4 of weight; adagrad also D*4 of state each way, rowwise 4 each way.
+    d = tl.arange(0, BLOCK_D)
+    m2 = _rows_mask(mask, D, BLOCK_D)
+    w_at = w_ptr + rows[:, None] * D + d[None, :]
+    w = tl.load(w_at, mask=m2, other=0.0)
+    if OPTIMIZER == SGD:
+        w = w - lr * g
+    elif OPTIMIZER == ADAGRAD:
+        s_at = s_ptr + rows[:, None] * D + d[None, :]
+        s = tl.load(s_at, mask=m2, other=0.0) + g * g
+        tl.store(s_at, s, mask=m2)
+        w = w - lr * tl.div_rn(g, tl.sqrt_rn(s) + eps)
+    else:
+        sq = tl.sum(g * g, axis=1)
+        s = tl.load(s_ptr + rows, mask=mask, other=0.0) + tl.div_rn(sq, tl.zeros_like(sq) + D)
+        tl.store(s_ptr + rows, s, mask=mask)
+        w = w - lr * tl.div_rn(g, tl.sqrt_rn(s)[:, None] + eps)
+    tl.store(w_at, w, mask=m2)
+
+
+@triton.jit
+def _segment_add(v1, f1, v2, f2):
+    # segmented sum: a run restarts where the flag is set
+    return tl.where(f2 != 0, v2, v1 + v2), f1 | f2
+
+
+@triton.jit
+def _position_grads(grad_ptr, bag_ptr, offsets_ptr, k, km, F, n_ids, s_gb, s_gf, s_gd,
+                    BLOCK_D: tl.constexpr, D: tl.constexpr, BAGS: tl.constexpr, MEAN: tl.constexpr,
+                    WIDE: tl.constexpr):
+    # gradient (P, BLOCK_D) fp32 of id positions k: its bag's output gradient (/ length for MEAN; 0 outside bags)
+    d = tl.arange(0, BLOCK_D)
+    k = _narrow(k, WIDE)
+    if BAGS:
+        bag = _narrow(tl.load(bag_ptr + k, mask=km, other=0), WIDE)
+        start, end = _bag_bounds(offsets_ptr, bag, km, n_ids)
+        inside = km & (k >= start) & (k < end)
+        scale = tl.where(inside, 1.0, 0.0)
+        if MEAN:
+            scale = scale / tl.maximum(end - start, 1).to(tl.float32)
+    else:
+        bag = k
+        inside = km
+    at = grad_ptr + (bag // F) * s_gb + (bag % F) * s_gf
+    g = tl.load(at[:, None] + d[None, :] * s_gd, mask=_rows_mask(inside, D, BLOCK_D), other=0.0).to(tl.float32)
+    if BAGS:
+        g = g * scale[:, None]
+    return g
+
+
+@triton.jit
+def segment_update_kernel(
+    sorted_ptr,  # (N,) int32/int64 global rows, sorted ascending (stable)
+    perm_ptr,  # (N,) int64 id position of each sorted position
+    grad_ptr,  # (B, F, D) output gradient, any float dtype, strides (s_gb, s_gf, s_gd)
+    bag_ptr,  # bags: (N,) int64 bag of each id position; unused otherwise
+    offsets_ptr,  # bags: (B*F + 1,) int64; unused otherwise
+    w_ptr,  # (R, D) fp32 weight, updated in place
+    s_ptr,  # optimizer state: (R, D) fp32 adagrad, (R,) fp32 rowwise_adagrad, unused for sgd
+    lr_ptr,  # () fp32 learning rate
+    head_ptr,  # (n_chunks, BLOCK_D) fp32 out: sum of each chunk's first run
+    tail_ptr,  # (n_chunks, BLOCK_D) fp32 out: sum of each chunk's last run
+    N, F, n_ids, s_gb, s_gf, s_gd, eps,
+    D: tl.constexpr, BLOCK_P: tl.constexpr, BLOCK_D: tl.constexpr, OPTIMIZER: tl.constexpr,
+    BAGS: tl.constexpr, MEAN: tl.constexpr, WIDE: tl.constexpr,
+):
+    # Bytes: read N keys (three overlapping loads, cached), N*8 perm, N gradient rows of D*4 (gathered);
+    # per distinct row the update's read-modify-write (see _apply_update); write 2*BLOCK_D*4 partials per chunk.
+    chunk = tl.program_id(0)
+    cs = chunk.to(tl.int64) * BLOCK_P
+    p = cs + tl.arange(0, BLOCK_P)
+    valid = p < N
+    last = tl.minimum(cs + BLOCK_P, N) - 1
+    row = tl.load(sorted_ptr + p, mask=valid, other=-1).to(tl.int64)
+    prev = tl.load(sorted_ptr + p - 1, mask=valid & (p > 0), other=-1).to(tl.int64)
+    nxt = tl.load(sorted_ptr + p + 1, mask=valid & (p + 1 < N), other=-1).to(tl.int64)
+    before = tl.load(sorted_ptr + cs - 1, mask=cs > 0, other=-1).to(tl.int64)
+    first = tl.load(sorted_ptr + cs).to(tl.int64)
+    k = tl.load(perm_ptr + p, mask=valid, other=0)
+    g = _position_grads(grad_ptr, bag_ptr, offsets_ptr, k, valid, F, n_ids, s_gb, s_gf, s_gd,
+                        BLOCK_D, D, BAGS, MEAN, WIDE)
+    flag = tl.broadcast_to(((row != prev) | (p == cs)).to(tl.int32)[:, None], (BLOCK_P, BLOCK_D))
+    run_sum, _ = tl.associative_scan((g, flag), 0, _segment_add)
+    is_tail = valid & (row != nxt)
+    lr = tl.load(lr_ptr)
+    _apply_update(w_ptr, s_ptr, lr, row, run_sum, is_tail & (row != before), eps, D, BLOCK_D, OPTIMIZER)
+    d = tl.arange(0, BLOCK_D)
+    first_end = valid & (row == first) & (is_tail | (p == last))
+    head = tl.sum(tl.where(first_end[:, None], run_sum, 0.0), axis=0)
+    tail = tl.sum(tl.where((p == last)[:, None], run_sum, 0.0), axis=0)
+    tl.store(head_ptr + chunk * BLOCK_D + d, head)
+    tl.store(tail_ptr + chunk * BLOCK_D + d, tail)
+
+
+@triton.jit
+def carry_update_kernel(
+    sorted_ptr,  # (N,) int32/int64 sorted global rows
+    head_ptr,  # (n_chunks, BLOCK_D) fp32 first-run sums of segment_update_kernel
+    tail_ptr,  # (n_chunks, BLOCK_D) fp32 last-run sums
+    w_ptr,  # (R, D) fp32 weight, updated in place
+    s_ptr,  # optimizer state as in segment_update_kernel
+    lr_ptr,  # () fp32
+    N, n_chunks, eps,
+    D: tl.constexpr, BLOCK_P: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_C: tl.constexpr,
+    OPTIMIZER: tl.constexpr,
+):
+    # A run that starts in this chunk and continues into the next: its sum is this chunk's last-run sum plus the
+    # first-run sums of the following chunks that start with the same row, added BLOCK_C chunks at a time (in a
+    # fixed order). Bytes: 3 keys per chunk; per crossing run, its chunks' partials and one row update.
+    chunk = tl.program_id(0)
+    cs = chunk.to(tl.int64) * BLOCK_P
+    ce = tl.minimum(cs + BLOCK_P, N)
+    row = tl.load(sorted_ptr + ce - 1).to(tl.int64)
+    before = tl.load(sorted_ptr + cs - 1, mask=cs > 0, other=-1).to(tl.int64)
+    after = tl.load(sorted_ptr + ce, mask=ce < N, other=-1).to(tl.int64)
+    if (row != before) & (row == after):
+        d = tl.arange(0, BLOCK_D)
+        total = tl.load(tail_ptr + chunk * BLOCK_D + d)[None, :]
+        c0 = chunk + 1
+        more = c0 < n_chunks
+        while more:
+            c = c0 + tl.arange(0, BLOCK_C)
+            cm = c < n_chunks
+            starts = tl.load(sorted_ptr + c.to(tl.int64) * BLOCK_P, mask=cm, other=-1).to(tl.int64)
+            match = cm & (starts == row)
+            part = tl.load(head_ptr + c[:, None] * BLOCK_D + d[None, :], mask=match[:, None], other=0.0)
+            total += tl.sum(part, axis=0)[None, :]
+            more = tl.min(match.to(tl.int32), axis=0) == 1
+            c0 += BLOCK_C
+        lr = tl.load(lr_ptr)
+        one = tl.arange(0, 1)
+        _apply_update(w_ptr, s_ptr, lr, row + one, total, one == 0, eps, D, BLOCK_D, OPTIMIZER)
+
+
+@triton.jit
+def atomic_sgd_kernel(
+    grad_ptr,  # (B, F, D) output gradient, strides (s_gb, s_gf, s_gd)
+    keys_ptr,  # (N,) global row of each id position (rows_kernel)
+    bag_ptr,  # bags: (N,) int64; unused otherwise
+    offsets_ptr,  # bags: (B*F + 1,) int64; unused otherwise
+    w_ptr,  # (R, D) fp32 weight, updated in place with atomics
+    lr_ptr,  # () fp32
+    N, F, n_ids, s_gb, s_gf, s_gd,
+    D: tl.constexpr, BLOCK_P: tl.constexpr, BLOCK_D: tl.constexpr, BAGS: tl.constexpr, MEAN: tl.constexpr,
+    WIDE: tl.constexpr,
+):
+    # Non-deterministic SGD: w[row] += -lr * g per id position, no sort. Bytes: N keys, N gradient rows read,
+    # N atomic row updates.
+    p = _program(WIDE) * BLOCK_P + tl.arange(0, BLOCK_P)
+    valid = p < N
+    g = _position_grads(grad_ptr, bag_ptr, offsets_ptr, p, valid, F, n_ids, s_gb, s_gf, s_gd,
+                        BLOCK_D, D, BAGS, MEAN, WIDE)
+    row = tl.load(keys_ptr + p, mask=valid, other=0).to(tl.int64)
+    d = tl.arange(0, BLOCK_D)
+    lr = tl.load(lr_ptr)
+    tl.atomic_add(w_ptr + row[:, None] * D + d[None, :], -lr * g, mask=_rows_mask(valid, D, BLOCK_D),
+                  sem="relaxed")

@@ -1,0 +1,223 @@
+"""Validation and out-param launchers of the embedding bag collection kernels.
+
+:func:`check` validates every argument (shapes, dtypes, devices; it reads no tensor values: that would synchronise
+with the device). :func:`lookup_` writes the pooled embeddings into a given output; :func:`update_` applies the
+fused optimizer update in place. Tuning knobs are the frozen :class:`EmbeddingConfig`, passed by the caller.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from fuselab.ops._launch import INT32_MAX, cdiv, needs_int64, next_power_of_2
+from fuselab.reference.embedding import OPTIMIZERS, POOLINGS, momentum_shape
+
+from . import kernels
+
+_OPTIMIZER_CODE = {"sgd": 0, "adagrad": 1, "rowwise_adagrad": 2}
+_ID_DTYPES = (torch.int32, torch.int64)
+
+
+@dataclass(frozen=True)
+class EmbeddingConfig:
+    """Tuning knobs of the kernels (block sizes are powers of two).
+
+    ``lookup_elements``: elements (rows x padded D) per lookup program (4096: 256 rows of D=16, 4 per thread).
+    ``update_rows``: sorted positions per chunk of the segment kernel (its scan runs over this many rows).
+    ``rows_block``: id positions per program of the row-computing kernel.
+    ``carry_chunks``: chunk partials the carry kernel adds per step along a run that crosses chunks.
+    ``num_warps``: warps per program of every kernel.
+    """
+
+    lookup_elements: int = 4096
+    update_rows: int = 128
+    rows_block: int = 1024
+    carry_chunks: int = 64
+    num_warps: int = 4
+
+    def __post_init__(self) -> None:
+        for name in ("lookup_elements", "update_rows", "rows_block", "carry_chunks", "num_warps"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or value < 1 or value & (value - 1):
+                raise ValueError(f"EmbeddingConfig.{name} must be a positive power of two, got {value!r}")
+
+
+DEFAULT_CONFIG = EmbeddingConfig()
+
+
+def _require_tensor(name: str, value: object) -> torch.Tensor:
+    if not isinstance(value, torch.Tensor):
+        raise TypeError(f"{name} must be a torch.Tensor, got {type(value).__name__}")
+    return value
+
+
+def check(weight: torch.Tensor, ids: torch.Tensor, table_sizes: torch.Tensor, row_offsets: torch.Tensor,
+          offsets: torch.Tensor | None, pooling: str) -> tuple[int, int, int]:
+    """Validate a lookup's arguments; returns ``(B, F, N)`` (N id positions).
+
+    Raises TypeError (not a tensor, wrong dtype) or ValueError (rank, shapes, F mismatch, offsets not
+    ``(B*F + 1,)``, mixed devices, unknown pooling), naming the argument."""
+    for name, t in (("weight", weight), ("ids", ids), ("table_sizes", table_sizes), ("row_offsets", row_offsets)):
+        _require_tensor(name, t)
+    if not weight.is_floating_point():
+        raise TypeError(f"weight must have a floating dtype, got {weight.dtype}")
+    if weight.dim() != 2:
+        raise ValueError(f"weight must be (R, D), got shape {tuple(weight.shape)}")
+    for name, t in (("table_sizes", table_sizes), ("row_offsets", row_offsets)):
+        if t.dtype != torch.int64:
+            raise TypeError(f"{name} must be int64, got {t.dtype}")
+        if t.dim() != 1 or t.shape[0] == 0:
+            raise ValueError(f"{name} must be (F,) with F >= 1, got shape {tuple(t.shape)}")
+    f_count = table_sizes.shape[0]
+    if row_offsets.shape[0] != f_count:
+        raise ValueError(f"row_offsets must have F={f_count} entries (one per table), got {row_offsets.shape[0]}")
+    if ids.dtype not in _ID_DTYPES:
+        raise TypeError(f"ids must be int64 or int32, got {ids.dtype}")
+    if not isinstance(pooling, str) or pooling not in POOLINGS:
+        raise ValueError(f"pooling must be one of {', '.join(POOLINGS)}, got {pooling!r}")
+    devices = {"weight": weight.device, "ids": ids.device, "table_sizes": table_sizes.device,
+               "row_offsets": row_offsets.device}
+    if offsets is None:
+        if ids.dim() != 2 or ids.shape[1] != f_count:
+            raise ValueError(f"ids must be (B, F={f_count}) with one id per feature (or (N,) with offsets), "
+                             f"got shape {tuple(ids.shape)}")
+        batch, n_pos = ids.shape[0], ids.numel()
+    else:
+        _require_tensor("offsets", offsets)
+        if offsets.dtype != torch.int64:
+            raise TypeError(f"offsets must be int64, got {offsets.dtype}")
+        if ids.dim() != 1:
+            raise ValueError(f"ids must be (N,) flat bag values when offsets are given, got shape {tuple(ids.shape)}")
+        if offsets.dim() != 1 or offsets.shape[0] < 1 or (offsets.shape[0] - 1) % f_count:
+            raise ValueError(f"offsets must be (B*F + 1,) with F={f_count}, got shape {tuple(offsets.shape)}")
+        batch, n_pos = (offsets.shape[0] - 1) // f_count, ids.shape[0]
+        devices["offsets"] = offsets.device
+    _same_device(devices)
+    return batch, f_count, n_pos
+
+
+def check_update(weight: torch.Tensor, momentum: torch.Tensor, lr: torch.Tensor, grad: torch.Tensor | None,
+                 optimizer: str, eps: float, batch: int, f_count: int) -> None:
+    """Validate an update's own arguments (after :func:`check`; ``grad`` None: not yet known); same errors as
+    :func:`check`."""
+    for name, t in (("momentum", momentum), ("lr", lr)) + ((("grad", grad),) if grad is not None else ()):
+        _require_tensor(name, t)
+    if not isinstance(optimizer, str) or optimizer not in OPTIMIZERS:
+        raise ValueError(f"optimizer must be one of {', '.join(OPTIMIZERS)}, got {optimizer!r}")
+    if isinstance(eps, bool) or not isinstance(eps, (int, float)) or not eps >= 0:
+        raise ValueError(f"eps must be a non-negative float, got {eps!r}")
+    rows, dim = weight.shape
+    expect = momentum_shape(optimizer, rows, dim)
+    if optimizer != "sgd" and tuple(momentum.shape) != expect:
+        raise ValueError(f"momentum must have shape {expect} for {optimizer}, got {tuple(momentum.shape)}")
+    if optimizer != "sgd" and momentum.dtype != weight.dtype:
+        raise TypeError(f"momentum must have weight's dtype {weight.dtype}, got {momentum.dtype}")
+    if lr.dim() != 0 or not lr.is_floating_point():
+        raise ValueError(f"lr must be a 0-dim floating tensor, got shape {tuple(lr.shape)} {lr.dtype}")
+    devices = {"weight": weight.device, "momentum": momentum.device, "lr": lr.device}
+    if grad is not None:
+        if not grad.is_floating_point():
+            raise TypeError(f"grad must have a floating dtype, got {grad.dtype}")
+        if tuple(grad.shape) != (batch, f_count, dim):
+            raise ValueError(f"grad must have the output's shape {(batch, f_count, dim)}, got {tuple(grad.shape)}")
+        devices["grad"] = grad.device
+    _same_device(devices)
+
+
+def _same_device(devices: dict[str, torch.device]) -> None:
+    first_name, first = next(iter(devices.items()))
+    for name, dev in devices.items():
+        if dev != first:
+            raise ValueError(f"{name} is on {dev} but {first_name} is on {first}; all tensors must share a device")
+
+
+def _require_kernel_layout(weight: torch.Tensor, momentum: torch.Tensor | None = None) -> None:
+    if weight.dtype != torch.float32:
+        raise TypeError(f"weight must be float32 for the Triton kernels, got {weight.dtype}")
+    if not weight.is_contiguous():
+        raise ValueError("weight must be contiguous (R, D) for the Triton kernels")
+    if momentum is not None and not momentum.is_contiguous():
+        raise ValueError("momentum must be contiguous for the Triton kernels")
+
+
+def _id_strides(ids: torch.Tensor, bags: bool) -> tuple[int, int]:
+    return (ids.stride(0), 0) if bags else (ids.stride(0), ids.stride(1))
+
+
+def lookup_(out: torch.Tensor, weight: torch.Tensor, ids: torch.Tensor, table_sizes: torch.Tensor,
+            row_offsets: torch.Tensor, offsets: torch.Tensor | None, pooling: str,
+            config: EmbeddingConfig = DEFAULT_CONFIG) -> None:
+    """Write the ``(B, F, D)`` pooled embeddings into ``out`` (fp32, contiguous); arguments as :func:`check`
+    validated them. One launch over the ``B*F`` outputs."""
+    _require_kernel_layout(weight)
+    num_bags, dim = out.shape[0] * out.shape[1], weight.shape[1]
+    if num_bags == 0:
+        return
+    block_d = next_power_of_2(dim)
+    block_rows = max(1, config.lookup_elements // block_d)
+    bags = offsets is not None
+    s_ib, s_if = _id_strides(ids, bags)
+    kernels.lookup_kernel[(cdiv(num_bags, block_rows),)](
+        weight, ids, offsets if bags else table_sizes, table_sizes, row_offsets, out,
+        num_bags, table_sizes.shape[0], ids.shape[0] if bags else 0, s_ib, s_if,
+        D=dim, BLOCK_ROWS=block_rows, BLOCK_D=block_d, BAGS=bags, MEAN=pooling == "mean",
+        WIDE=needs_int64(out, ids) or num_bags + block_rows > INT32_MAX, num_warps=config.num_warps)
+
+
+def _bag_of_positions(offsets: torch.Tensor, n_pos: int) -> torch.Tensor:
+    """(N,) int64 bag of each id position (searchsorted over the offsets, clamped to a valid bag)."""
+    pos = torch.arange(n_pos, device=offsets.device)
+    bag = torch.searchsorted(offsets, pos, right=True)
+    return bag.sub_(1).clamp_(0, offsets.shape[0] - 2)
+
+
+def update_(weight: torch.Tensor, momentum: torch.Tensor, lr: torch.Tensor, grad: torch.Tensor, ids: torch.Tensor,
+            table_sizes: torch.Tensor, row_offsets: torch.Tensor, offsets: torch.Tensor | None, pooling: str,
+            optimizer: str, eps: float, deterministic: bool = True, config: EmbeddingConfig = DEFAULT_CONFIG) -> None:
+    """Apply the optimizer update of the output gradient ``grad`` (B, F, D) to the rows the ids touched, in place.
+
+    Deterministic: global rows (int32 keys when R < 2^31) -> stable ``torch.sort`` -> segment kernel -> carry
+    kernel (5-8 launches, the sort's included; workspace: keys, sorted keys, permutation, 2 partial rows per chunk).
+    ``deterministic=False`` with ``sgd``: one kernel of atomic adds, no sort (other optimizers ignore the flag).
+    No host synchronisation: every size comes from shapes.
+    """
+    _require_kernel_layout(weight, momentum)
+    n_pos = ids.numel()
+    if n_pos == 0 or grad.numel() == 0:
+        return
+    f_count, dim = table_sizes.shape[0], weight.shape[1]
+    bags = offsets is not None
+    bag = _bag_of_positions(offsets, n_pos) if bags else None
+    key_dtype = torch.int32 if weight.shape[0] <= INT32_MAX else torch.int64
+    keys = torch.empty(n_pos, dtype=key_dtype, device=weight.device)
+    s_ib, s_if = _id_strides(ids, bags)
+    wide = needs_int64(ids, grad) or n_pos + config.rows_block > INT32_MAX
+    kernels.rows_kernel[(cdiv(n_pos, config.rows_block),)](
+        ids, bag if bags else keys, table_sizes, row_offsets, keys, n_pos, f_count, s_ib, s_if,
+        BLOCK=config.rows_block, BAGS=bags, WIDE=wide, num_warps=config.num_warps)
+    block_d = next_power_of_2(dim)
+    flags = dict(D=dim, BLOCK_D=block_d, num_warps=config.num_warps)
+    bag_arg = bag if bags else keys
+    offsets_arg = offsets if bags else keys
+    state = momentum if optimizer != "sgd" else weight
+    n_ids = ids.shape[0] if bags else 0
+    if optimizer == "sgd" and not deterministic:
+        kernels.atomic_sgd_kernel[(cdiv(n_pos, config.update_rows),)](
+            grad, keys, bag_arg, offsets_arg, weight, lr, n_pos, f_count, n_ids, *grad.stride(),
+            BLOCK_P=config.update_rows, BAGS=bags, MEAN=pooling == "mean", WIDE=wide, **flags)
+        return
+    sorted_keys, perm = torch.sort(keys, stable=True)
+    n_chunks = cdiv(n_pos, config.update_rows)
+    head = torch.empty(n_chunks, block_d, dtype=torch.float32, device=weight.device)
+    tail = torch.empty_like(head)
+    code = _OPTIMIZER_CODE[optimizer]
+    kernels.segment_update_kernel[(n_chunks,)](
+        sorted_keys, perm, grad, bag_arg, offsets_arg, weight, state, lr, head, tail,
+        n_pos, f_count, n_ids, *grad.stride(), float(eps),
+        BLOCK_P=config.update_rows, OPTIMIZER=code, BAGS=bags, MEAN=pooling == "mean", WIDE=wide, **flags)
+    kernels.carry_update_kernel[(n_chunks,)](
+        sorted_keys, head, tail, weight, state, lr, n_pos, n_chunks, float(eps),
+        BLOCK_P=config.update_rows, BLOCK_C=config.carry_chunks, OPTIMIZER=code, D=dim, BLOCK_D=block_d,
+        num_warps=1)  # most programs read 3 keys and exit; a crossing run adds (carry_chunks, D) tiles

@@ -1,0 +1,92 @@
+"""``EmbeddingBagCollection``: F embedding tables in one buffer, lookup in one launch, optimizer fused into backward."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+
+import torch
+from torch import Tensor, nn
+
+from fuselab.reference.embedding import OPTIMIZERS, POOLINGS, momentum_shape
+
+from .launch import EmbeddingConfig
+from .op import embedding_bag_collection
+
+
+class EmbeddingBagCollection(nn.Module):
+    """F embedding tables (one per sparse feature) stored as row ranges of one ``(R, D)`` fp32 buffer, with the
+    optimizer fused into the backward (torchrec's EmbeddingBagCollection + FBGEMM's fused TBE, in one module).
+
+    Buffers: ``weight`` (R, D) fp32, ``R = sum(table_sizes)``, table ``t`` = rows ``[row_offsets[t], row_offsets[t]
+    + n_t)``; ``momentum`` the optimizer state ((R,) rowwise_adagrad, (R, D) adagrad, (0,) sgd; zeros at start);
+    ``row_offsets`` and ``table_sizes`` (F,) int64; ``lr`` a 0-dim fp32 tensor (:meth:`set_lr`). ``weight`` does not
+    require grad; the empty parameter ``grad_anchor`` does, so that autograd runs the fused update. It never gets a
+    gradient: no dense or sparse gradient of the tables is ever allocated.
+
+    Initialisation: table ``t`` drawn U(-1/sqrt(n_t), 1/sqrt(n_t)) in table order on the CPU from ``generator`` (the
+    global generator when None), then moved to ``device``: bit-identical to
+    ``fuselab.dlrm.model.SparseArch(layout="fused")`` with the same generator.
+
+    Training: in training mode with grad enabled, the gradient of the output applies the optimizer to the looked-up
+    rows in place when it reaches the backward (``loss.backward()``; running the backward twice updates twice).
+    Duplicate rows are summed first, with the same bits every run (``deterministic=False``: SGD updates with atomics,
+    faster, not reproducible; the Adagrad variants stay deterministic). In eval mode or under no_grad: lookup only.
+
+    Raises: ValueError for non-positive table sizes or dim, unknown optimizer or pooling, negative eps or lr.
+    """
+
+    def __init__(self, table_sizes: Sequence[int], dim: int, *, optimizer: str = "rowwise_adagrad", lr: float = 0.01,
+                 eps: float = 1e-8, pooling: str = "sum", deterministic: bool = True,
+                 device: torch.device | str | None = None, generator: torch.Generator | None = None,
+                 config: EmbeddingConfig | None = None):
+        super().__init__()
+        sizes = list(table_sizes)
+        if not sizes or any(isinstance(n, bool) or not isinstance(n, int) or n <= 0 for n in sizes):
+            raise ValueError(f"table_sizes must be positive int row counts, got {sizes[:8]}")
+        if isinstance(dim, bool) or not isinstance(dim, int) or dim <= 0:
+            raise ValueError(f"dim must be a positive int, got {dim!r}")
+        if optimizer not in OPTIMIZERS:
+            raise ValueError(f"optimizer must be one of {', '.join(OPTIMIZERS)}, got {optimizer!r}")
+        if pooling not in POOLINGS:
+            raise ValueError(f"pooling must be one of {', '.join(POOLINGS)}, got {pooling!r}")
+        if not (isinstance(eps, (int, float)) and eps >= 0):
+            raise ValueError(f"eps must be a non-negative float, got {eps!r}")
+        if not (isinstance(lr, (int, float)) and lr >= 0):
+            raise ValueError(f"lr must be a non-negative float, got {lr!r}")
+        self.sizes = tuple(sizes)
+        self.dim, self.optimizer, self.eps, self.pooling = dim, optimizer, float(eps), pooling
+        self.deterministic, self.config = bool(deterministic), config
+        starts = torch.tensor([0, *sizes], dtype=torch.int64).cumsum(0)
+        weight = torch.empty(int(starts[-1]), dim)
+        with torch.no_grad():
+            for t, n in enumerate(sizes):
+                bound = 1.0 / math.sqrt(n)
+                weight[starts[t]: starts[t + 1]].uniform_(-bound, bound, generator=generator)
+        self.register_buffer("weight", weight.to(device))
+        self.register_buffer("momentum", torch.zeros(momentum_shape(optimizer, weight.shape[0], dim), device=device))
+        self.register_buffer("row_offsets", starts[:-1].clone().to(device), persistent=False)
+        self.register_buffer("table_sizes", torch.tensor(sizes, dtype=torch.int64, device=device), persistent=False)
+        self.register_buffer("lr", torch.tensor(float(lr), dtype=torch.float32, device=device), persistent=False)
+        self.grad_anchor = nn.Parameter(torch.empty(0, device=device))
+
+    @property
+    def num_features(self) -> int:
+        return len(self.sizes)
+
+    def set_lr(self, value: float) -> None:
+        """Set the learning rate in place (``lr.fill_``: no recompilation, safe between CUDA graph replays)."""
+        self.lr.fill_(value)
+
+    def forward(self, ids: Tensor, offsets: Tensor | None = None) -> Tensor:
+        """One id per feature: ids ``(B, F)`` int64/int32 raw ids (``id mod n_f`` applied in the kernel) ->
+        ``(B, F, D)``. Bags: ids ``(N,)`` flat values, offsets ``(B*F + 1,)`` int64, bag ``b*F + f`` of feature
+        ``f`` pooled by ``pooling`` (empty bags give zeros) -> ``(B, F, D)``."""
+        return embedding_bag_collection(
+            self.weight, self.momentum, self.lr, ids, self.table_sizes, self.row_offsets, offsets,
+            anchor=self.grad_anchor if self.training else None, pooling=self.pooling, optimizer=self.optimizer,
+            eps=self.eps, deterministic=self.deterministic, config=self.config)
+
+    def extra_repr(self) -> str:
+        return (f"tables={len(self.sizes)}, rows={self.weight.shape[0]}, dim={self.dim}, optimizer={self.optimizer}, "
+                f"pooling={self.pooling}, deterministic={self.deterministic}")

@@ -1,0 +1,9 @@
+"""Fused DLRM dot interaction: ``[dense, pairwise dot products, zero padding]`` without a Gram matrix in memory.
+
+Modules: :mod:`.kernels` (Triton), :mod:`.launch` (checks, plan, out-param launchers), :mod:`.op` (custom ops,
+autograd, the public :func:`dot_interaction`). The PyTorch reference is :mod:`fuselab.reference.interaction`.
+"""
+
+from fuselab.ops.interaction.op import dot_interaction
+
+__all__ = ["dot_interaction"]

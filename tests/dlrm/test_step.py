@@ -1,0 +1,158 @@
+"""fuselab.dlrm.step.TrainStep: eager equals a step written here, compile agrees, cuda_graph's errors; the torch
+and fuselab kernel paths learn the same loss curve (fuselab ops under the interpreter, once they exist)."""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+import torch.nn.functional as F
+from dlrm_fake_ops import fuselab_ops  # noqa: F401  (a fixture)
+
+from fuselab.dlrm.model import DLRM
+from fuselab.dlrm.optim import OPTIMIZERS, Optimizers
+from fuselab.dlrm.step import TrainStep
+
+SIZES = [5, 1, 40, 9]
+
+
+def _model(**kwargs) -> DLRM:
+    return DLRM(SIZES, 4, [8, 4], [6, 1], seed=3, **kwargs)
+
+
+def _batches(count: int, batch: int = 32, seed: int = 0, sizes=SIZES):
+    gen = torch.Generator().manual_seed(seed)
+    out = []
+    for _ in range(count):
+        sparse = torch.stack([torch.randint(0, n, (batch,), generator=gen) for n in sizes], dim=1)
+        dense = torch.rand(batch, 13, generator=gen)
+        out.append((dense, sparse, (torch.rand(batch, generator=gen) < 0.3).float()))
+    return out
+
+
+def _hand_step(model, opts, dense, sparse, labels, bf16: bool):
+    opts.zero_grad()
+    with torch.autocast("cpu", dtype=torch.bfloat16, enabled=bf16):
+        logits = model(dense, sparse)
+    loss = F.binary_cross_entropy_with_logits(logits.float(), labels)
+    loss.backward()
+    opts.step()
+    return loss.detach()
+
+
+@pytest.mark.parametrize("precision", ["fp32", "tf32", "bf16"])
+@pytest.mark.parametrize("mlp", ["torch", "addmm"])
+def test_eager_step_equals_hand_written_step(precision, mlp):
+    a = _model(mlp=mlp)
+    b = copy.deepcopy(a)
+    opts_a = Optimizers(a, optimizer="adagrad", lr_dense=0.05, lr_sparse=0.1)
+    opts_b = Optimizers(b, optimizer="adagrad", lr_dense=0.05, lr_sparse=0.1)
+    step = TrainStep(a, opts_a, precision=precision)
+    for dense, sparse, labels in _batches(4):
+        loss = step(dense, sparse, labels)
+        ref = _hand_step(b, opts_b, dense, sparse, labels, precision == "bf16")
+        assert loss.shape == () and loss.dtype == torch.float32 and not loss.requires_grad
+        assert torch.equal(loss, ref)
+    for (name, pa), pb in zip(a.state_dict().items(), b.state_dict().values()):
+        assert torch.equal(pa, pb), name
+    assert torch.get_float32_matmul_precision() == "highest"  # restored after the tf32 steps
+
+
+@pytest.mark.usefixtures("fuselab_ops")
+@pytest.mark.parametrize("precision", ["fp32", "bf16"])
+def test_fuselab_path_eager_step_equals_hand_written_step(precision):
+    a = _model(kernels="fuselab", optimizer="rowwise_adagrad", lr_sparse=0.1)
+    b = copy.deepcopy(a)
+    step = TrainStep(a, Optimizers(a, optimizer="rowwise_adagrad", lr_dense=0.05, lr_sparse=0.1),
+                     precision=precision)
+    opts_b = Optimizers(b, optimizer="rowwise_adagrad", lr_dense=0.05, lr_sparse=0.1)
+    for dense, sparse, labels in _batches(4):
+        assert torch.equal(step(dense, sparse, labels), _hand_step(b, opts_b, dense, sparse, labels,
+                                                                   precision == "bf16"))
+    for (name, pa), pb in zip(a.state_dict().items(), b.state_dict().values()):
+        assert torch.equal(pa, pb), name
+    assert not torch.equal(a.sparse_arch.momentum, torch.zeros_like(a.sparse_arch.momentum))
+
+
+def test_losses_are_independent_tensors_and_decrease():
+    model = _model()
+    step = TrainStep(model, Optimizers(model, optimizer="adagrad", lr_dense=0.05, lr_sparse=0.1))
+    batch = _batches(1)[0]
+    losses = [step(*batch) for _ in range(30)]
+    assert len({id(x) for x in losses}) == 30 and losses[-1] < losses[0]
+
+
+@pytest.mark.slow
+def test_compile_mode_agrees_with_eager():
+    a = _model(mlp="addmm")
+    b = copy.deepcopy(a)
+    eager = TrainStep(a, Optimizers(a, optimizer="rowwise_adagrad", lr_dense=0.05, lr_sparse=0.1))
+    compiled = TrainStep(b, Optimizers(b, optimizer="rowwise_adagrad", lr_dense=0.05, lr_sparse=0.1),
+                         mode="compile")
+    for dense, sparse, labels in _batches(3):
+        torch.testing.assert_close(compiled(dense, sparse, labels), eager(dense, sparse, labels),
+                                   rtol=1e-5, atol=1e-6)
+    for pa, pb in zip(a.parameters(), b.parameters()):
+        torch.testing.assert_close(pa, pb, rtol=1e-4, atol=1e-5)
+
+
+def test_bad_arguments_and_cuda_graph_on_cpu():
+    model = _model()
+    opts = Optimizers(model, optimizer="sgd", lr_dense=0.1, lr_sparse=0.1)
+    with pytest.raises(ValueError, match=r"cuda_graph.*CUDA device"):
+        TrainStep(model, opts, mode="cuda_graph")
+    with pytest.raises(ValueError, match="precision"):
+        TrainStep(model, opts, precision="fp16")
+    with pytest.raises(ValueError, match="mode"):
+        TrainStep(model, opts, mode="graph")
+    with pytest.raises(ValueError, match="warmup_steps"):
+        TrainStep(model, opts, warmup_steps=0)
+
+
+@pytest.mark.gpu
+def test_cuda_graph_needs_fuselab_kernels_on_gpu():
+    model = _model().cuda()
+    with pytest.raises(ValueError, match="kernels='fuselab'"):
+        TrainStep(model, Optimizers(model, optimizer="sgd", lr_dense=0.1, lr_sparse=0.1), mode="cuda_graph")
+
+
+def _fuselab_available() -> None:
+    pytest.importorskip("fuselab.ops.embedding", reason="fuselab's embedding collection is not built in yet")
+    pytest.importorskip("fuselab.ops.interaction", reason="fuselab's dot interaction is not built in yet")
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("optimizer", OPTIMIZERS)
+def test_cuda_graph_equals_eager_and_sees_new_lr(optimizer):
+    _fuselab_available()
+    a = _model(kernels="fuselab", optimizer=optimizer).cuda()
+    b = copy.deepcopy(a)
+    steps = [TrainStep(m, Optimizers(m, optimizer=optimizer, lr_dense=0.05, lr_sparse=0.1), mode=mode)
+             for m, mode in ((a, "eager"), (b, "cuda_graph"))]
+    for k, batch in enumerate(_batches(6)):
+        if k == 3:
+            for s in steps:
+                s.optimizers.set_lr(0.01, 0.5)
+        batch = [t.cuda() for t in batch]
+        torch.testing.assert_close(steps[1](*batch), steps[0](*batch), rtol=1e-5, atol=1e-6)
+    for (name, pa), pb in zip(a.state_dict().items(), b.state_dict().values()):
+        torch.testing.assert_close(pa, pb, rtol=1e-4, atol=1e-6, msg=name)
+    with pytest.raises(ValueError, match="captured for"):
+        steps[1](*[t.cuda()[:5] for t in _batches(1)[0]])
+
+
+@pytest.mark.usefixtures("fuselab_ops")
+@pytest.mark.parametrize("optimizer", OPTIMIZERS)
+def test_kernel_paths_learn_the_same_loss_curve(optimizer):
+    """A few hundred steps of both paths from the same initial function: the loss curves agree to tolerance."""
+    sizes = [11, 3, 50, 7, 20]
+    lr = {"sgd": (0.1, 0.5), "adagrad": (0.02, 0.05), "rowwise_adagrad": (0.02, 0.05)}[optimizer]
+    curves = []
+    for kernels in ("torch", "fuselab"):
+        model = DLRM(sizes, 4, [8, 4], [8, 1], seed=1, kernels=kernels, optimizer=optimizer, lr_sparse=lr[1],
+                     adagrad_eps=1e-8)
+        step = TrainStep(model, Optimizers(model, optimizer=optimizer, lr_dense=lr[0], lr_sparse=lr[1]))
+        curves.append(torch.stack([step(*b) for b in _batches(200, batch=16, seed=2, sizes=sizes)]))
+    torch.testing.assert_close(curves[1], curves[0], rtol=2e-3, atol=2e-4)
+    assert curves[0][-20:].mean() < curves[0][:20].mean()  # it learned something
