@@ -13,6 +13,7 @@ from fuselab.dlrm.dcn import InteractionDCNArch
 from fuselab.dlrm.distributed import (
     DistributedDLRM,
     ShardedEmbeddingCollection,
+    fused_factory,
     init_from_env,
     local_slice,
     plan_sharding,
@@ -57,7 +58,8 @@ def embedding_steps(cfg: dict, ctx) -> dict:
     """Two forward/backward steps of the sharded collection on this rank's slice of fixed global batches; returns
     the outputs of each step and the final local shard rows."""
     plan = make_plan(ctx.world_size)
-    emb = ShardedEmbeddingCollection(plan, ctx.rank, factory=torch_factory, optimizer=cfg["optimizer"], lr=0.3,
+    factory = fused_factory if cfg.get("factory") == "fused" else torch_factory
+    emb = ShardedEmbeddingCollection(plan, ctx.rank, factory=factory, optimizer=cfg["optimizer"], lr=0.3,
                                      pooling=cfg["pooling"], seed=5, grad_divisor=1.0, group=ctx.embedding_group)
     gen = torch.Generator().manual_seed(11)
     outs = []

@@ -1,4 +1,4 @@
-"""ShardedEmbeddingCollection at 1, 2 and 4 ranks (gloo) against a float64 single-process reference written here:
+"""ShardedEmbeddingCollection at 1, 2 and 4 ranks (gloo), with the torch and the fused local module, against a float64 single-process reference written here:
 outputs of two steps and the updated rows and optimizer state, multi-hot bags (empty ones too), raw ids taken
 modulo the table sizes, table-wise and row-wise shards."""
 
@@ -49,7 +49,7 @@ def reference(cfg: dict) -> tuple[list[torch.Tensor], list[torch.Tensor], list[t
 
 def _compare(results: list[list[dict]], world: int) -> None:
     plan = make_plan(world)
-    for c, cfg in enumerate(CASES):
+    for c, cfg in enumerate(CASES):  # FUSED: the same cases
         ref_outs, ref_tables, ref_state = reference(cfg)
         for step in range(2):
             got = torch.cat([results[r][c]["outs"][step] for r in range(world)]).double()
@@ -111,3 +111,17 @@ def test_bad_inputs():
         ShardedEmbeddingCollection(make_plan(1), 0, factory=torch_factory, pooling="max")
     ids, offsets = make_bags(torch.Generator().manual_seed(0), 2, SIZES, 2)
     assert emb(ids, offsets).shape == (2, len(SIZES), DIM)
+
+
+FUSED = [dict(case, factory="fused") for case in CASES]
+
+
+def test_one_rank_fused_local_module_equals_reference():
+    pytest.importorskip("fuselab.ops.embedding")
+    _compare([embedding_cases(FUSED, ctx=_single())], 1)
+
+
+@pytest.mark.slow
+def test_two_ranks_fused_local_module_equals_reference():
+    pytest.importorskip("fuselab.ops.embedding")
+    _compare(spawn_local(2, embedding_cases, (FUSED,)), 2)
