@@ -1,6 +1,6 @@
-"""ShardedEmbeddingCollection at 1, 2 and 4 ranks (gloo), with the torch and the fused local module, against a float64 single-process reference written here:
-outputs of two steps and the updated rows and optimizer state, multi-hot bags (empty ones too), raw ids taken
-modulo the table sizes, table-wise and row-wise shards."""
+"""ShardedEmbeddingCollection at 1, 2 and 4 ranks (gloo), with the torch and the fused local module, against a
+float64 single-process reference written here: outputs of two steps and the updated rows and optimizer state,
+multi-hot bags (empty ones too), raw ids taken modulo the table sizes, table-wise and row-wise shards."""
 
 from __future__ import annotations
 
