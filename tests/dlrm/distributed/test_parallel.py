@@ -10,15 +10,21 @@ import pytest
 import torch
 
 from fuselab.dlrm.distributed import (
+    DenseParts,
+    DistributedDLRM,
+    ShardedEmbeddingCollection,
     TorchShards,
     default_factory,
     init_from_env,
     local_rows,
     local_slice,
+    plan_sharding,
     slice_bags,
     slice_batch,
+    torch_factory,
 )
 from fuselab.dlrm.distributed.launch import main, torchrun_argv
+from fuselab.dlrm.model import DLRM
 
 
 @pytest.mark.parametrize("batch,world", [(16, 4), (10, 4), (7, 2), (5, 5), (1, 1)])
@@ -96,3 +102,18 @@ def test_torch_shards_contract():
     with pytest.raises(ValueError, match="optimizer"):
         TorchShards([3], 2, optimizer="adam")
     assert callable(default_factory())
+
+
+def test_dense_parts_of_the_project_dlrm():
+    sizes = [5, 9, 3]
+    model = DLRM(sizes, 4, [8, 4], [8, 1], seed=2)
+    parts = DenseParts(model)
+    assert {id(p) for p in parts.parameters()} == {id(p) for p in model.dense_parameters()}
+    sparse = ShardedEmbeddingCollection(plan_sharding(sizes, 4, 1), 0, factory=torch_factory)
+    wrapped = DistributedDLRM(sparse, parts)
+    dense, ids = torch.rand(6, 13), torch.randint(0, 100, (6, 3))
+    emb = sparse(ids)
+    torch.testing.assert_close(wrapped(dense, ids), model.dense_forward(dense, emb), rtol=0, atol=0)
+    assert wrapped.dense is parts  # one process: no DDP wrapper
+    with pytest.raises(TypeError, match="no module .dense_arch"):
+        DenseParts(torch.nn.Linear(2, 2))

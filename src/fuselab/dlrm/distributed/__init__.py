@@ -7,17 +7,18 @@ See ``docs/dlrm_distributed.md``. Modules: :mod:`.plan`, :mod:`.local`, :mod:`.e
 from .embedding import ShardedEmbeddingCollection
 from .local import TorchShards, default_factory, fused_factory, init_rows, torch_factory
 from .parallel import (
-                       DistributedDLRM,
-                       ParallelContext,
-                       init_from_env,
-                       local_rows,
-                       local_slice,
-                       shutdown,
-                       slice_bags,
-                       slice_batch,
+    DenseParts,
+    DistributedDLRM,
+    ParallelContext,
+    init_from_env,
+    local_rows,
+    local_slice,
+    shutdown,
+    slice_bags,
+    slice_batch,
 )
 from .plan import Shard, ShardingPlan, plan_sharding, row_bytes
 
-__all__ = ["DistributedDLRM", "ParallelContext", "Shard", "ShardedEmbeddingCollection", "ShardingPlan", "TorchShards",
-           "default_factory", "fused_factory", "init_from_env", "init_rows", "local_rows", "local_slice",
-           "plan_sharding", "row_bytes", "shutdown", "slice_bags", "slice_batch", "torch_factory"]
+__all__ = ["DenseParts", "DistributedDLRM", "ParallelContext", "Shard", "ShardedEmbeddingCollection", "ShardingPlan",
+           "TorchShards", "default_factory", "fused_factory", "init_from_env", "init_rows", "local_rows",
+           "local_slice", "plan_sharding", "row_bytes", "shutdown", "slice_bags", "slice_batch", "torch_factory"]

@@ -128,6 +128,24 @@ def slice_bags(ids: Tensor, offsets: Tensor, num_features: int, rank: int, world
     return ids[lo:hi], offsets[part.start * num_features: part.stop * num_features + 1] - lo
 
 
+class DenseParts(nn.Module):
+    """Everything of a DLRM after the lookup, without its tables: ``forward(dense (B, I), emb (B, F, D)) ->
+    logits (B,)`` = ``over_arch(interaction_arch(dense_arch(dense), emb)).squeeze(1)``, sharing the modules of
+    ``model`` (any object with those three attributes, e.g. :class:`fuselab.dlrm.model.DLRM`). DDP wraps this, so
+    the embedding tables never enter DDP. Raises ``TypeError`` when an attribute is missing."""
+
+    def __init__(self, model: nn.Module):
+        super().__init__()
+        for name in ("dense_arch", "interaction_arch", "over_arch"):
+            if not isinstance(getattr(model, name, None), nn.Module):
+                raise TypeError(f"DenseParts: the model has no module {name!r}")
+        self.dense_arch, self.interaction_arch, self.over_arch = model.dense_arch, model.interaction_arch, \
+            model.over_arch
+
+    def forward(self, dense: Tensor, emb: Tensor) -> Tensor:
+        return self.over_arch(self.interaction_arch(self.dense_arch(dense), emb)).squeeze(1)
+
+
 class DistributedDLRM(nn.Module):
     """Hybrid-parallel DLRM: ``forward(dense (B, I), ids (B, F) | (N,), offsets=None) -> dense_arch(dense,
     emb (B, F, D))``, the embeddings from ``sparse`` (model-parallel), ``dense_arch`` (every module after the
