@@ -115,5 +115,5 @@ def test_dense_parts_of_the_project_dlrm():
     emb = sparse(ids)
     torch.testing.assert_close(wrapped(dense, ids), model.dense_forward(dense, emb), rtol=0, atol=0)
     assert wrapped.dense is parts  # one process: no DDP wrapper
-    with pytest.raises(TypeError, match="no module .dense_arch"):
+    with pytest.raises(TypeError, match="no module 'dense_arch'"):
         DenseParts(torch.nn.Linear(2, 2))

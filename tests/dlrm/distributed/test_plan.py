@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import random
+from pathlib import Path
 
 import pytest
 
@@ -100,3 +101,16 @@ def test_argument_errors():
         plan_sharding([3], 4, 1, optimizer="adam")
     with pytest.raises(ValueError, match="budget_bytes"):
         plan_sharding([3], 4, 2, budget_bytes=[100])
+
+
+def test_mlperf_v2_tables_on_8_ranks():
+    cards = json.loads((Path(__file__).parents[3] / "src/fuselab/dlrm/configs/mlperf-v2.json").read_text())
+    sizes, bags = cards["cardinalities"], cards["multi_hot_sizes"]
+    plan = plan_sharding(sizes, 128, 8, pooling_factors=bags, budget_bytes=40 * 2**30)
+    assert [t for t, k in enumerate(plan.kinds) if k == "row"] == [0, 9, 19, 20, 21]  # the 40M-row tables
+    used = plan.rank_bytes()
+    assert max(used) <= 40 * 2**30 and max(used) / min(used) < 1.15
+    looks = plan.rank_lookups()
+    assert max(looks) / (sum(bags) / 8) < 1.5
+    with pytest.raises(ValueError, match="budgets total"):
+        plan_sharding(sizes, 128, 8, budget_bytes=10 * 2**30)

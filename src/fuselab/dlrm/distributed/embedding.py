@@ -102,6 +102,7 @@ class ShardedEmbeddingCollection(nn.Module):
             "sorted_lo": torch.tensor([shards[i].row_start for i in by_row]),
             "shard_table": torch.tensor([s.table for s in shards], dtype=torch.int64),
             "shards_per_rank": torch.tensor([len(plan.shards_of(q)) for q in range(self.world)]),
+            "shards_before": torch.tensor([len([s for s in shards if s.rank < q]) for q in range(self.world)]),
         }
         for name, value in buffers.items():
             self.register_buffer(name, value.to(device=device, dtype=torch.int64), persistent=False)
@@ -138,8 +139,8 @@ class ShardedEmbeddingCollection(nn.Module):
         row = values.remainder(self.table_sizes[feature])
         pos = torch.searchsorted(self.bound, self.table_start[feature] + row, right=True) - 1
         owner, local_shard = self.sorted_owner[pos], self.sorted_local[pos]
-        slot_base = torch.tensor([0, *counts], device=ids.device).cumsum(0)[:-1] * batch
-        slot = slot_base[owner] + (bag // f_count) * self.shards_per_rank[owner] + local_shard
+        # slot of each id in the send buffer of bag lengths: owner-major, then sample, then owner's local shard
+        slot = (self.shards_before[owner] * batch + (bag // f_count) * self.shards_per_rank[owner] + local_shard)
         order = torch.argsort(slot, stable=True)
         lengths = torch.bincount(slot, minlength=batch * sum(counts))
         shard_ids = (row - self.sorted_lo[pos])[order]
