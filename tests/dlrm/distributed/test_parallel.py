@@ -3,8 +3,12 @@
 from __future__ import annotations
 
 import itertools
+import json
 import os
+import subprocess
+import sys
 from dataclasses import dataclass
+from pathlib import Path
 
 import pytest
 import torch
@@ -117,3 +121,17 @@ def test_dense_parts_of_the_project_dlrm():
     assert wrapped.dense is parts  # one process: no DDP wrapper
     with pytest.raises(TypeError, match="no module 'dense_arch'"):
         DenseParts(torch.nn.Linear(2, 2))
+
+
+@pytest.mark.slow
+def test_launcher_runs_a_module_in_n_processes(tmp_path):
+    here = Path(__file__).parent
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(here.parents[2] / "src"), str(here)])}
+    for key in ("WORLD_SIZE", "RANK", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT"):
+        env.pop(key, None)
+    cmd = [sys.executable, "-m", "fuselab.dlrm.distributed.launch", "--nproc", "2", "--module", "dist_main", "--",
+           str(tmp_path)]
+    subprocess.run(cmd, env=env, check=True, timeout=120, capture_output=True)
+    for r in range(2):
+        got = json.loads((tmp_path / f"rank{r}.json").read_text())
+        assert got == {"world": 2, "sum": 3.0, "backend": "gloo"}

@@ -2,8 +2,9 @@
 
 * :func:`spawn_local`: run a picklable function in N processes (torch's elastic launcher); returns each rank's
   return value; a failed rank stops the others and raises ``ChildFailedError`` naming it.
-* ``python -m fuselab.dlrm.distributed.launch --nproc N [--] ARGS...``: ``torchrun --standalone --nproc-per-node
-  N -m fuselab ARGS...`` (what ``fuselab dlrm train --nproc N`` calls, with its own arguments minus ``--nproc``).
+* ``python -m fuselab.dlrm.distributed.launch --nproc N [--module M] [--] ARGS...``: ``torchrun --standalone
+  --nproc-per-node N -m M ARGS...`` (M: ``fuselab``; what ``fuselab dlrm train --nproc N`` calls, with its own
+  arguments minus ``--nproc``).
 """
 
 from __future__ import annotations
@@ -49,12 +50,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m fuselab.dlrm.distributed.launch",
                                      description="Run `python -m fuselab ARGS` in N processes on this host.")
     parser.add_argument("--nproc", type=int, required=True, help="processes (one per GPU; gloo on CPU)")
+    parser.add_argument("--module", default="fuselab", help="the module each process runs (default: fuselab)")
     parser.add_argument("args", nargs=argparse.REMAINDER, help="arguments of `python -m fuselab`")
     ns = parser.parse_args(argv)
     rest = ns.args[1:] if ns.args[:1] == ["--"] else ns.args
     for key, value in MULTICAST_OFF.items():
         os.environ.setdefault(key, value)
-    torchrun.main(torchrun_argv(ns.nproc, rest))
+    torchrun.main(torchrun_argv(ns.nproc, rest, ns.module))
     return 0
 
 
