@@ -49,6 +49,7 @@ def _distributed() -> bool:
 
 
 def _placement(rank: int, device: torch.device) -> str:
+    # this rank's device for every shard: ShardedTensor checks only the local shards' placements
     return f"rank:{rank}/{device}"
 
 
@@ -86,7 +87,7 @@ def embedding_state(sparse: ShardedEmbeddingCollection) -> dict[str, Any]:
             if has_state:
                 out[f"t{t}/state"] = state
             continue
-        device = sparse.shard_table.device
+        device = sparse.local.weight.device if sparse.local is not None else sparse.shard_table.device
         out[f"t{t}/weight"] = _sharded([(s, w) for s, w, _ in mine], layout, (n, dim), device, torch.float32)
         if has_state:
             shape = (n, *template.shape[1:])

@@ -18,8 +18,6 @@ The backward of the local module applies the optimizer to the rows (fused update
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-
 import torch
 import torch.distributed as dist
 from torch import Tensor, nn
@@ -54,7 +52,8 @@ class ShardedEmbeddingCollection(nn.Module):
     ``factory`` builds the local module (default: the fused op when importable, else the torch one; see
     :mod:`.local`); ``optimizer``/``lr``/``eps`` go to it. Rows start as :func:`.local.init_rows` (``seed``), which
     does not depend on the plan. ``grad_divisor`` (default: world size, as DDP averages dense gradients) divides
-    the embedding gradients so that W ranks on a global batch train like one process on it. ``pooling``: ``sum`` or
+    the embedding gradients so that W ranks on a global batch train like one process on it (with one rank no
+    exchange runs and it is not applied). ``pooling``: ``sum`` or
     ``mean`` over each bag. ``group``: the process group of the exchanges (a dedicated one lets the embedding
     exchanges and DDP's all-reduce run independently); unused when the plan has one rank.
 
@@ -204,7 +203,3 @@ class ShardedEmbeddingCollection(nn.Module):
             out.append((s, self.local.weight.data[start: start + s.rows], state))
         return out
 
-
-def table_row_ranges(plan: ShardingPlan) -> Sequence[Sequence[Shard]]:
-    """The shards of each table, sorted by first row."""
-    return [plan.shards_of_table(t) for t in range(len(plan.table_sizes))]
