@@ -112,7 +112,7 @@ def global_batch(step: int, batch: int, seed: int = 3) -> tuple[Tensor, Tensor, 
     gen = torch.Generator().manual_seed(seed * 100_003 + step)
     dense = torch.rand(batch, 13, generator=gen)
     ids, offsets = make_bags(gen, batch, SIZES, 3)
-    labels = (torch.rand(batch, generator=gen) < 0.3).float()
+    labels = (dense[:, 0] + 0.3 * torch.rand(batch, generator=gen) < 0.5).float()  # learnable
     return dense, ids, offsets, labels
 
 
@@ -121,7 +121,7 @@ def build(ctx, cfg: dict) -> tuple[DistributedDLRM, torch.optim.Optimizer]:
     sparse = ShardedEmbeddingCollection(plan, ctx.rank, factory=torch_factory, optimizer="rowwise_adagrad",
                                         lr=0.1, seed=7, group=ctx.embedding_group)
     model = DistributedDLRM(sparse, TinyDense(len(SIZES), cfg.get("interaction", "dot"), seed=1))
-    opt = torch.optim.SGD(model.dense_parameters(), lr=0.05, momentum=0.5)
+    opt = torch.optim.SGD(model.dense_parameters(), lr=0.3, momentum=0.5)
     return model, opt
 
 
