@@ -19,6 +19,7 @@ from fuselab.dlrm.distributed import (
     ShardedEmbeddingCollection,
     TorchShards,
     default_factory,
+    gather_rows,
     init_from_env,
     local_rows,
     local_slice,
@@ -38,6 +39,11 @@ def test_local_slices_partition_the_batch(batch, world):
     assert all(a.stop == b.start for a, b in itertools.pairwise(parts))
     sizes = [p.stop - p.start for p in parts]
     assert max(sizes) - min(sizes) <= 1 and min(sizes) >= 1
+
+
+def test_gather_rows_one_process():
+    x = torch.arange(6).view(3, 2)
+    assert gather_rows(x) is x
 
 
 def test_local_rows_and_errors():
@@ -134,4 +140,4 @@ def test_launcher_runs_a_module_in_n_processes(tmp_path):
     subprocess.run(cmd, env=env, check=True, timeout=120, capture_output=True)
     for r in range(2):
         got = json.loads((tmp_path / f"rank{r}.json").read_text())
-        assert got == {"world": 2, "sum": 3.0, "backend": "gloo"}
+        assert got == {"world": 2, "sum": 3.0, "backend": "gloo", "rows": [[0, 0], [1, 1], [1, 1]]}

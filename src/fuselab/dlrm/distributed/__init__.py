@@ -10,6 +10,7 @@ from .parallel import (
     DenseParts,
     DistributedDLRM,
     ParallelContext,
+    gather_rows,
     init_from_env,
     local_rows,
     local_slice,
@@ -20,5 +21,5 @@ from .parallel import (
 from .plan import Shard, ShardingPlan, plan_sharding, row_bytes
 
 __all__ = ["DenseParts", "DistributedDLRM", "ParallelContext", "Shard", "ShardedEmbeddingCollection", "ShardingPlan",
-           "TorchShards", "default_factory", "fused_factory", "init_from_env", "init_rows", "local_rows",
+           "TorchShards", "default_factory", "fused_factory", "gather_rows", "init_from_env", "init_rows", "local_rows",
            "local_slice", "plan_sharding", "row_bytes", "shutdown", "slice_bags", "slice_batch", "torch_factory"]

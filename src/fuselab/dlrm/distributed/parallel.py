@@ -5,7 +5,8 @@
   process group for the embedding exchanges.
 * :class:`DistributedDLRM`: embeddings model-parallel (:class:`.embedding.ShardedEmbeddingCollection`), the dense
   part data-parallel through DDP (bucketed gradient all-reduce overlapped with the backward).
-* :func:`local_slice` / :func:`slice_batch` / :func:`local_rows`: each rank reads only its part of a global batch.
+* :func:`local_slice` / :func:`slice_batch` / :func:`local_rows`: each rank reads only its part of a global batch;
+  :func:`gather_rows` puts the parts back together (evaluation).
 """
 
 from __future__ import annotations
@@ -126,6 +127,24 @@ def slice_bags(ids: Tensor, offsets: Tensor, num_features: int, rank: int, world
     part = local_slice((offsets.shape[0] - 1) // num_features, rank, world)
     lo, hi = offsets[part.start * num_features], offsets[part.stop * num_features]
     return ids[lo:hi], offsets[part.start * num_features: part.stop * num_features + 1] - lo
+
+
+def gather_rows(tensor: Tensor, group=None) -> Tensor:
+    """Every rank's ``tensor`` (any rows, same trailing shape and dtype) concatenated along dim 0 in rank order, on
+    every rank (evaluation: predictions and labels of the whole global batch for the AUC). Collective; without a
+    process group, ``tensor`` itself."""
+    if not (dist.is_initialized() and dist.get_world_size(group) > 1):
+        return tensor
+    world = dist.get_world_size(group)
+    rows = torch.tensor([tensor.shape[0]], device=tensor.device)
+    counts = [torch.empty_like(rows) for _ in range(world)]
+    dist.all_gather(counts, rows, group=group)
+    sizes = [int(c) for c in counts]
+    padded = tensor.new_zeros((max(sizes), *tensor.shape[1:]))
+    padded[: tensor.shape[0]] = tensor
+    parts = [torch.empty_like(padded) for _ in range(world)]
+    dist.all_gather(parts, padded, group=group)
+    return torch.cat([p[:n] for p, n in zip(parts, sizes)])
 
 
 class DenseParts(nn.Module):
