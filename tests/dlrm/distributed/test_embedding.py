@@ -105,6 +105,8 @@ def test_bad_inputs():
         emb(torch.zeros(3, dtype=torch.int64), torch.tensor([0, 1, 2]))
     with pytest.raises(ValueError, match="offsets must start"):
         emb(torch.zeros(3, dtype=torch.int64), torch.tensor([0, 1, 0, 2, 3, 3]))
+    with pytest.raises(TypeError, match="ids must be an integer"):
+        emb(torch.zeros(3, len(SIZES)))
     with pytest.raises(ValueError, match="rank"):
         ShardedEmbeddingCollection(make_plan(2), 2, factory=torch_factory)
     with pytest.raises(ValueError, match="pooling"):

@@ -57,7 +57,8 @@ class ShardedEmbeddingCollection(nn.Module):
     ``mean`` over each bag. ``group``: the process group of the exchanges (a dedicated one lets the embedding
     exchanges and DDP's all-reduce run independently); unused when the plan has one rank.
 
-    Raises ``ValueError`` for a plan/rank mismatch, a bad pooling, or malformed ids/offsets in :meth:`forward`.
+    Raises ``ValueError`` for a plan/rank mismatch, a bad pooling, or malformed ids/offsets in :meth:`forward`
+    (``TypeError`` for non-integer ones).
     """
 
     def __init__(self, plan: ShardingPlan, rank: int, *, factory: LocalFactory | None = None,
@@ -114,6 +115,9 @@ class ShardedEmbeddingCollection(nn.Module):
     def _bags(self, ids: Tensor, offsets: Tensor | None) -> tuple[Tensor, Tensor, int]:
         """(values (N,), bag of each value (N,), B) from (B, F) ids or flat ids + (B*F + 1,) offsets."""
         f_count = self.num_features
+        for name, t in (("ids", ids), ("offsets", offsets)):
+            if t is not None and (t.dtype.is_floating_point or t.dtype.is_complex or t.dtype == torch.bool):
+                raise TypeError(f"{name} must be an integer tensor, got {t.dtype}")
         if offsets is None:
             if ids.dim() != 2 or ids.shape[1] != f_count:
                 raise ValueError(f"ids must be (B, {f_count}) without offsets, got {tuple(ids.shape)}")
