@@ -60,7 +60,8 @@ def embedding_steps(cfg: dict, ctx) -> dict:
     plan = make_plan(ctx.world_size)
     factory = fused_factory if cfg.get("factory") == "fused" else torch_factory
     emb = ShardedEmbeddingCollection(plan, ctx.rank, factory=factory, optimizer=cfg["optimizer"], lr=0.3,
-                                     pooling=cfg["pooling"], seed=5, grad_divisor=1.0, group=ctx.embedding_group)
+                                     pooling=cfg["pooling"], seed=5, grad_divisor=1.0, group=ctx.embedding_group,
+                                     comm_dtype=cfg.get("comm_dtype"))
     gen = torch.Generator().manual_seed(11)
     outs = []
     for _ in range(2):

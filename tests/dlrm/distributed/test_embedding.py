@@ -13,7 +13,10 @@ from fuselab.dlrm.distributed.launch import spawn_local
 
 CASES = [{"optimizer": "adagrad", "pooling": "mean", "batch": 8},
          {"optimizer": "rowwise_adagrad", "pooling": "sum", "batch": 10},
-         {"optimizer": "sgd", "pooling": "sum", "batch": 4}]
+         {"optimizer": "sgd", "pooling": "sum", "batch": 4},
+         {"optimizer": "sgd", "pooling": "sum", "batch": 6, "comm_dtype": torch.bfloat16}]
+#: per case: (atol, rtol) of outputs and rows; bf16 on the wire rounds outputs and gradients to 8 bits
+TOLERANCE = {None: (1e-6, 1e-5), torch.bfloat16: (2e-2, 1e-2)}
 
 
 def reference(cfg: dict) -> tuple[list[torch.Tensor], list[torch.Tensor], list[torch.Tensor]]:
@@ -51,15 +54,18 @@ def _compare(results: list[list[dict]], world: int) -> None:
     plan = make_plan(world)
     for c, cfg in enumerate(CASES):  # FUSED: the same cases
         ref_outs, ref_tables, ref_state = reference(cfg)
+        atol, rtol = TOLERANCE[cfg.get("comm_dtype") if world > 1 else None]
         for step in range(2):
             got = torch.cat([results[r][c]["outs"][step] for r in range(world)]).double()
-            torch.testing.assert_close(got, ref_outs[step], atol=1e-6, rtol=1e-5)
+            torch.testing.assert_close(got, ref_outs[step], atol=atol, rtol=rtol)
+            if cfg.get("comm_dtype") is not None and world > 1:  # the wire's rounding shows, within its bounds
+                assert not torch.allclose(got, ref_outs[step], atol=1e-6, rtol=1e-5)
         seen = 0
         for r in range(world):
             for table, lo, hi, w, m in results[r][c]["shards"]:
                 assert any(s.rank == r and s.table == table and (s.row_start, s.row_end) == (lo, hi)
                            for s in plan.shards)
-                torch.testing.assert_close(w.double(), ref_tables[table][lo:hi], atol=1e-6, rtol=1e-5)
+                torch.testing.assert_close(w.double(), ref_tables[table][lo:hi], atol=atol, rtol=rtol)
                 if cfg["optimizer"] == "sgd":
                     assert m is None
                 else:
@@ -111,6 +117,8 @@ def test_bad_inputs():
         ShardedEmbeddingCollection(make_plan(2), 2, factory=torch_factory)
     with pytest.raises(ValueError, match="pooling"):
         ShardedEmbeddingCollection(make_plan(1), 0, factory=torch_factory, pooling="max")
+    with pytest.raises(ValueError, match="comm_dtype"):
+        ShardedEmbeddingCollection(make_plan(1), 0, factory=torch_factory, comm_dtype=torch.int8)
     ids, offsets = make_bags(torch.Generator().manual_seed(0), 2, SIZES, 2)
     assert emb(ids, offsets).shape == (2, len(SIZES), DIM)
 

@@ -53,9 +53,10 @@ class ShardedEmbeddingCollection(nn.Module):
     :mod:`.local`); ``optimizer``/``lr``/``eps`` go to it. Rows start as :func:`.local.init_rows` (``seed``), which
     does not depend on the plan. ``grad_divisor`` (default: world size, as DDP averages dense gradients) divides
     the embedding gradients so that W ranks on a global batch train like one process on it (with one rank no
-    exchange runs and it is not applied). ``pooling``: ``sum`` or
-    ``mean`` over each bag. ``group``: the process group of the exchanges (a dedicated one lets the embedding
-    exchanges and DDP's all-reduce run independently); unused when the plan has one rank.
+    exchange runs and it is not applied). ``comm_dtype`` (e.g. ``torch.bfloat16``): the dtype of the pooled
+    embeddings and their gradients on the wire (None: the local module's, fp32); the sums stay fp32.
+    ``pooling``: ``sum`` or ``mean`` over each bag. ``group``: the process group of the exchanges (a dedicated one
+    lets the embedding exchanges and DDP's all-reduce run independently); unused when the plan has one rank.
 
     Raises ``ValueError`` for a plan/rank mismatch, a bad pooling, or malformed ids/offsets in :meth:`forward`
     (``TypeError`` for non-integer ones).
@@ -64,7 +65,7 @@ class ShardedEmbeddingCollection(nn.Module):
     def __init__(self, plan: ShardingPlan, rank: int, *, factory: LocalFactory | None = None,
                  optimizer: str = "rowwise_adagrad", lr: float = 0.01, eps: float = 1e-8, pooling: str = "sum",
                  seed: int = 0, grad_divisor: float | None = None, group=None,
-                 device: torch.device | str | None = None):
+                 device: torch.device | str | None = None, comm_dtype: torch.dtype | None = None):
         super().__init__()
         plan.validate()
         if not 0 <= rank < plan.world_size:
@@ -73,6 +74,9 @@ class ShardedEmbeddingCollection(nn.Module):
             raise ValueError(f"plan is for {plan.world_size} ranks, process group has {dist.get_world_size(group)}")
         if pooling not in ("sum", "mean"):
             raise ValueError(f"pooling must be 'sum' or 'mean', got {pooling!r}")
+        if comm_dtype not in (None, torch.float32, torch.bfloat16, torch.float16):
+            raise ValueError(f"comm_dtype must be None, float32, bfloat16 or float16, got {comm_dtype}")
+        self.comm_dtype = comm_dtype
         self.plan, self.rank, self.group, self.pooling = plan, rank, group, pooling
         self.dim, self.num_features, self.world = plan.dim, len(plan.table_sizes), plan.world_size
         self.grad_scale = 1.0 / float(plan.world_size if grad_divisor is None else grad_divisor)
@@ -190,7 +194,9 @@ class ShardedEmbeddingCollection(nn.Module):
         else:
             send_splits = [b * counts[self.rank] * dim for b in batches]
             recv_splits = [batch * c * dim for c in counts]
-            flat = _Exchange.apply(pooled_local.reshape(-1), send_splits, recv_splits, self.group, self.grad_scale)
+            send = pooled_local.reshape(-1)
+            flat = _Exchange.apply(send if self.comm_dtype is None else send.to(self.comm_dtype), send_splits,
+                                   recv_splits, self.group, self.grad_scale).to(pooled_local.dtype)
             received = torch.cat([p.view(batch, c, dim) for p, c in zip(flat.split(recv_splits), counts)], dim=1)
         out = torch.zeros(batch, self.num_features, dim, dtype=received.dtype, device=received.device)
         return out.index_add(1, self.shard_table, received)
