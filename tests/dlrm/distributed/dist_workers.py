@@ -39,8 +39,8 @@ def make_plan(world: int, sizes: list[int] = SIZES):
     return plan_sharding(sizes, DIM, world, pooling_factors=[2.0] * len(sizes), row_wise_share=0.5)
 
 
-def _context():
-    ctx = init_from_env(timeout_s=TIMEOUT_S)
+def _context(timeout_s: float = TIMEOUT_S):
+    ctx = init_from_env(timeout_s=timeout_s)
     torch.set_num_threads(1)
     return ctx
 
@@ -181,3 +181,17 @@ def resume(cfg: dict, ctx=None) -> list[float]:
     if ctx.world_size > 1:
         shutdown()
     return losses
+
+
+def hang_in_exchange(cfg: dict) -> None:
+    """The last rank stalls (never reaches the step's exchange); the others must fail on the process group's
+    timeout instead of waiting forever."""
+    import time
+
+    ctx = _context(timeout_s=cfg["timeout_s"])
+    model, opt = build(ctx, cfg)
+    train_steps(ctx, model, opt, 0, 1, cfg["batch"])
+    if ctx.rank == ctx.world_size - 1:
+        time.sleep(cfg["stall_s"])
+        os._exit(0)
+    train_steps(ctx, model, opt, 1, 2, cfg["batch"])

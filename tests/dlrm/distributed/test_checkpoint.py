@@ -1,13 +1,15 @@
 """Sharded checkpoints (DCP): save at 4 ranks, resume at 2 and at 1 with exactly the uninterrupted loss curve; a
-rank killed mid-step stops the job with a clear error and leaves the last checkpoint intact and loadable."""
+rank killed mid-step stops the job with a clear error and leaves the last checkpoint intact and loadable; a
+stalled rank makes the others fail on the process group's timeout."""
 
 from __future__ import annotations
 
 import json
+import time
 
 import pytest
 import torch
-from dist_workers import BATCH, build, resume, train, train_and_checkpoint, train_steps
+from dist_workers import BATCH, build, hang_in_exchange, resume, train, train_and_checkpoint, train_steps
 from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
 
 from fuselab.dlrm.distributed import ParallelContext
@@ -104,3 +106,12 @@ def test_load_errors(tmp_path):
         load_checkpoint(tmp_path, model.sparse, model.dense_module, opt)
     with pytest.raises(ValueError, match="step"):
         save_checkpoint(tmp_path, -1, model.sparse, model.dense_module, opt)
+
+
+@pytest.mark.slow
+def test_stalled_rank_times_out_instead_of_hanging():
+    start = time.monotonic()
+    with pytest.raises(ChildFailedError) as info:
+        spawn_local(2, hang_in_exchange, ({"batch": BATCH, "timeout_s": 3, "stall_s": 120},))
+    assert "Timed out" in str(info.value) and "rank      : 0" in str(info.value)
+    assert time.monotonic() - start < 100  # the stalled rank sleeps 120 s: the timeout ended the job
