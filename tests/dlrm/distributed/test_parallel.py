@@ -81,6 +81,7 @@ def test_single_process_context(monkeypatch):
     for key in ("WORLD_SIZE", "RANK", "LOCAL_RANK"):
         monkeypatch.delenv(key, raising=False)
     monkeypatch.delenv("NCCL_NVLS_ENABLE", raising=False)
+    monkeypatch.delenv("TORCH_SYMM_MEM_DISABLE_MULTICAST", raising=False)  # restored after the test
     ctx = init_from_env()
     assert (ctx.rank, ctx.world_size, ctx.embedding_group) == (0, 1, None) and ctx.is_main
     assert os.environ["NCCL_NVLS_ENABLE"] == "0" and os.environ["TORCH_SYMM_MEM_DISABLE_MULTICAST"] == "1"
