@@ -22,8 +22,9 @@ from fuselab.ops.embedding import (
 )
 from fuselab.reference import embedding as ref
 
-#: small blocks: a batch of a few hundred ids spans many chunks, and runs of one row cross several of them
-SMALL = EmbeddingConfig(lookup_elements=64, update_rows=16, rows_block=64, carry_chunks=2, num_warps=1)
+#: small blocks: a batch of a few hundred ids spans many chunks (8-16 positions at the tests' dims), and runs of one
+#: row cross several of them (the carry kernel adds 1-2 chunks per step)
+SMALL = EmbeddingConfig(lookup_elements=64, update_elements=64, rows_block=64, carry_elements=8, num_warps=1)
 SIZES = [1, 3, 40, 7, 1000]  # tiny tables: many duplicates (every id of table 0 is row 0)
 OPTIMIZERS = ref.OPTIMIZERS
 ATOL, RTOL = 2e-6, 1e-5
@@ -190,7 +191,7 @@ def test_fused_update(backend, device, optimizer, layout):
 
 
 def test_update_long_runs_cross_many_chunks(triton_backend, device):
-    """One row takes 300 positions: its run crosses ~19 chunks of 16, summed by the carry kernel in steps of 2."""
+    """One row takes 150 positions: its run crosses ~10 chunks of 16, summed by the carry kernel in steps of 2."""
     sizes, dim, batch = [1, 2], 4, 150
     gen = torch.Generator().manual_seed(6)
     w = torch.randn(3, dim, generator=gen)
@@ -395,10 +396,12 @@ def test_module_errors(kw, match):
 
 
 def test_config_errors():
-    with pytest.raises(ValueError, match="update_rows"):
-        EmbeddingConfig(update_rows=12)
+    with pytest.raises(ValueError, match="update_elements"):
+        EmbeddingConfig(update_elements=12)
     with pytest.raises(TypeError, match="config"):
-        embedding_bag_lookup(*_valid(), config={"update_rows": 16})
+        embedding_bag_lookup(*_valid(), config={"update_elements": 16})
+    assert launch.plan(16) == launch.Plan(block_d=16, lookup_rows=256, update_rows=128, carry_chunks=64)
+    assert launch.plan(100).update_rows == 16 and launch.plan(100).block_d == 128
 
 
 # ---------------------------------------------------------------------------------------------- torch.library
