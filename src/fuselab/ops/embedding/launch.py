@@ -179,9 +179,11 @@ def lookup_(out: torch.Tensor, weight: torch.Tensor, ids: torch.Tensor, table_si
     block_d, block_rows = blocks.block_d, blocks.lookup_rows
     bags = offsets is not None
     s_ib, s_if = _id_strides(ids, bags)
-    kernels.lookup_kernel[(cdiv(num_bags, block_rows),)](
+    f_count = table_sizes.shape[0]
+    grid = (cdiv(out.shape[0], block_rows), f_count) if bags else (cdiv(num_bags, block_rows), 1)
+    kernels.lookup_kernel[grid](
         weight, ids, offsets if bags else table_sizes, table_sizes, row_offsets, out,
-        num_bags, table_sizes.shape[0], ids.shape[0] if bags else 0, s_ib, s_if,
+        num_bags, f_count, ids.shape[0] if bags else 0, s_ib, s_if,
         D=dim, BLOCK_ROWS=block_rows, BLOCK_D=block_d, BAGS=bags, MEAN=pooling == "mean",
         WIDE=needs_int64(out, ids) or num_bags + block_rows > INT32_MAX, num_warps=config.num_warps)
 
