@@ -560,3 +560,27 @@ def test_state_dict_round_trip(backend, device):
     for m in (a, b):
         m(ids).sum().backward()
     assert torch.equal(a.weight, b.weight) and torch.equal(a.momentum, b.momentum)
+
+
+@pytest.mark.parametrize("optimizer", ["sgd", "adagrad"])
+def test_matches_torch_optim_on_sparse_gradients(backend, device, optimizer):
+    """Two steps of the module equal F.embedding(sparse=True) + torch.optim.SGD / Adagrad (the DLRM's torch path)."""
+    sizes, dim, batch, lr, eps = [2, 30, 500], 8, 32, 0.05, 1e-10
+    gen = torch.Generator().manual_seed(13)
+    m = EmbeddingBagCollection(sizes, dim, optimizer=optimizer, lr=lr, eps=eps, device=device,
+                               generator=torch.Generator().manual_seed(4), config=SMALL)
+    weight = torch.nn.Parameter(m.weight.detach().cpu().clone())
+    opt = (torch.optim.SGD([weight], lr=lr) if optimizer == "sgd"
+           else torch.optim.Adagrad([weight], lr=lr, eps=eps))
+    starts = torch.tensor(_starts(sizes))
+    for _ in range(2):
+        ids = torch.randint(0, 10**6, (batch, len(sizes)), generator=gen)
+        upstream = torch.randn(batch, len(sizes), dim, generator=gen)
+        (m(ids.to(device)) * upstream.to(device)).sum().backward()
+        rows = ids % torch.tensor(sizes) + starts
+        opt.zero_grad()
+        (torch.nn.functional.embedding(rows, weight, sparse=True) * upstream).sum().backward()
+        opt.step()
+    torch.testing.assert_close(m.weight.cpu(), weight.detach(), atol=1e-6, rtol=1e-5)
+    if optimizer == "adagrad":
+        torch.testing.assert_close(m.momentum.cpu(), opt.state[weight]["sum"], atol=1e-6, rtol=1e-5)
