@@ -613,3 +613,26 @@ def test_kaggle_scale_update(device, optimizer):
     torch.testing.assert_close(w[rows].double(), full64[rows], atol=ATOL, rtol=RTOL)
     if optimizer != "sgd":
         torch.testing.assert_close(state[rows].double(), state64[rows], atol=ATOL, rtol=RTOL)
+
+
+def test_strided_offsets_and_grad(backend, device):
+    """Strided offsets, table metadata and output gradient give the same results as contiguous ones."""
+    sizes, dim, batch = [3, 40], 4, 7
+    gen = torch.Generator().manual_seed(14)
+    ids, offsets = _bags(batch, len(sizes), 3, gen, device)
+    table_sizes, row_offsets = _meta(sizes, device)
+    strided = [torch.stack([t, t], dim=1)[:, 0] for t in (offsets, table_sizes, row_offsets)]
+    assert not strided[0].is_contiguous()
+    w = torch.randn(sum(sizes), dim, generator=gen).to(device)
+    grad = torch.randn(dim, len(sizes), batch, generator=gen).to(device).permute(2, 1, 0)  # (B, F, D), D stride B*F
+    expect = embedding_bag_lookup(w, ids, table_sizes, row_offsets, offsets, pooling="mean", config=SMALL)
+    out = embedding_bag_lookup(w, ids, strided[1], strided[2], strided[0], pooling="mean", config=SMALL)
+    assert torch.equal(out, expect)
+    results = []
+    cases = (((table_sizes, row_offsets, offsets), grad.contiguous()), ((strided[1], strided[2], strided[0]), grad))
+    for args, g in cases:
+        w2, s2 = w.clone(), torch.zeros(w.shape[0], device=device)
+        embedding_bag_update_(w2, s2, torch.tensor(0.1, device=device), g, ids, *args, pooling="mean", config=SMALL)
+        results.append((w2, s2))
+    assert torch.equal(results[0][0], results[1][0]) and torch.equal(results[0][1], results[1][1])
+    assert not torch.equal(results[0][0], w)

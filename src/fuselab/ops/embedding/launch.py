@@ -162,6 +162,12 @@ def _require_kernel_layout(weight: torch.Tensor, momentum: torch.Tensor | None =
         raise ValueError("momentum must be contiguous for the Triton kernels")
 
 
+def _dense_index(*tensors: torch.Tensor | None) -> tuple:
+    """The small index tensors (offsets, table metadata) as the kernels read them: contiguous (a no-op for the
+    contiguous tensors callers pass; a strided view is copied, B*F + 1 or F elements)."""
+    return tuple(None if t is None else t.contiguous() for t in tensors)
+
+
 def _id_strides(ids: torch.Tensor, bags: bool) -> tuple[int, int]:
     return (ids.stride(0), 0) if bags else (ids.stride(0), ids.stride(1))
 
@@ -172,6 +178,7 @@ def lookup_(out: torch.Tensor, weight: torch.Tensor, ids: torch.Tensor, table_si
     """Write the ``(B, F, D)`` pooled embeddings into ``out`` (fp32, contiguous); arguments as :func:`check`
     validated them. One launch over the ``B*F`` outputs."""
     _require_kernel_layout(weight)
+    offsets, table_sizes, row_offsets = _dense_index(offsets, table_sizes, row_offsets)
     num_bags, dim = out.shape[0] * out.shape[1], weight.shape[1]
     if num_bags == 0:
         return
@@ -206,6 +213,7 @@ def update_(weight: torch.Tensor, momentum: torch.Tensor, lr: torch.Tensor, grad
     No host synchronisation: every size comes from shapes.
     """
     _require_kernel_layout(weight, momentum)
+    offsets, table_sizes, row_offsets = _dense_index(offsets, table_sizes, row_offsets)
     n_pos = ids.numel()
     if n_pos == 0 or grad.numel() == 0:
         return
