@@ -197,7 +197,10 @@ def _dlrm_parser(sub: argparse._SubParsersAction) -> None:
 
 
 def build_parser() -> argparse.ArgumentParser:
+    from fuselab import __version__
+
     parser = argparse.ArgumentParser(prog="fuselab", description="Fused GPU kernels and the lab that proves them.")
+    parser.add_argument("--version", action="version", version=f"fuselab {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="{env,bench,profile,dlrm}")
     sub.required = True
     env = sub.add_parser("env", help="device, driver, versions, Triton mode, measured copy bandwidth")
