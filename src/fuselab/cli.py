@@ -108,7 +108,7 @@ def cmd_profile(args: argparse.Namespace) -> int:
         res = profile_case(args.op, args.provider, shape=args.shape, dtype=args.dtype, mode=args.mode,
                            steps=args.steps, trace=Path(args.trace) if args.trace else None,
                            out_dir=Path(args.out) if args.out else None)
-    except ValueError as e:
+    except (ValueError, OSError) as e:
         raise CliError(str(e)) from e
     except RuntimeError as e:
         print(f"fuselab profile: {e}", file=sys.stderr)
