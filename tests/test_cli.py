@@ -99,7 +99,7 @@ def test_cli_defaults_match_api():
     args = build_parser().parse_args(["bench"])
     opts = options_from_args(args, ["bench"])
     defaults = BenchOptions()
-    for name in ("ops", "providers", "dtypes", "modes", "quick", "out", "plot", "l2_cold", "cuda_graph"):
+    for name in ("ops", "providers", "dtypes", "modes", "quick", "out", "plot", "l2_cold", "cuda_graph", "wide"):
         assert getattr(opts, name) == getattr(defaults, name), name
     assert opts.out_dir() == default_out_dir() == Path("benchmarks/results") / default_out_dir().name
 

@@ -70,7 +70,7 @@ def options_from_args(args: argparse.Namespace, argv: Sequence[str]) -> BenchOpt
     return BenchOptions(
         ops=tuple(args.ops), providers=_names(args.providers), dtypes=_names(args.dtype), modes=_names(args.mode),
         quick=args.quick, out=Path(args.out) if args.out else None, plot=args.plot, l2_cold=args.l2_cold,
-        cuda_graph=args.cuda_graph, stream=args.stream, command="fuselab " + " ".join(argv),
+        cuda_graph=args.cuda_graph, stream=args.stream, wide=args.wide, command="fuselab " + " ".join(argv),
     )
 
 
@@ -146,8 +146,14 @@ def _bench_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--dtype", nargs="+", choices=list(DTYPES), help="dtypes (default: each op's defaults)")
     p.add_argument("--mode", nargs="+", choices=list(MODES), help="modes (default: each op's defaults)")
     p.add_argument("--quick", action="store_true", default=_DEFAULTS.quick, help="one or two sizes per op")
-    p.add_argument("--out", metavar="DIR", help="output folder (default: benchmarks/results/<device>)")
+    p.add_argument("--out", metavar="DIR",
+                   help="output folder of <op>.json, <op>.csv (and PNGs with --plot); default: "
+                        "./benchmarks/results/<device> under the current folder, e.g. "
+                        "./benchmarks/results/cpu")
     p.add_argument("--plot", action="store_true", default=_DEFAULTS.plot, help="also write PNG plots")
+    p.add_argument("--wide", action="store_true", default=_DEFAULTS.wide,
+                   help="print every column (spread, %% stream, TFLOP/s, vs compile, error, memory); the default "
+                        "table fits 100 terminal columns, the JSON/CSV files hold every figure")
     p.add_argument("--l2-cold", action="store_true", default=_DEFAULTS.l2_cold,
                    help="time small cases over rotating input sets (> 2x L2) (GPU)")
     p.add_argument("--cuda-graph", action="store_true", default=_DEFAULTS.cuda_graph,
