@@ -86,17 +86,21 @@ def cmd_bench(args: argparse.Namespace) -> int:
 
 
 def cmd_compare(args: argparse.Namespace) -> int:
-    from fuselab.bench.compare import compare_files, compare_table
+    from fuselab.bench.compare import compare_files, compare_table, warnings
 
     try:
-        a, b, rows = compare_files(Path(args.a), Path(args.b), args.threshold)
+        a, b, rows = compare_files(Path(args.a), Path(args.b), args.threshold, args.any_device)
     except ValueError as e:
         raise CliError(str(e)) from e
     console = _console()
     console.print(compare_table(a, b, rows, args.threshold, args.a, args.b))
     regressions = sum(r.is_regression for r in rows)
     improvements = sum(r.verdict == "improvement" for r in rows)
-    console.print(f"{regressions} regression(s), {improvements} improvement(s) over {len(rows)} result(s)")
+    noise = sum(r.verdict == "within noise" for r in rows)
+    console.print(f"{regressions} regression(s), {improvements} improvement(s), {noise} difference(s) within "
+                  f"noise over {len(rows)} result(s)")
+    for line in warnings(a, b, rows):
+        print(line, file=sys.stderr)
     return 1 if regressions and args.fail_on_regression else 0
 
 
@@ -166,12 +170,16 @@ def _bench_parser(sub: argparse._SubParsersAction) -> None:
 
 def _compare_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="fuselab bench compare",
-                                description="Show two result JSONs side by side and mark regressions.")
+                                description="Show two result JSONs side by side and mark regressions: slower by more "
+                                            "than the threshold and outside the p20-p80 spread of both runs. Runs "
+                                            "of different devices, timers or timing options are refused.")
     p.add_argument("a", metavar="A.json")
     p.add_argument("b", metavar="B.json")
     p.add_argument("--threshold", type=float, default=COMPARE_THRESHOLD,
                    help=f"relative slow-down that counts as a regression (default {COMPARE_THRESHOLD})")
     p.add_argument("--fail-on-regression", action="store_true", help="exit 1 when any regression is found")
+    p.add_argument("--any-device", action="store_true",
+                   help="compare runs of different devices, timers or timing options anyway (with a warning)")
     p.set_defaults(func=cmd_compare)
     return p
 
