@@ -82,27 +82,67 @@ def make_inputs(case: BenchCase, device: torch.device) -> tuple[torch.Tensor, ..
     return tuple(args)
 
 
-def mlp_eager(x: torch.Tensor, *params: torch.Tensor) -> torch.Tensor:
-    """nn.Linear + relu per layer, in eager PyTorch (also the reference, in float64)."""
+Outputs = tuple[torch.Tensor, ...]
+
+#: a pre-activation within this many units of roundoff (of the provider's dtype) times the magnitude of its dot
+#: product (``Σ|w·a| + |b|``) of zero has no well-defined relu branch: there the reference follows the provider
+BRANCH_BAND = 4.0
+
+
+def _outputs(acts: list[torch.Tensor]) -> Outputs:
+    """The layers' outputs: the hidden ones detached (compared in the forward, no upstream gradient: they show the
+    check which relu branches the provider took), the last one the step's output."""
+    return (*(a.detach() for a in acts[:-1]), acts[-1])
+
+
+def mlp_eager(x: torch.Tensor, *params: torch.Tensor) -> Outputs:
+    """nn.Linear + relu per layer, in eager PyTorch."""
+    acts = []
     for k in range(0, len(params), 2):
         x = torch.relu(F.linear(x, params[k], params[k + 1]))
-    return x
+        acts.append(x)
+    return _outputs(acts)
 
 
-def mlp_fuselab(x: torch.Tensor, *params: torch.Tensor) -> torch.Tensor:
+def mlp_reference(x: torch.Tensor, *params: torch.Tensor, follow: Outputs | None = None) -> Outputs:
+    """The float64 reference: nn.Linear + relu per layer. With ``follow`` (a provider's outputs, one per layer),
+    a pre-activation within rounding of zero (:data:`BRANCH_BAND`) takes the provider's relu branch: there the
+    branch, and with it a full row of the weight gradients, depends on the last bit of the provider's rounding.
+    Away from zero the reference keeps its own branch, so a provider with a wrong mask still fails."""
+    acts = []
+    for layer, k in enumerate(range(0, len(params), 2)):
+        w, b = params[k], params[k + 1]
+        z = F.linear(x, w, b)
+        positive = z > 0
+        if follow is not None:
+            with torch.no_grad():
+                eps = torch.finfo(follow[layer].dtype).eps
+                band = BRANCH_BAND * eps * F.linear(x.abs(), w.abs(), b.abs())
+                provider = follow[layer].to(z.device) > 0
+                positive = torch.where(z.abs() <= band, provider, positive)
+        x = z * positive
+        acts.append(x)
+    return _outputs(acts)
+
+
+def mlp_fuselab(x: torch.Tensor, *params: torch.Tensor) -> Outputs:
     from fuselab.nn import fused_linear
 
+    acts = []
     for k in range(0, len(params), 2):
         x = fused_linear(x, params[k], params[k + 1], "relu")
-    return x
+        acts.append(x)
+    return _outputs(acts)
 
 
-def mlp_cuda(x: torch.Tensor, *params: torch.Tensor) -> torch.Tensor:
+def mlp_cuda(x: torch.Tensor, *params: torch.Tensor) -> Outputs:
     from fuselab.cuda import fused_linear  # compiles with nvcc on first use
 
+    acts = []
     for k in range(0, len(params), 2):
         x = fused_linear(x, params[k], params[k + 1], "relu")
-    return x
+        acts.append(x)
+    return _outputs(acts)
 
 
 SPEC = OpSpec(
@@ -110,7 +150,7 @@ SPEC = OpSpec(
     summary="training step of the 13-512-256-64-16 relu MLP: eager vs torch.compile vs fuselab FusedLinear",
     cases=cases,
     make_inputs=make_inputs,
-    reference=mlp_eager,
+    reference=mlp_reference,
     providers=(
         providers.eager(mlp_eager, description="nn.Linear (F.linear) + torch.relu per layer"),
         providers.compiled(mlp_eager),
