@@ -27,6 +27,7 @@ cpu_only = pytest.mark.skipif(torch.cuda.is_available(), reason="checks the CLI'
 
 @cpu_only
 @pytest.mark.timeout(60)
+@pytest.mark.filterwarnings(r"ignore:`torch\.jit\.script(_method)?` is deprecated:DeprecationWarning")  # the peer
 def test_bench_quick_on_cpu(tmp_path: Path, capsys):
     code, out, _ = run_cli(["bench", "square", "gelu_tanh", "--quick", "--out", str(tmp_path), "--plot"], capsys)
     assert code == 0

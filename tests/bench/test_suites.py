@@ -46,6 +46,11 @@ def test_inputs_fresh_and_nonzero(op):
     assert a.count_nonzero() == a.numel() and not torch.equal(a, b)
 
 
+#: the torchscript provider measures TorchScript on purpose, a backend torch now marks deprecated
+TORCHSCRIPT_DEPRECATED = r"ignore:`torch\.jit\.script(_method)?` is deprecated:DeprecationWarning"
+
+
+@pytest.mark.filterwarnings(TORCHSCRIPT_DEPRECATED)
 @pytest.mark.parametrize("op", ["square", "gelu_tanh"])
 def test_cpu_providers_are_correct(op, device):
     """bf16 here; fp32 is checked by the CLI test (every result of `fuselab bench --quick` must be ok)."""
