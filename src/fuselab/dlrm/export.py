@@ -28,6 +28,7 @@ from fuselab._io import PathError, writable_file
 
 from .checkpoint import load_checkpoint, resolve_checkpoint
 from .config import DLRMConfig
+from .data.textin import os_errors_as_path_errors
 from .model import DLRM
 
 
@@ -102,7 +103,8 @@ def export_onnx(checkpoint: str | Path, out: str | Path, batch_size: int = 4, op
     before the checkpoint is read, and ``ValueError`` when logits or probabilities differ by more than 1e-4
     (``out`` is then left as it was)."""
     out = writable_file(out, "ONNX file")
-    exported, _ = model_from_checkpoint(checkpoint)
+    with os_errors_as_path_errors("export: cannot read"):
+        exported, _ = model_from_checkpoint(checkpoint)
     example = _example(exported.sizes.tolist(), batch_size)
     batch = torch.export.Dim("batch")
     try:

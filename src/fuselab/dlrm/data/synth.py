@@ -32,6 +32,7 @@ import numpy as np
 from fuselab._io import atomic_write, atomic_write_json, writable_dir
 
 from .shards import FORMAT, KAGGLE_CARDINALITIES, METADATA, dense_transform, write_shard
+from .textin import os_errors_as_path_errors
 
 _SCRAMBLE = 2654435761  # a prime larger than any cardinality: id -> id * P mod n is a bijection
 
@@ -187,6 +188,12 @@ def write_synthetic(out: str | Path, spec: SynthSpec | None = None, fmt: str = "
     written, before any row is generated. ``best_auc`` / ``best_auc_test`` are NaN in the returned dict (``null``
     in metadata.json) only when the rows hold a single class.
     """
+    with os_errors_as_path_errors("synth: cannot write"):
+        return _write_synthetic(out, spec, fmt, shard_rows, workers, progress)
+
+
+def _write_synthetic(out: str | Path, spec: SynthSpec | None, fmt: str, shard_rows: int, workers: int,
+                     progress: bool) -> dict[str, Any]:
     spec = (spec or SynthSpec()).validate()
     if fmt not in ("npy", "tsv", "tsv.gz"):
         raise ValueError(f"fmt must be npy, tsv or tsv.gz, got {fmt!r}")

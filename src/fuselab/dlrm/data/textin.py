@@ -15,10 +15,26 @@ Lines end at ``\\n`` (Criteo's files); a ``\\r`` alone is not counted as a line 
 
 from __future__ import annotations
 
+import contextlib
 import zlib
+from collections.abc import Iterator
 from pathlib import Path
 
 from fuselab._io import PathError
+
+
+@contextlib.contextmanager
+def os_errors_as_path_errors(what: str) -> Iterator[None]:
+    """Re-raise an ``OSError`` from the system (a full disk, a folder removed mid-run) as :class:`PathError`, one
+    line naming the file: the CLI reports ``ValueError`` as a message with exit status 2, never a traceback."""
+    try:
+        yield
+    except OSError as err:
+        if err.errno is None:  # raised with a message of ours (FileNotFoundError("input file ... does not exist"))
+            raise
+        where = f" {err.filename}" if err.filename else ""
+        raise PathError(f"{what}{where}: {err.strerror or err}") from None
+
 
 #: bytes inspected for NUL bytes before a file is accepted as text
 PEEK_BYTES = 1 << 16

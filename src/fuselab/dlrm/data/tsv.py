@@ -36,7 +36,7 @@ import numpy as np
 from fuselab._io import PathError, atomic_write_json, read_json, writable_dir
 
 from .shards import FORMAT, METADATA, dense_transform, save_npy_atomic, write_shard
-from .textin import LineStream
+from .textin import LineStream, os_errors_as_path_errors
 
 NUM_FIELDS = 40
 MAX_EXAMPLES = 20
@@ -298,6 +298,12 @@ def preprocess(inputs: list[str | Path], out: str | Path, shard_rows: int = 1 <<
     Raises ``FileNotFoundError`` for a missing input, :class:`fuselab._io.PathError` (a ``ValueError``) for an
     output folder that cannot be written (before any input is read) or an input that cannot be read,
     :class:`MalformedRowError` with ``on_error="fail"``, and ``ValueError`` when no input holds a valid row."""
+    with os_errors_as_path_errors("preprocess: cannot read or write"):
+        return _preprocess(inputs, out, shard_rows, on_error, min_count, resume, progress, block_size)
+
+
+def _preprocess(inputs: list[str | Path], out: str | Path, shard_rows: int, on_error: str, min_count: int,
+                resume: bool, progress: bool, block_size: int) -> PreprocessReport:
     if on_error not in ("skip", "fail"):
         raise ValueError(f"on_error must be 'skip' or 'fail', got {on_error!r}")
     if shard_rows <= 0 or min_count < 1 or block_size < 4096:
