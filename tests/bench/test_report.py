@@ -9,7 +9,7 @@ from rich.console import Console
 
 from fuselab.bench import results as R
 from fuselab.bench.ceilings import Ceilings
-from fuselab.bench.report import fmt_time, run_table
+from fuselab.bench.report import fmt_sig, fmt_time, run_table
 
 CEIL = Ceilings(device_type="cuda", copy_gbps=3021.7, copy_bytes=2**30, copy_method="fake", copy_check_gbps=2990.1)
 CASES = ("B=65536-13-512-256-64-16", "4x4096x32/32x128 interleaved")
@@ -67,7 +67,7 @@ def test_table_fits_and_shows_every_status(width):
         if r.median_ms is not None:
             assert fmt_time(r.median_ms) in text
             if r.gbps is not None:
-                assert f"{r.gbps:.1f}" in text
+                assert fmt_sig(r.gbps) in text
 
 
 def test_wide_table_has_every_column():

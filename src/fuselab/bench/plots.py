@@ -12,6 +12,7 @@ import io
 from pathlib import Path
 
 from . import results as R
+from .report import fmt_sig
 
 
 def _pyplot():
@@ -65,13 +66,8 @@ def plot_gbps(run: R.OpRun, path: Path) -> Path | None:
 def roof_label(copy_gbps: float, matmul_tflops: float | None) -> str:
     """The roofline's legend: both ceilings to 3 significant digits (0.21 TFLOP/s stays 0.21, never "0"); numbers
     of 1000 and more as whole numbers."""
-    text = f"roof: {_sig(copy_gbps)} GB/s"
-    return text + (f", {_sig(matmul_tflops)} TFLOP/s" if matmul_tflops else "")
-
-
-def _sig(x: float) -> str:
-    """``x`` to 3 significant digits, without an exponent for numbers below a million."""
-    return f"{x:.0f}" if abs(x) >= 1000 else f"{float(f'{x:.3g}'):g}"
+    text = f"roof: {fmt_sig(copy_gbps)} GB/s"
+    return text + (f", {fmt_sig(matmul_tflops)} TFLOP/s" if matmul_tflops else "")
 
 
 def plot_roofline(run: R.OpRun, path: Path) -> Path | None:

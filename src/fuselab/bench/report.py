@@ -35,6 +35,13 @@ def fmt_num(x: float | None, spec: str = ".1f", suffix: str = "") -> str:
     return f"{x:{spec}}{suffix}"
 
 
+def fmt_sig(x: float | None) -> str:
+    """``x`` to 3 significant digits (0.0312, 2.14, 987), numbers of 1000 and more whole (3350); "-" for None/NaN."""
+    if x is None or (isinstance(x, float) and math.isnan(x)):
+        return "-"
+    return f"{x:.0f}" if abs(x) >= 1000 else f"{float(f'{x:.3g}'):g}"
+
+
 def fmt_error(x: float | None) -> str:
     if x is None:
         return "-"
@@ -72,7 +79,7 @@ def _cells(r: R.Result, first: bool, is_best: bool) -> dict[str, str | Text]:
         "time": Text(fmt_time(r.median_ms), style=time_style),
         "p20-p80": Text(f"{fmt_time(r.p20_ms)}-{fmt_time(r.p80_ms)}" if r.median_ms is not None else "-",
                         style="dim"),
-        "GB/s": fmt_num(r.gbps),
+        "GB/s": fmt_sig(r.gbps),
         "% copy": fmt_num(None if r.copy_fraction is None else 100 * r.copy_fraction, ".0f", "%"),
         "% stream": fmt_num(None if r.of_stream is None else 100 * r.of_stream, ".0f", "%"),
         "TFLOP/s": fmt_num(r.tflops, ".3g"),
