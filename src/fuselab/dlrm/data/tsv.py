@@ -33,9 +33,9 @@ from typing import Any
 
 import numpy as np
 
-from fuselab._io import PathError, atomic_write_json, read_json, writable_dir
+from fuselab._io import PathError, atomic_write, atomic_write_json, read_json, writable_dir
 
-from .shards import FORMAT, METADATA, dense_transform, save_npy_atomic, write_shard
+from .shards import FORMAT, METADATA, dense_transform, write_shard
 from .textin import LineStream, os_errors_as_path_errors
 
 NUM_FIELDS = 40
@@ -277,7 +277,7 @@ def _count_ids(root: Path, shards: list[dict[str, Any]], min_count: int) -> tupl
     vocab_sizes = []
     for t in range(26):
         vocab = ids[t][counts[t] >= min_count]
-        save_npy_atomic(root / "vocab" / f"C{t + 1}.npy", vocab)
+        atomic_write(root / "vocab" / f"C{t + 1}.npy", lambda f, v=vocab: np.save(f, v), "vocabulary file")
         vocab_sizes.append(len(vocab))
     return [len(x) for x in ids], vocab_sizes
 
