@@ -67,7 +67,7 @@ def run(options: BenchOptions | None = None, *, timer: Timer | None = None, ceil
                     from .plots import plot_run
 
                     written += plot_run(op_run, out_dir)
-                console.print("wrote " + ", ".join(str(p) for p in written))
+                console.print("wrote " + ", ".join(str(p.resolve()) for p in written))  # where, whatever the cwd
     return runs
 
 
