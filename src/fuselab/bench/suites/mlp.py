@@ -6,10 +6,15 @@ bias/relu kernel forward, and one fused kernel backward that also reduces the bi
 (``FusedLinear(backend="cuda")``: the same steps as one C++ autograd node per layer, with the CUDA C++ kernels).
 
 Inputs: ``(x, W1, b1, W2, b2, W3, b3, W4, b4)``, gradients for the weights and biases (``x`` is data).
-Reference: the eager code in float64. Check: a provider passes when its distance to that reference is within the
-dtype tolerance or twice the distance of the eager code run in the case dtype (``tolerance_vs_eager``): through
-four layers, relu masks that flip where bf16/TF32 moves a pre-activation across zero put even eager at 5e-2 (bf16)
-and 3e-4 (fp32) of float64. Mode ``fwd+bwd`` (a training step) by default; ``fwd`` on request.
+Outputs: the four layers' outputs, the three hidden ones detached (no upstream gradient, nothing extra to time:
+they show the check which relu branch the provider took); the step's loss gradient enters at the last one.
+
+Reference (:func:`mlp_reference`): the eager code in float64 that, given a provider's outputs (``follow``, see
+:mod:`fuselab.bench.check`), takes the provider's relu branch where a pre-activation lies within rounding of
+zero, and its own everywhere else. Without it, a mask flipped by the last bit of a bf16 rounding moves a whole row
+of a weight gradient: an exact provider measured 5e-2 to 1.4e-1 from float64 depending on the seed, and failed
+at random. Check: within the dtype tolerance or twice the distance of the eager code run in the case dtype, with
+its own branches (``tolerance_vs_eager``). Mode ``fwd+bwd`` (a training step) by default; ``fwd`` on request.
 
 Cost model (batch B, layers (i, o), itemsize s): flops ``2·B·Σ i·o`` forward, 3× that for fwd+bwd.
 Bytes: forward reads x and the parameters and writes each layer's output once: ``s·(B·13 + B·Σo + P)``;
