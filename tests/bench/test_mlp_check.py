@@ -66,3 +66,14 @@ def test_mlp_check_still_fails_a_wrong_branch():
 
     result = check(spec, case, shifted_relu)
     assert not result.ok, result
+
+
+@pytest.mark.slow
+def test_fuselab_provider_passes_over_seeds(triton_backend):
+    """The fuselab provider itself (Triton kernels; the interpreter on a CPU), a few seeds: far inside the bar."""
+    spec, case = _bf16_case()
+    fn = spec.provider("fuselab").build(case)
+    for seed in range(4):
+        torch.manual_seed(seed)
+        result = check(spec, case, fn)
+        assert result.ok and result.error < result.tolerance / 4, (seed, result)

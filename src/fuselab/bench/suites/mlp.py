@@ -109,6 +109,15 @@ def mlp_eager(x: torch.Tensor, *params: torch.Tensor) -> Outputs:
     return _outputs(acts)
 
 
+def _roundoff(dtype: torch.dtype) -> float:
+    """Unit roundoff of a provider's matmul in ``dtype``: TF32's 2^-10 for float32 unless matmuls run at the
+    "highest" precision."""
+    eps = torch.finfo(dtype).eps
+    if dtype == torch.float32 and torch.get_float32_matmul_precision() != "highest":
+        eps = max(eps, 2.0**-10)
+    return eps
+
+
 def mlp_reference(x: torch.Tensor, *params: torch.Tensor, follow: Outputs | None = None) -> Outputs:
     """The float64 reference: nn.Linear + relu per layer. With ``follow`` (a provider's outputs, one per layer),
     a pre-activation within rounding of zero (:data:`BRANCH_BAND`) takes the provider's relu branch: there the
@@ -121,7 +130,7 @@ def mlp_reference(x: torch.Tensor, *params: torch.Tensor, follow: Outputs | None
         positive = z > 0
         if follow is not None:
             with torch.no_grad():
-                eps = torch.finfo(follow[layer].dtype).eps
+                eps = _roundoff(follow[layer].dtype)
                 band = BRANCH_BAND * eps * F.linear(x.abs(), w.abs(), b.abs())
                 provider = follow[layer].to(z.device) > 0
                 positive = torch.where(z.abs() <= band, provider, positive)
