@@ -248,3 +248,9 @@ def test_disk_full_mid_run_is_one_line(tmp_path: Path, capsys, monkeypatch):
     code, _, err = _cli(["dlrm", "preprocess", str(src), "--out", str(tmp_path / "o"), "--quiet"], capsys)
     assert code == 2
     _one_line_error(err, str(shard), "No space left on device")
+
+
+def test_folder_given_as_input(tmp_path: Path, capsys):
+    code, _, err = _cli(["dlrm", "preprocess", str(tmp_path), "--out", str(tmp_path / "o"), "--quiet"], capsys)
+    assert code == 2
+    _one_line_error(err, f"input {tmp_path} is a folder")

@@ -310,6 +310,8 @@ def _preprocess(inputs: list[str | Path], out: str | Path, shard_rows: int, on_e
         raise ValueError("shard_rows must be > 0, min_count >= 1, block_size >= 4096")
     paths = [Path(p) for p in inputs]
     for p in paths:
+        if p.is_dir():
+            raise PathError(f"input {p} is a folder, not a TSV file")
         if not p.is_file():
             raise FileNotFoundError(f"input file {p} does not exist")
     root = writable_dir(out, "output folder")
