@@ -96,9 +96,9 @@ def cmd_compare(args: argparse.Namespace) -> int:
     console.print(compare_table(a, b, rows, args.threshold, args.a, args.b))
     regressions = sum(r.is_regression for r in rows)
     improvements = sum(r.verdict == "improvement" for r in rows)
-    noise = sum(r.verdict == "within noise" for r in rows)
+    noise = sum(r.verdict == "within noise" or r.verdict.endswith("(noisy)") for r in rows)
     console.print(f"{regressions} regression(s), {improvements} improvement(s), {noise} difference(s) within "
-                  f"noise over {len(rows)} result(s)")
+                  f"noise or between noisy timings over {len(rows)} result(s)")
     for line in warnings(a, b, rows):
         print(line, file=sys.stderr)
     return 1 if regressions and args.fail_on_regression else 0

@@ -5,7 +5,9 @@ Only like is compared with like: two runs of different devices (type or name), t
 refusal into a warning. A time difference counts as a regression (or an improvement) only when it passes the
 threshold *and* lies outside the measured spread of both runs: B's p20 above A's p80 (or B's p80 below A's p20).
 A difference past the threshold that the spreads overlap is reported as "within noise". A result whose p20-p80
-spread is wider than :data:`NOISY_SPREAD` of its median is marked noisy.
+spread is wider than :data:`NOISY_SPREAD` of its median is noisy: a difference outside the spreads of a noisy pair
+is reported as "slower (noisy)" or "faster (noisy)", and not counted as a regression (on a busy machine one burst
+of load moves all the samples of one run; rerun on a quiet machine to decide).
 """
 
 from __future__ import annotations
@@ -32,7 +34,8 @@ class Row:
     a: R.Result | None
     b: R.Result | None
     ratio: float | None  # time B / time A (>1: B is slower)
-    verdict: str  # "regression", "improvement", "same", "within noise", "new", "gone", "status: ok -> WRONG", ...
+    verdict: str  # "regression", "improvement", "same", "within noise", "slower (noisy)", "faster (noisy)", "new",
+    # "gone", "status: ok -> WRONG", ...
     noisy: bool = False  # the p20-p80 spread of A or B is wider than NOISY_SPREAD of its median
 
     @property
@@ -96,6 +99,8 @@ def compare(a: R.OpRun, b: R.OpRun, threshold: float = COMPARE_THRESHOLD,
         elif ra.timed_ok and rb.timed_ok:
             ratio = rb.median_ms / ra.median_ms
             verdict = _timed_verdict(ra, rb, ratio, threshold)
+            if noisy and verdict in ("regression", "improvement"):
+                verdict = "slower (noisy)" if verdict == "regression" else "faster (noisy)"
         else:
             verdict = "same" if ra.status == rb.status else f"was {ra.status}, now {rb.status}"
         rows.append(Row(key, ra, rb, ratio, verdict, noisy))
@@ -117,7 +122,8 @@ def warnings(a: R.OpRun, b: R.OpRun, rows: list[Row]) -> list[str]:
     noisy = sum(r.noisy for r in rows)
     if noisy:
         out.append(f"warning: {noisy} result(s) have a p20-p80 spread over {NOISY_SPREAD:.0%} of the median in A "
-                   "or B (a busy or shared machine?): differences inside the spreads are not called regressions")
+                   "or B (a busy or shared machine?): their differences are not counted as regressions; rerun on a "
+                   "quiet machine")
     return out
 
 
@@ -133,7 +139,8 @@ def compare_table(a: R.OpRun, b: R.OpRun, rows: list[Row], threshold: float, nam
     """The comparison as a table; times show ± half the p20-p80 spread, noisy rows are marked."""
     dev_a, dev_b = a.env.get("device", "?"), b.env.get("device", "?")
     caption = (f"A = {name_a} ({dev_a}), B = {name_b} ({dev_b}); a regression is slower by more than "
-               f"{threshold:.0%} and outside both p20-p80 spreads")
+               f"{threshold:.0%}, outside both p20-p80 spreads, both spreads under {NOISY_SPREAD:.0%}; "
+               "time ± half its p20-p80 spread")
     table = Table(title=f"compare {a.op} vs {b.op}", caption=caption, caption_justify="left")
     table.add_column("case", overflow="fold", min_width=8)
     table.add_column("provider", no_wrap=True)
@@ -143,7 +150,7 @@ def compare_table(a: R.OpRun, b: R.OpRun, rows: list[Row], threshold: float, nam
     for row in rows:
         style = "bold red" if row.is_regression else ("green" if row.verdict == "improvement" else "")
         verdict = Text(row.verdict, style=style)
-        if row.noisy:
+        if row.noisy and not row.verdict.endswith("(noisy)"):
             verdict.append(" (noisy)", style="yellow")
         table.add_row(" ".join(row.key[:4]), row.key[4], _time(row.a), _time(row.b),
                       f"{row.ratio:.3f}" if row.ratio is not None else "-", verdict)
