@@ -20,8 +20,16 @@ from fuselab.reference.interaction import MAX_DIM, MAX_FEATURES, num_pairs, outp
 class InteractionTuning:
     """Knobs of :func:`plan` (defaults: not yet tuned on a GPU; they are data, never module state)."""
 
-    #: batch rows one program handles, one after another (amortises the program start, keeps the tile in L1)
-    rows_per_program: int = 8
+    #: batch rows one forward program handles at once (a leading dimension of every tile, one batched
+    #: ``tl.dot``): more rows keep more loads in flight per program; a power of two
+    rows_per_program: int = 4
+    #: register budget of a forward program: rows x the larger tile (``BLOCK_V x max(BLOCK_V, BLOCK_D)``) stays
+    #: within this many elements (fewer rows for large tiles, at least one)
+    max_tile_elements: int = 4096
+    #: the same two for the backward, whose ``S`` tile is a gather (a 64-bit address per element): ptxas
+    #: (Triton 3.6, sm_90, 4 warps) gives the Kaggle tile 128 registers at 2 rows, 200 at 4
+    bwd_rows_per_program: int = 2
+    bwd_max_tile_elements: int = 2048
     #: largest tile of vectors (Gram tile ``BLOCK_V x BLOCK_V``); a power of two >= 16 (``tl.dot``'s minimum)
     max_block_v: int = 64
     #: largest chunk of the vector length D per ``tl.dot``; a power of two >= 16
@@ -41,9 +49,12 @@ class InteractionTuning:
             value = getattr(self, name)
             if value < 16 or value & (value - 1):
                 raise ValueError(f"InteractionTuning.{name} must be a power of two >= 16, got {value}")
-        if min(self.rows_per_program, self.num_warps, self.num_warps_large, self.num_stages) < 1:
-            raise ValueError("InteractionTuning.rows_per_program, num_warps, num_warps_large and num_stages "
-                             "must be >= 1")
+        for name in ("rows_per_program", "max_tile_elements", "bwd_rows_per_program", "bwd_max_tile_elements"):
+            value = getattr(self, name)
+            if value < 1 or value & (value - 1):
+                raise ValueError(f"InteractionTuning.{name} must be a power of two >= 1, got {value}")
+        if min(self.num_warps, self.num_warps_large, self.num_stages) < 1:
+            raise ValueError("InteractionTuning.num_warps, num_warps_large and num_stages must be >= 1")
 
 
 DEFAULT_TUNING = InteractionTuning()
@@ -64,14 +75,17 @@ class InteractionPlan:
 
 
 @functools.cache
-def plan(n_vec: int, dim: int, dtype: torch.dtype, on_gpu: bool,
+def plan(n_vec: int, dim: int, dtype: torch.dtype, on_gpu: bool, backward: bool,
          tuning: InteractionTuning = DEFAULT_TUNING) -> InteractionPlan:
-    """The launch of ``n_vec = F + 1`` vectors of length ``dim`` in ``dtype``."""
+    """The forward or backward launch of ``n_vec = F + 1`` vectors of length ``dim`` in ``dtype``."""
     block_v = min(max(16, next_power_of_2(n_vec)), tuning.max_block_v)
+    block_d = min(max(16, next_power_of_2(dim)), tuning.max_block_d)
+    rows, budget = ((tuning.bwd_rows_per_program, tuning.bwd_max_tile_elements) if backward
+                    else (tuning.rows_per_program, tuning.max_tile_elements))
     return InteractionPlan(
-        rows=tuning.rows_per_program,
+        rows=max(1, min(rows, budget // (block_v * max(block_v, block_d)))),
         block_v=block_v,
-        block_d=min(max(16, next_power_of_2(dim)), tuning.max_block_d),
+        block_d=block_d,
         block_pad=tuning.block_pad,
         num_warps=tuning.num_warps if block_v <= 32 else tuning.num_warps_large,
         num_stages=tuning.num_stages,
@@ -142,7 +156,7 @@ def dot_interaction_fwd_(dense: torch.Tensor, emb: torch.Tensor, out: torch.Tens
     _require_out("out", out, (b, out.shape[1]), dense.dtype, dense.device)
     if b == 0:
         return
-    p = plan(f + 1, d, dense.dtype, dense.device.type == "cuda", tuning)
+    p = plan(f + 1, d, dense.dtype, dense.device.type == "cuda", False, tuning)
     tiles = cdiv(f + 1, p.block_v)
     grid = (cdiv(b, p.rows), tiles, tiles)
     dot_interaction_fwd_kernel[grid](
@@ -173,7 +187,7 @@ def dot_interaction_bwd_(grad: torch.Tensor, dense: torch.Tensor, emb: torch.Ten
     _require_out("grad_emb", grad_emb, (b, f, d), emb.dtype, emb.device)
     if b == 0:
         return
-    p = plan(f + 1, d, dense.dtype, dense.device.type == "cuda", tuning)
+    p = plan(f + 1, d, dense.dtype, dense.device.type == "cuda", True, tuning)
     grid = (cdiv(b, p.rows), cdiv(f + 1, p.block_v), cdiv(d, p.block_d))
     dot_interaction_bwd_kernel[grid](
         grad, dense, emb, grad_dense, grad_emb, b, f + 1, d,

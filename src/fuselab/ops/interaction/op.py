@@ -14,6 +14,7 @@ lookup's output), nothing else.
 from __future__ import annotations
 
 import torch
+from torch.autograd.function import once_differentiable
 
 from fuselab.backend import triton_for
 from fuselab.ops.interaction.launch import check_inputs
@@ -98,6 +99,7 @@ class _DotInteractionFunction(torch.autograd.Function):
         return out
 
     @staticmethod
+    @once_differentiable  # the backward kernels are not differentiable: double backward raises
     def backward(ctx, grad):
         dense, emb = ctx.saved_tensors
         grad_dense, grad_emb = _backward(grad, dense, emb, ctx.self_interaction)
@@ -121,7 +123,8 @@ def dot_interaction(dense: torch.Tensor, emb: torch.Tensor, *, self_interaction:
         of the vectors ``v_0 = dense, v_1..v_F = emb[:, 0..F-1]``, pair ``(i, j)``, ``j < i``, at column
         ``D + i(i-1)/2 + j`` (``P = (F+1)F/2``); with ``self_interaction``, ``(i, j)``, ``j <= i``, at
         ``D + i(i+1)/2 + j`` (``P = (F+1)(F+2)/2``); then zeros up to ``W = ceil((D + P) / pad_to) * pad_to``.
-        Dot products accumulate in float32. Gradients flow to ``dense`` and ``emb``.
+        Dot products accumulate in float32. Gradients flow to ``dense`` and ``emb`` (first order only: a double
+        backward raises).
 
     Limits: ``1 <= F <= 128``, ``1 <= D <= 256``. float64 runs on the PyTorch path only (CPU tensors, or
     ``FUSELAB_BACKEND=torch``).
