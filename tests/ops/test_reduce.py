@@ -11,8 +11,8 @@ import fuselab
 from fuselab.backend import forced
 from fuselab.bench.check import check
 from fuselab.bench.spec import CaseQuery
-from fuselab.ops import _reduce_plan as planner
-from fuselab.ops import _reduce_triton as kernels
+from fuselab.ops.reduce import launch as kernels
+from fuselab.ops.reduce import launch as planner
 from fuselab.testing import assert_close
 
 OPS = {"sum": (fuselab.sum, torch.sum), "mean": (fuselab.mean, torch.mean)}
@@ -176,9 +176,9 @@ def test_run_to_run_bitwise(triton_backend, device, shape, dim):
 def test_planned_calls_and_shared_scratch(triton_backend, device, monkeypatch):
     """Repeated eager calls reuse their plan (no validation, no planning); split reductions of one workspace
     size share a per-stream scratch buffer, and each result still matches float64, interleaved."""
-    from fuselab.ops import reduce as module
+    from fuselab.ops.reduce import op as module
 
-    monkeypatch.setattr(module, "_PLANNED", {})
+    fuselab.ops.clear()  # plans kept by earlier tests
     plans = []
     plan_call = module._plan_call
     monkeypatch.setattr(module, "_plan_call", lambda *args: plans.append(1) or plan_call(*args))
@@ -233,9 +233,7 @@ def test_row_step_by_memory_bandwidth(monkeypatch, plans_anew, fast, dtype, bloc
 def _many_splits(monkeypatch, interleave: bool) -> None:
     """256-byte tiles (many splits even on small inputs), split programs reading interleaved or in chunks, and no
     plans remembered from earlier calls."""
-    from fuselab.ops import reduce as module
-
-    monkeypatch.setattr(module, "_PLANNED", {})
+    fuselab.ops.clear()  # plans kept by earlier calls
     monkeypatch.setattr(planner, "INTERLEAVE_MIN_SPLIT", dict.fromkeys(("rows", "cols"), 2 if interleave else None))
     for name in ("INTERPRETER_TILE_BYTES", "ROW_TILE_BYTES"):
         monkeypatch.setattr(planner, name, 256)
@@ -319,9 +317,7 @@ def test_work_stealing_leaves_counters_zeroed(device, monkeypatch, plans_anew):
 def tma_everywhere(monkeypatch, plans_anew):
     """fp32 cols plans read through TMA descriptors on any device (the interpreter runs descriptor loads) and at any
     size; the descriptors each launch builds are recorded: ``[(shape, strides, block_shape)]``."""
-    from fuselab.ops import reduce as module
-
-    monkeypatch.setattr(module, "_PLANNED", {})
+    fuselab.ops.clear()  # plans kept by earlier calls
     monkeypatch.setattr(planner, "tma_capable", lambda device: True)
     monkeypatch.setattr(planner, "COLS_TMA_MIN_BYTES", 0)
     built = []
@@ -395,7 +391,7 @@ def test_tma_reads_in_a_cuda_graph(device, tma_everywhere):
 def test_tma_reads_past_2_31_elements(device):
     """fp32 dim=0 over more than 2^31 elements, read through TMA where the device has it (64-bit addresses in the
     descriptor, 64-bit partial offsets)."""
-    from fuselab.ops._launch import tma_capable
+    from fuselab.core.device import tma_capable
 
     if not tma_capable(device):
         pytest.skip("needs a device with TMA (sm_90+)")

@@ -14,8 +14,8 @@ from __future__ import annotations
 
 import torch
 
-from fuselab.cuda._bias_act import _CUDA_DTYPES, _extension
 from fuselab.core.checks import require_tensor
+from fuselab.cuda._bias_act import _CUDA_DTYPES, _extension
 from fuselab.ops.bias_act.checks import check_activation
 from fuselab.ops.bias_act.launch import ACT_IDS
 

@@ -23,7 +23,7 @@ INTERPRETED: tl.constexpr = tl.constexpr(interpreter_enabled())
 @triton.jit
 def rounded(v, DTYPE: tl.constexpr):
     """``v`` (float32 or float64) in ``DTYPE`` (e.g. ``out_ptr.dtype.element_ty``), rounded to nearest even."""
-    if INTERPRETED and DTYPE == tl.bfloat16:
+    if INTERPRETED and tl.bfloat16 == DTYPE:
         f = v.to(tl.float32)
         bits = f.to(tl.uint32, bitcast=True)
         bits = bits + 0x7FFF + ((bits >> 16) & 1)

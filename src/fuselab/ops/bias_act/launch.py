@@ -142,7 +142,8 @@ def bias_act_fwd_(
         return None
     assert pre is None or pre.is_contiguous()
     tuning = current(BiasActTuning)
-    flat = tuning.fwd_flat and x.is_contiguous() and out.is_contiguous() and (residual is None or residual.is_contiguous())
+    flat = (tuning.fwd_flat and x.is_contiguous() and out.is_contiguous()
+            and (residual is None or residual.is_contiguous()))
     grid, block_m, block_n, num_warps = _fwd_plan(M, N, x.element_size(), sm_count(x.device), flat, tuning)
     r = residual if residual is not None else x
     # flat: the last block's offsets run up to grid * BLOCK_N - 1, past M*N

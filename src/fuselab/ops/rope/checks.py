@@ -3,15 +3,14 @@
 
 from __future__ import annotations
 
-
 import itertools
 import weakref
 
 import torch
 
 from fuselab.core.checks import require_float, require_same_device, require_tensor
-
 from fuselab.ops._opdef import LaunchCache
+
 from .launch import LAYOUTS, in_layout_order
 
 SHAPES = {"bshd": "(batch, seq, heads, head_dim)", "sbhd": "(seq, batch, heads, head_dim)",

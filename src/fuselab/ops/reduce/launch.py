@@ -1,23 +1,30 @@
-"""Planning of ``fuselab.sum``/``fuselab.mean``: which kernel, tile, split and read order (pure Python, cached).
+"""Planning and the out-param launcher of ``fuselab.sum``/``fuselab.mean``: which kernel, tile, split and read order
+(pure Python, cached), then one launch.
 
 Every reduction is planned as ``out[o, i] = Σ_r x[o·s_o + r·s_r + i·s_i]`` (:class:`ReducePlan`): the
 reduced axes coalesce into one axis ``r`` of ``R`` elements and the kept axes into at most two
 groups ``o`` and ``i`` (``K = O·I`` outputs, written contiguously in the output's axis order).
 Strided and permuted views are read in place whenever that holds; otherwise the input is copied
 once into ``(kept..., reduced...)`` order (see :func:`prepare`). The kernels that run a plan are in
-:mod:`fuselab.ops._reduce_triton`. The constants below are the planner's knobs, each with the H100 measurement
+:mod:`fuselab.ops.reduce.kernels`. The constants below are the planner's knobs, each with the H100 measurement
 that set it (``benchmarks/notes/reduce.md``).
 """
 
 from __future__ import annotations
 
 import dataclasses
-import functools
 from dataclasses import dataclass
 
 import torch
+import triton.language as tl
 
-from ._launch import INT32_MAX, cdiv, fast_memory, next_power_of_2, sm_count, tma_capable
+from fuselab.core.device import INT32_MAX, cdiv, fast_memory, needs_int64, next_power_of_2, sm_count, tma_capable
+from fuselab.ops._launch import TensorDescriptor
+from fuselab.ops._launch import launch as launch_kernel
+from fuselab.ops._opdef import memo
+from fuselab.ops._tickets import final_sum_rows, ticket_counters
+
+from .kernels import _cols_kernel, _cols_tma_kernel, _rows_kernel
 
 #: bytes each program loads per loop iteration (enough in flight to cover DRAM latency), by element size. H100
 #: sweeps (benchmarks/sweeps/reduce_sweep.py): 8 KiB beats 16 KiB by 1-4% for bf16; fp32 is best at 16-32 KiB
@@ -93,7 +100,7 @@ STEAL_ITEM_BYTES = {2: 32768, 4: 65536, 8: 65536}
 #: most partials (split x outputs) of a stealing split plan: its last program sums all of them alone
 STEAL_MAX_PARTIALS = 65536
 #: warps a stealing grid puts on each SM (programs = this // warps per program). They must all be resident at once:
-#: the kernels cap their registers to fit (_reduce_triton.steal_maxnreg: 64 for 32 warps). H100, all of 8192² bf16: 2
+#: the kernels cap their registers to fit (steal_maxnreg: 64 for 32 warps). H100, all of 8192² bf16: 2
 #: 16-warp programs per SM at up to 64 registers 0.853 of copy bandwidth, 3 at 40 registers 0.819; a grid of 3 per SM
 #: at 44 registers (2 resident) ran a second, partial wave and lost the gain
 STEAL_WARPS_PER_SM = 32
@@ -148,7 +155,7 @@ def _coalesce(dims: list[tuple[int, int]]) -> list[tuple[int, int]]:
     return merged
 
 
-@functools.lru_cache(maxsize=4096)
+@memo(maxsize=4096)
 def _strided_layout(shape: tuple[int, ...], stride: tuple[int, ...], dims: tuple[int, ...]):
     """(kept groups, reduced axis) of a tensor read in place, or ``None`` when it needs a copy."""
     kept = _coalesce([(shape[d], stride[d]) for d in range(len(shape)) if d not in dims])
@@ -194,7 +201,7 @@ def row_tile_bytes(x: torch.Tensor) -> int:
     return ROW_TILE_BYTES
 
 
-@functools.lru_cache(maxsize=4096)
+@memo(maxsize=4096)
 def _plan(kept: tuple[tuple[int, int], ...], red: tuple[int, int], elsize: int, on_gpu: bool, sms: int,
           rows_per_sm: int, cols_per_sm: int, row_bytes: int,
           tma: tuple[int, int, int, int] | None = None) -> ReducePlan:
@@ -297,3 +304,97 @@ def _split(R: int, block_r: int, tiles: int, target: int, kind: str) -> tuple[in
 def workspace_numel(plan: ReducePlan) -> int:
     """fp32 (fp64) elements of the stage-1 partials ``[split, K]`` (0 without a second stage)."""
     return plan.split * plan.K if plan.split > 1 else 0
+
+
+#: register cap of the rows kernel. 32 (to fit 8 resident 8-warp programs per SM) starved the loads: the
+#: compiler then issues a tile's loads in batches. At 64 with 16-warp one-row tiles (ROW_WARPS), H100 under
+#: the lab's dirty flush: dim=-1 of 10000² fp32 0.92 -> 0.95 of copy bandwidth (torch.compile 0.94), of 8192² bf16
+#: 0.86 -> 0.90, of 65536x512 bf16 0.77 -> 0.80; all of 8192² bf16 0.79 -> 0.81, of 10000² fp32 0.91 -> 0.93
+#: (benchmarks/results/h100/probes/reduce_rows_probe.txt)
+ROWS_MAXNREG = 64
+#: cache eviction hint of the input loads (read once), by element size. "evict_first" keeps the stream from
+#: displacing other L2 contents: after an L2 flush that wrote (do_bench's), the flush's dirty lines, whose
+#: write-back would otherwise share DRAM bandwidth with the read. On the H100 it lifts the 64-134 MB bf16 cases by
+#: 8-33% (benchmarks/sweeps/l2_probe.py) but costs the 0.4-1 GB fp32 ones 2-4%. "" is Triton's default policy.
+STREAM_EVICTION = {2: "evict_first", 4: "", 8: ""}
+#: 64-bit index math in stealing launches whatever their size. H100, all of 8192² bf16, 2 resident 16-warp programs per
+#: SM: 0.795 -> 0.853 of copy bandwidth under the dirty flush, 0.903 -> 0.965 in a CUDA graph (the prototype
+#: of benchmarks/sweeps/reduce_steal_proto.py, which used 64-bit offsets, ran at 0.845 / 0.963)
+STEAL_INT64 = True
+#: registers of one SM (every GPU fuselab targets, sm_80 to sm_90), for the register cap of stealing grids
+REGISTERS_PER_SM = 65536
+
+
+def steal_maxnreg(plan: ReducePlan, sms: int) -> int:
+    """Register cap under which all ``plan.steal`` programs of a stealing plan are resident at once on ``sms`` SMs (a
+    grid larger than what fits would run a second, partial wave: the imbalance stealing is there to remove):
+    registers per SM over the threads the grid puts on each SM, in the allocation's steps of 8."""
+    warps_per_sm = plan.num_warps * cdiv(plan.steal, sms)
+    return min(255, REGISTERS_PER_SM // (warps_per_sm * 32) // 8 * 8)
+
+
+def launch(x: torch.Tensor, plan: ReducePlan, out: torch.Tensor, partials: torch.Tensor | None, *, is_mean: bool,
+           acc_dtype: torch.dtype) -> None:
+    """The one kernel launch of ``plan`` on ``x``, writing ``out`` (and ``partials`` ``[split, K]`` on the way,
+    when ``plan.split > 1``)."""
+    split = plan.split > 1
+    int64 = needs_int64(x, out) or plan.K * plan.split > INT32_MAX or (plan.steal > 0 and STEAL_INT64)
+    evict = STREAM_EVICTION.get(x.element_size(), "")
+    # plan.block_i outputs per tile: rows of the rows kernel, columns of the cols kernel
+    block_s = final_sum_rows(plan.split, plan.block_i) if split else 1
+    maxnreg = ROWS_MAXNREG if plan.kind == "rows" else None
+    if plan.steal:
+        maxnreg = min(maxnreg or 255, steal_maxnreg(plan, sm_count(x.device)))
+    key = (plan, is_mean, acc_dtype, out.dtype, int64, evict, maxnreg)  # int64 and maxnreg: knobs read here
+    counters = ticket_counters(x.device, 2) if plan.steal else ticket_counters(x.device, plan.tiles) if split else out
+    tensors = (x, out, partials if split else out, counters)
+
+    tma = plan.stages > 0 and x.data_ptr() % 16 == 0  # else the cols kernel runs the same plan from pointers
+
+    def constexprs() -> dict:  # built only the first time this signature launches
+        common = dict(SPLIT_R=split, ACC=tl.float64 if acc_dtype == torch.float64 else tl.float32, BLOCK_S=block_s,
+                      IS_MEAN=is_mean, num_warps=plan.num_warps)
+        if tma:
+            return dict(BLOCK_R=plan.block_r, BLOCK_I=plan.block_i, STAGES=plan.stages, **common)
+        common.update(EVICT=evict, INTERLEAVE=plan.interleave, HAS_TAIL=plan.R % plan.block_r != 0, INT64=int64)
+        if maxnreg is not None and x.is_cuda:  # a CUDA compile option (not the interpreter's)
+            common["maxnreg"] = maxnreg
+        if plan.kind == "rows":
+            return dict(ROWS=plan.block_i, BLOCK_R=plan.block_r, HAS_I=plan.I > 1, R_CONTIG=plan.s_r == 1,
+                        STEAL=plan.steal > 0, **common)
+        return dict(BLOCK_R=plan.block_r, BLOCK_I=plan.block_i, I_CONTIG=plan.s_i == 1, **common)
+
+    if plan.kind == "rows":
+        scalars = (plan.K, plan.I, plan.R, plan.s_o, plan.s_i, plan.s_r, plan.r_per_split, plan.R, plan.tiles,
+                   plan.split)
+        launch_kernel(_rows_kernel, key, plan.grid, tensors, scalars, constexprs)
+    elif tma:
+        desc = TensorDescriptor(x, [plan.R, plan.I], [plan.s_r, 1], [plan.block_r, plan.block_i])
+        scalars = (plan.I, plan.R, plan.r_per_split, plan.R)
+        launch_kernel(_cols_tma_kernel, key, plan.grid, (out, desc, *tensors[2:]), scalars, constexprs)
+    else:
+        scalars = (plan.O, plan.I, plan.R, plan.s_o, plan.s_r, plan.s_i, plan.r_per_split, plan.R)
+        launch_kernel(_cols_kernel, key, plan.grid, tensors, scalars, constexprs)
+
+
+def reduce_into(x: torch.Tensor, dims: tuple[int, ...], out: torch.Tensor, workspace: torch.Tensor | None, *,
+                plan: ReducePlan, is_mean: bool) -> None:
+    """Launcher: reduce ``x`` (already laid out by :func:`prepare`) over ``dims`` into ``out``, in one launch.
+
+    ``out`` is contiguous with ``plan.K`` elements; ``workspace`` holds :func:`workspace_numel`
+    accumulator-dtype elements (``None`` when that is 0) for the partials ``[split, K]`` of a split
+    reduction, which the last program of each output tile sums in split order.
+    """
+    if out.numel() != plan.K or not out.is_contiguous():
+        raise ValueError(f"out must be contiguous with {plan.K} elements, got shape {tuple(out.shape)}")
+    if plan.split == 1:
+        launch(x, plan, out, None, is_mean=is_mean, acc_dtype=_acc(x, out))
+        return
+    if workspace is None or workspace.numel() < workspace_numel(plan):
+        raise ValueError(f"workspace must hold {workspace_numel(plan)} elements")
+    partials = workspace[: workspace_numel(plan)].view(plan.split, plan.K)
+    launch(x, plan, out, partials, is_mean=is_mean, acc_dtype=workspace.dtype)
+
+
+def _acc(x: torch.Tensor, out: torch.Tensor) -> torch.dtype:
+    return torch.float64 if torch.float64 in (x.dtype, out.dtype) else torch.float32
