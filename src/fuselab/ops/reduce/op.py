@@ -3,11 +3,13 @@
 Layers: the planner and out-param launcher (:mod:`fuselab.ops.reduce.launch`: kernel, tiles, split) and the Triton
 kernels (:mod:`fuselab.ops.reduce.kernels`) -> the :class:`~fuselab.ops._opdef.Op` :data:`REDUCE`
 (``fuselab::reduce``; the gradient is a broadcast, scaled by ``1/n`` for the mean) -> the public :func:`sum` and
-:func:`mean`. Tensors that are not on CUDA take the pure-PyTorch path (:mod:`fuselab.reference.reduce`) unless ``FUSELAB_BACKEND=triton`` (see :mod:`fuselab.backend`).
+:func:`mean`. Tensors that are not on CUDA take the pure-PyTorch path (:mod:`fuselab.reference.reduce`) unless
+``FUSELAB_BACKEND=triton`` (see :mod:`fuselab.backend`).
 """
 
 from __future__ import annotations
 
+import functools
 import math
 
 import torch
@@ -17,11 +19,19 @@ from fuselab.ops._opdef import Op
 from fuselab.ops._tickets import scratch
 from fuselab.reference import reduce as ref
 
-from . import launch as planner
+from . import plan as planner
 
 __all__ = ["mean", "sum"]
 
 Dim = ref.Dim
+
+
+@functools.cache
+def _launch():
+    """The launcher, imported on first use (Triton must not load before ``TRITON_INTERPRET`` is set)."""
+    from fuselab.ops.reduce import launch
+
+    return launch
 
 
 def _plan_call(x: torch.Tensor, dims: tuple[int, ...], keepdim: bool, out_dtype: torch.dtype) -> tuple:
@@ -38,7 +48,7 @@ def _run_planned(src: torch.Tensor, dims: tuple[int, ...], planned: tuple, is_me
     out = torch.empty(out_shape, dtype=out_dtype, device=src.device)
     n = planner.workspace_numel(plan)
     workspace = scratch(src.device, (n,), acc) if n else None  # written before it is read: per-stream scratch
-    planner.reduce_into(src, dims, out, workspace, plan=plan, is_mean=is_mean)
+    _launch().reduce_into(src, dims, out, workspace, plan=plan, is_mean=is_mean)
     return out
 
 
