@@ -136,11 +136,11 @@ def _gradients(ctx, grad_y: torch.Tensor) -> tuple[torch.Tensor | None, ...]:
     if ctx.activation == "none":  # dz = grad_y: only the bias gradient (column sum) is left
         dz, grad_b = g, None
         if want_b:
-            grad_b = BACKWARD.run((g, None, None, 1.0, "none", dt, dt, dt, False, False, True), key,
-                                  BACKWARD.kept(key))[2]
+            grad_b = BACKWARD.run_in_backward(ctx, (g, None, None, 1.0, "none", dt, dt, dt, False, False, True),
+                                              key)[2]
     else:
-        dz, _, grad_b = BACKWARD.run((g, saved, shift, 1.0, ctx.activation, dt, dt, dt, True, False, want_b), key,
-                                     BACKWARD.kept(key))
+        dz, _, grad_b = BACKWARD.run_in_backward(
+            ctx, (g, saved, shift, 1.0, ctx.activation, dt, dt, dt, True, False, want_b), key)
     grad_x = None
     if want_x:
         grad_x = dz.mm(weight)

@@ -12,10 +12,10 @@ Contract (``docs/architecture.md`` has an example):
   right shape and dtype.
 * ``setup_context(ctx, inputs, outputs)`` and ``backward(ctx, *grads) -> grads of the inputs``: the op's one
   autograd formula, registered on the custom op and run by the eager :class:`torch.autograd.Function` alike.
-  ``ctx.key`` is the forward's launch key in eager autograd (None under ``torch.compile``; see ``record_key``
-  for calls without a key): a backward that
-  calls another :class:`Op` passes a key derived from it (plus the gradients' :func:`~fuselab.ops._launch.layout`)
-  so that its launch, planned once, is repeated on the autograd thread.
+  A backward calls other ops through :meth:`Op.run_in_backward`: the custom op in the registered autograd (fake
+  tensors under tracing), the eager path in the eager node. There ``ctx.key`` is the forward's launch key (see
+  ``record_key`` for calls without one): the backward passes a key derived from it (plus the gradients'
+  :func:`~fuselab.ops._launch.layout`) so that its launch, planned once, is repeated on the autograd thread.
 
 :meth:`Op.run` is the one dispatch: under ``torch.compile`` the custom op; with autograd the eager Function;
 else ``eager`` directly (the dispatcher costs tens of microseconds of host time per call). Given a ``key``
@@ -171,6 +171,14 @@ class Op:
             self.launches.keep(key, record)
         return outputs
 
+    def run_in_backward(self, ctx, inputs: tuple, key: Hashable | None = None) -> Any:
+        """This op inside another op's ``backward``: in that op's eager node, :meth:`run` with ``key`` (its launch
+        kept and repeated); in its registered autograd (``torch.compile``, AOT tracing, ``opcheck``: the tensors may
+        be fake) the custom op."""
+        if getattr(ctx, "eager", False) and not torch.compiler.is_compiling():
+            return self.run(inputs, key, self.kept(key))
+        return self.custom(*inputs)
+
     def __call__(self, *inputs: Any) -> Any:
         """:meth:`run` without a launch key."""
         return self.run(inputs)
@@ -191,6 +199,7 @@ def _eager_function(op: Op) -> type[torch.autograd.Function]:
         if n_dirty:
             ctx.mark_dirty(*[t for t in inputs[:n_dirty] if t is not None])
         op.setup_context(ctx, inputs, outputs)
+        ctx.eager = True  # see Op.run_in_backward
         ctx.key = key
         if record is not None and not torch.compiler.is_compiling():
             if key is not None:

@@ -115,8 +115,8 @@ def _backward(ctx, grad_y, grad_pre) -> tuple:
     key = getattr(ctx, "key", None)
     if key is not None:
         key = ("bias_act", key, want_x, want_r, want_b, layout(grad_y))
-    gx, gr, gb = BACKWARD.run((grad_y, saved, shift, ctx.alpha, ctx.activation, *ctx.dtypes, want_x, want_r, want_b),
-                              key, BACKWARD.kept(key))
+    gx, gr, gb = BACKWARD.run_in_backward(
+        ctx, (grad_y, saved, shift, ctx.alpha, ctx.activation, *ctx.dtypes, want_x, want_r, want_b), key)
     return (gx if want_x else None, gb if want_b else None, gr if want_r else None, None, None, None)
 
 

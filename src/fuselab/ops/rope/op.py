@@ -101,13 +101,13 @@ def _backward(ctx, grad_q, grad_k) -> tuple:
     if grad_q is None:  # only k_out was used: rotate k alone (the launcher's q slot takes it)
         if grad_k is None:
             return None, None, *_NO_GRADS
-        dk = ROPE.run((grad_k, None, *tables, layout, half, interleaved, not conj, offset, mscale))[0]
+        dk = ROPE.run_in_backward(ctx, (grad_k, None, *tables, layout, half, interleaved, not conj, offset, mscale))[0]
         return None, dk, *_NO_GRADS
     key = getattr(ctx, "key", None)
     if key is not None:
         key = ("backward", key, tensor_layout(grad_q), None if grad_k is None else tensor_layout(grad_k))
-    dq, dk = ROPE.run((grad_q, grad_k, *tables, layout, half, interleaved, not conj, offset, mscale), key,
-                      ROPE.kept(key))
+    dq, dk = ROPE.run_in_backward(ctx, (grad_q, grad_k, *tables, layout, half, interleaved, not conj, offset, mscale),
+                                  key)
     return dq, (dk if ctx.has_k else None), *_NO_GRADS
 
 
