@@ -104,9 +104,8 @@ def test_override_sets_and_restores_tuning_and_empties_caches():
         assert current(BiasActTuning) is changed and len(cache) == 0
         cache.keep("b", 2)
     assert current(BiasActTuning) is default and len(cache) == 0
-    with pytest.raises(TypeError, match="tuning dataclasses"):
-        with override(object()):
-            pass
+    with pytest.raises(TypeError, match="tuning dataclasses"), override(object()):
+        pass
 
 
 def test_tuning_is_read_by_the_planner(triton_backend, device):

@@ -164,6 +164,8 @@ class Op:
             if not self.mutates and torch.compiler.is_compiling():
                 return self.custom(*inputs)
             return self.function.apply(*inputs, key, prepared)
+        if prepared is not None:  # a kept launch: only eager calls make keys
+            return self.eager(*inputs, prepared=prepared)[0]
         if torch.compiler.is_compiling():
             return self.custom(*inputs)
         outputs, record = self.eager(*inputs, prepared=prepared)

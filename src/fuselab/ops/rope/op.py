@@ -152,11 +152,17 @@ def apply_rope(q: torch.Tensor, k: torch.Tensor | None, cos: torch.Tensor | None
     rows are clamped to ``[0, seqlen_ro - 1]`` inside the kernel (never an out-of-bounds read).
     """
     if inplace:
-        check_inplace(q, k)
-    op = ROPE_ if inplace else ROPE
+        if getattr(q, "requires_grad", False) or getattr(k, "requires_grad", False):
+            check_inplace(q, k)
+        op = ROPE_
+    else:
+        op = ROPE
     call = _call_key(q, k, cos, sin, layout, interleaved, inplace, positions, seqlen_offsets, cu_seqlens, max_seqlen,
                      base, scaling, rotary_dim, check_positions)
-    prepared = op.kept(call)
+    try:
+        prepared = op.launches.get(call)
+    except TypeError:  # an unhashable argument in the key: validate names it
+        prepared = None
     if prepared is not None and triton_for(q):  # a checked call of this key kept its launch
         _, half, limit, inv_freq, mscale = prepared
         if type(seqlen_offsets) is int:
@@ -166,9 +172,9 @@ def apply_rope(q: torch.Tensor, k: torch.Tensor | None, cos: torch.Tensor | None
             offsets, offset = None, seqlen_offsets
         else:
             offsets, offset = seqlen_offsets, 0
-        out = op.run((q, k, cos, sin, inv_freq, None, offsets, None, layout, half, interleaved, False, offset, mscale),
-                     call, prepared)
-        return out[0], out[1]
+        # (q_out, k_out or None), or (q, k) in place
+        return op.run((q, k, cos, sin, inv_freq, None, offsets, None, layout, half, interleaved, False, offset,
+                       mscale), call, prepared)
     require_tensor("q", q)
     half, offsets, offset = validate(q, k, cos, sin, layout, positions, seqlen_offsets, cu_seqlens, max_seqlen,
                                      rotary_dim, check_positions)
