@@ -274,7 +274,7 @@ def _cols_tma_kernel(
     ``[BLOCK_R, BLOCK_I]`` boxes of its chunk into shared memory with ``STAGES`` in flight; the copy engine fills
     rows past R and columns past I with zeros, so the loop has no masks and no per-element addresses. Bytes: read
     R*I elements, write I (+ SPLIT*I partials, written once and read once). A kernel of its own rather than a flag
-    of ``_cols_kernel``: a constexpr branch there changed ptxas's registers for the shipped plans (session 17)."""
+    of ``_cols_kernel``: a constexpr branch there changed ptxas's registers for the shipped plans."""
     tile = tl.program_id(0)
     split = tl.program_id(1)
     col0 = tile * BLOCK_I
