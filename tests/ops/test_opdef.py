@@ -1,4 +1,4 @@
-"""The op-definition helper (``fuselab.ops._opdef``): one eager forward/backward pair -> the dispatcher-free eager
+"""The op-definition helper (``fuselab.ops.opdef``): one eager forward/backward pair -> the dispatcher-free eager
 path, the custom op with its fake and autograd, one bounded launch cache per op and one ``clear()``; the tuning
 context; ``torch.library.opcheck`` of every fuselab custom op (Triton kernels under the interpreter on CPU)."""
 
@@ -11,9 +11,9 @@ import torch
 
 import fuselab
 from fuselab.core.rope_math import rope_frequencies
-from fuselab.ops import _opdef
-from fuselab.ops._opdef import LaunchCache, Op
+from fuselab.ops import opdef
 from fuselab.ops.bias_act.launch import BiasActTuning
+from fuselab.ops.opdef import LaunchCache, Op
 from fuselab.ops.tuning import current, override
 
 # ---------------------------------------------------------------------------------------------- a toy op
@@ -90,7 +90,7 @@ def test_launch_cache_is_bounded_and_cleared_together():
     assert len(cache) == 3
     cache.keep(3, 3)  # full: emptied first
     assert len(cache) == 1 and cache.get(3) == 3
-    _opdef.clear()
+    opdef.clear()
     assert len(cache) == 0
 
 

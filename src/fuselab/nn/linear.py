@@ -23,10 +23,9 @@ from torch import nn
 from torch.autograd.function import once_differentiable
 
 from fuselab.backend import triton_for
-from fuselab.ops._launch import layout, operand
-from fuselab.ops._opdef import Op
 from fuselab.ops.bias_act import ACTIVATIONS, bias_act, check_activation
 from fuselab.ops.bias_act.op import BACKWARD
+from fuselab.ops.opdef import Op, layout, operand
 from fuselab.reference.bias_act import SAVED
 
 _FAST_DTYPES = (torch.float32, torch.bfloat16, torch.float16, torch.float64)

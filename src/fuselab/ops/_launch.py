@@ -1,5 +1,5 @@
-"""The low-overhead Triton launch shared by every launcher (:func:`launch`, :func:`relaunch`), and what a repeated
-launch assumes of its operands (:func:`operand`, :func:`layout`, :func:`scalar_class`)."""
+"""The low-overhead Triton launch shared by every launcher (:func:`launch`, :func:`relaunch`), and the keys of repeated
+launches are :mod:`fuselab.ops.opdef`'s (:func:`~fuselab.ops.opdef.operand`, :func:`~fuselab.ops.opdef.layout`)."""
 
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ try:  # host-built TMA descriptors (Triton >= 3.3); kernels read through them on
 except ImportError:  # pragma: no cover
     TensorDescriptor = None
 
-from ._opdef import LaunchCache
+from .opdef import LaunchCache, scalar_class
 
 #: compiled kernels by (kernel, caller key, device, argument signature)
 _COMPILED = LaunchCache("compiled kernels", limit=8192)
@@ -32,16 +32,6 @@ def _active(hook):
     """``hook``, or None when it is an empty ``HookChain`` (Triton always installs one): the launcher then
     skips building launch metadata and calling hooks, as it would with no hook at all."""
     return hook if hook is not None and getattr(hook, "calls", True) else None
-
-
-def _int_class(a: int) -> int:
-    """What Triton specializes an int argument on: equal to 1, divisible by 16, fits in int32."""
-    return (a == 1) + 2 * (a % 16 == 0) + 4 * (-(2**31) <= a < 2**31)
-
-
-def scalar_class(a) -> object:
-    """What Triton specializes a scalar argument on: :func:`_int_class` for ints, else the type."""
-    return _int_class(a) if type(a) is int else type(a)
 
 
 def _arg_class(t) -> tuple:
@@ -108,18 +98,6 @@ def relaunch(entry: tuple, grid: tuple[int, ...], tensors: tuple[torch.Tensor, .
         entry[0][grid](*tensors, *scalars, **dict(entry[1]))
         return
     _run(entry, grid, tensors, scalars, _runtime_knobs())
-
-
-def layout(t: torch.Tensor) -> tuple:
-    """What a launch repeated by :func:`relaunch` assumes of a tensor it is given anew (a gradient): dtype,
-    strides, storage offset and 16-byte alignment equal to those of the tensor it was prepared with."""
-    return t.dtype, t.stride(), t.storage_offset(), t.data_ptr() & 15
-
-
-def operand(t: torch.Tensor) -> tuple:
-    """What a launch kept for later calls (by the ops' call keys) assumes of an operand: shape, device, dtype,
-    strides, storage offset and 16-byte alignment (what the checks, the plan and Triton's specialization read)."""
-    return t.shape, t.device, t.dtype, t.stride(), t.storage_offset(), t.data_ptr() & 15
 
 
 def _run(entry: tuple, grid: tuple[int, ...], tensors: tuple, scalars: tuple, knobs) -> None:

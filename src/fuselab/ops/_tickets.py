@@ -20,7 +20,7 @@ import triton.language as tl
 
 from fuselab.core.device import device_index, next_power_of_2
 
-from ._opdef import LaunchCache
+from .opdef import LaunchCache
 
 #: smallest counter buffer kept per (device, stream)
 MIN_COUNTERS = 1024

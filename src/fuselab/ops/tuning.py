@@ -19,7 +19,7 @@ import contextlib
 from collections.abc import Iterator
 from typing import TypeVar
 
-from ._opdef import clear
+from .opdef import clear
 
 T = TypeVar("T")
 

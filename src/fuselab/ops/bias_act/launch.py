@@ -16,8 +16,8 @@ import triton.language as tl
 
 from fuselab.core.device import INT32_MAX, cdiv, needs_int64, next_power_of_2, sm_count
 from fuselab.ops._launch import launch, relaunch
-from fuselab.ops._opdef import memo
 from fuselab.ops._tickets import final_sum_rows, scratch, ticket_counters
+from fuselab.ops.opdef import memo
 from fuselab.ops.tuning import current
 
 from .kernels import _bias_act_bwd_kernel, _bias_act_fwd_kernel

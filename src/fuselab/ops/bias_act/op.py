@@ -1,6 +1,6 @@
 """Fused bias + scaled residual + activation: ``y = act(x + alpha * residual + bias)``, forward and backward.
 
-Three :class:`~fuselab.ops._opdef.Op`: :data:`FORWARD` (``fuselab::bias_act_fwd``, differentiable through
+Three :class:`~fuselab.ops.opdef.Op`: :data:`FORWARD` (``fuselab::bias_act_fwd``, differentiable through
 :func:`_backward`), :data:`BACKWARD` (``fuselab::bias_act_bwd``) and :data:`INPLACE` (``fuselab::bias_act_``), each
 on the out-param launchers of :mod:`fuselab.ops.bias_act.launch`; then the public :func:`bias_act`.
 
@@ -18,8 +18,7 @@ import functools
 import torch
 
 from fuselab.backend import triton_for, use_triton
-from fuselab.ops._launch import layout, operand
-from fuselab.ops._opdef import Op
+from fuselab.ops.opdef import Op, layout, operand
 from fuselab.reference import bias_act as ref
 
 from .checks import check_args, rows

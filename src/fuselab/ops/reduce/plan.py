@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 import torch
 
 from fuselab.core.device import INT32_MAX, cdiv, fast_memory, next_power_of_2, sm_count, tma_capable
-from fuselab.ops._opdef import memo
+from fuselab.ops.opdef import memo
 from fuselab.ops.tuning import current
 
 

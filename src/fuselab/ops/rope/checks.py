@@ -9,7 +9,7 @@ import weakref
 import torch
 
 from fuselab.core.checks import require_float, require_same_device, require_tensor
-from fuselab.ops._opdef import LaunchCache
+from fuselab.ops.opdef import LaunchCache
 
 from .launch import LAYOUTS, in_layout_order
 

@@ -15,7 +15,7 @@ import torch
 from fuselab.backend import interpreter_enabled
 from fuselab.core.device import INT32_MAX, cdiv, fast_memory, max_element_offset, next_power_of_2, sm_count
 from fuselab.ops._launch import launch, relaunch
-from fuselab.ops._opdef import LaunchCache, memo
+from fuselab.ops.opdef import LaunchCache, memo
 from fuselab.ops.tuning import current
 
 from .kernels import _rope_kernel

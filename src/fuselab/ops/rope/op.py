@@ -1,6 +1,6 @@
 """Rotary position embedding (RoPE): the ops and the public :func:`apply_rope` (semantics: ``docs/rope.md``).
 
-Two :class:`~fuselab.ops._opdef.Op` on the out-param launcher :func:`~fuselab.ops.rope.launch.rope_launch`:
+Two :class:`~fuselab.ops.opdef.Op` on the out-param launcher :func:`~fuselab.ops.rope.launch.rope_launch`:
 :data:`ROPE` (``fuselab::rope``, out of place) and :data:`ROPE_` (``fuselab::rope_``, in place: q and k are marked
 dirty), with one autograd formula: the backward is the same rotation with the conjugate sign (:func:`_backward`).
 
@@ -20,9 +20,8 @@ import torch
 from fuselab.backend import triton_for
 from fuselab.core.checks import require_tensor
 from fuselab.core.rope_math import inv_freq_on, rope_frequencies
-from fuselab.ops._launch import layout as tensor_layout
-from fuselab.ops._launch import operand, scalar_class
-from fuselab.ops._opdef import Op
+from fuselab.ops.opdef import Op, operand, scalar_class
+from fuselab.ops.opdef import layout as tensor_layout
 from fuselab.reference import rope as _ref
 
 from .checks import check_inplace, dims, validate

@@ -15,15 +15,15 @@ Contract (``docs/architecture.md`` has an example):
   A backward calls other ops through :meth:`Op.run_in_backward`: the custom op in the registered autograd (fake
   tensors under tracing), the eager path in the eager node. There ``ctx.key`` is the forward's launch key (see
   ``record_key`` for calls without one): the backward passes a key derived from it (plus the gradients'
-  :func:`~fuselab.ops._launch.layout`) so that its launch, planned once, is repeated on the autograd thread.
+  :func:`layout`) so that its launch, planned once, is repeated on the autograd thread.
 
 :meth:`Op.run` is the one dispatch: under ``torch.compile`` the custom op; with autograd the eager Function;
 else ``eager`` directly (the dispatcher costs tens of microseconds of host time per call). Given a ``key``
 (everything the checks and the launch depend on besides tensor values, computed by the op's public function),
 the launch record is kept in the op's :class:`LaunchCache` and later calls with that key skip checks and plans.
 
-Every piece of host state of the ops is a :class:`LaunchCache` or a :func:`memo` function: bounded, and emptied
-together by :func:`clear` (the tuning context, :func:`fuselab.ops.tuning.override`, calls it).
+Every cache of launches, plans and scratch of the ops is a :class:`LaunchCache` or a :func:`memo` function: bounded,
+and emptied together by :func:`clear` (the tuning context, :func:`fuselab.ops.tuning.override`, calls it).
 """
 
 from __future__ import annotations
@@ -82,6 +82,31 @@ def clear() -> None:
         cache.data.clear()
     for cache_clear in _MEMOS:
         cache_clear()
+
+
+# ---------------------------------------------------------------------------------------------- launch keys
+def _int_class(a: int) -> int:
+    """What Triton specializes an int argument on: equal to 1, divisible by 16, fits in int32."""
+    return (a == 1) + 2 * (a % 16 == 0) + 4 * (-(2**31) <= a < 2**31)
+
+
+def scalar_class(a) -> object:
+    """What Triton specializes a scalar argument on: :func:`_int_class` for ints, else the type."""
+    return _int_class(a) if type(a) is int else type(a)
+
+
+def layout(t: torch.Tensor) -> tuple:
+    """What a launch repeated by :func:`~fuselab.ops._launch.relaunch` assumes of a tensor it is given anew (a
+    gradient): dtype, strides, storage offset and 16-byte alignment equal to those of the tensor it was prepared
+    with."""
+    return t.dtype, t.stride(), t.storage_offset(), t.data_ptr() & 15
+
+
+def operand(t: torch.Tensor) -> tuple:
+    """What a launch kept for later calls (by the ops' call keys) assumes of an operand: shape, device, dtype,
+    strides, storage offset and 16-byte alignment (what the checks, the plan and Triton's specialization read)."""
+    return t.shape, t.device, t.dtype, t.stride(), t.storage_offset(), t.data_ptr() & 15
+
 
 
 def _empty_for(outputs: Any, like: torch.Tensor) -> Any:
