@@ -12,8 +12,11 @@ import torch
 import fuselab
 from fuselab.core.rope_math import rope_frequencies
 from fuselab.ops import opdef
+from fuselab.ops.bias_act import op as bias_act_op
 from fuselab.ops.bias_act.launch import BiasActTuning
 from fuselab.ops.opdef import LaunchCache, Op
+from fuselab.ops.reduce.op import REDUCE
+from fuselab.ops.rope.op import ROPE, ROPE_
 from fuselab.ops.tuning import current, override
 
 # ---------------------------------------------------------------------------------------------- a toy op
@@ -134,8 +137,8 @@ def _rope_args(k: bool, tables: bool, dtype=torch.float32):
 def test_opcheck_rope(triton_backend, k, tables):
     args = _rope_args(k, tables)
     args[0].requires_grad_(True)
-    torch.library.opcheck(torch.ops.fuselab.rope.default, args)
-    torch.library.opcheck(torch.ops.fuselab.rope_.default, _rope_args(k, tables),
+    torch.library.opcheck(ROPE.custom, args)
+    torch.library.opcheck(ROPE_.custom, _rope_args(k, tables),
                           test_utils=("test_schema", "test_faketensor", "test_aot_dispatch_dynamic"))
 
 
@@ -146,12 +149,12 @@ def test_opcheck_bias_act(triton_backend, residual, activation):
     r = torch.randn(3, 20, requires_grad=True) if residual else None
     b = torch.randn(20, requires_grad=True)
     save_pre = residual and activation == "gelu_tanh"
-    torch.library.opcheck(torch.ops.fuselab.bias_act_fwd.default, (x, b, r, 0.5, activation, save_pre))
+    torch.library.opcheck(bias_act_op.FORWARD.custom, (x, b, r, 0.5, activation, save_pre))
     g, saved = torch.randn(3, 20), torch.randn(3, 20)
-    torch.library.opcheck(torch.ops.fuselab.bias_act_bwd.default,
+    torch.library.opcheck(bias_act_op.BACKWARD.custom,
                           (g, saved, None, 0.5, activation, torch.float32, torch.float32, torch.float32, True,
                            residual, True))
-    torch.library.opcheck(torch.ops.fuselab.bias_act_.default,
+    torch.library.opcheck(bias_act_op.INPLACE.custom,
                           (torch.randn(3, 20), b.detach(), None if r is None else r.detach(), 0.5, activation),
                           test_utils=("test_schema", "test_faketensor", "test_aot_dispatch_dynamic"))
 
@@ -186,3 +189,10 @@ def test_compile_fullgraph_bias_act_and_inplace_ops(triton_backend):
         infer(q2, k2, cos, sin, h2, bias)
     for got, want in ((q, q2), (k, k2), (h, h2)):
         torch.testing.assert_close(got, want)
+
+
+@pytest.mark.parametrize("dims,keepdim", [([1], False), ([0, 1], True)])
+def test_opcheck_reduce_all_utils(triton_backend, dims, keepdim):
+    """Every opcheck test of ``fuselab::reduce``, AOT dispatch (the registered autograd under tracing) included."""
+    x = torch.randn(6, 9, requires_grad=True)
+    torch.library.opcheck(REDUCE.custom, (x, dims, keepdim, True, torch.float32))
