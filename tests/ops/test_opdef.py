@@ -196,3 +196,13 @@ def test_opcheck_reduce_all_utils(triton_backend, dims, keepdim):
     """Every opcheck test of ``fuselab::reduce``, AOT dispatch (the registered autograd under tracing) included."""
     x = torch.randn(6, 9, requires_grad=True)
     torch.library.opcheck(REDUCE.custom, (x, dims, keepdim, True, torch.float32))
+
+
+def test_unhashable_key_keeps_nothing(triton_backend):
+    """A key holding an argument the checks accept but a dict cannot (a list of axes) runs and keeps nothing."""
+    x = torch.randn(4, 5)
+    for _ in range(2):
+        torch.testing.assert_close(fuselab.sum(x, [0, 1]), x.sum())
+    y = fuselab.sum(x.requires_grad_(True), [0, 1])
+    y.backward()
+    assert torch.equal(x.grad, torch.ones(4, 5))

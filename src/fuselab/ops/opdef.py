@@ -28,6 +28,7 @@ and emptied together by :func:`clear` (the tuning context, :func:`fuselab.ops.tu
 
 from __future__ import annotations
 
+import contextlib
 import functools
 from collections.abc import Callable, Hashable, Sequence
 from typing import Any
@@ -107,6 +108,12 @@ def operand(t: torch.Tensor) -> tuple:
     strides, storage offset and 16-byte alignment (what the checks, the plan and Triton's specialization read)."""
     return t.shape, t.device, t.dtype, t.stride(), t.storage_offset(), t.data_ptr() & 15
 
+
+
+def _keep(cache: LaunchCache, key: Hashable, record: Any) -> None:
+    """``cache.keep(key, record)``; a key holding an unhashable argument (a list the checks accepted) keeps nothing."""
+    with contextlib.suppress(TypeError):
+        cache.keep(key, record)
 
 
 def _empty_for(outputs: Any, like: torch.Tensor) -> Any:
@@ -193,9 +200,9 @@ class Op:
             return self.eager(*inputs, prepared=prepared)[0]
         if torch.compiler.is_compiling():
             return self.custom(*inputs)
-        outputs, record = self.eager(*inputs, prepared=prepared)
-        if key is not None and prepared is None and record is not None:
-            self.launches.keep(key, record)
+        outputs, record = self.eager(*inputs, prepared=None)
+        if key is not None and record is not None:
+            _keep(self.launches, key, record)
         return outputs
 
     def run_in_backward(self, ctx, inputs: tuple, key: Hashable | None = None) -> Any:
@@ -230,7 +237,7 @@ def _eager_function(op: Op) -> type[torch.autograd.Function]:
         ctx.key = key
         if record is not None and not torch.compiler.is_compiling():
             if key is not None:
-                op.launches.keep(key, record)
+                _keep(op.launches, key, record)
             elif op.record_key is not None:
                 ctx.key = ("record", op.record_key(record))
         return outputs
