@@ -190,8 +190,14 @@ class Op:
         """The op on validated ``inputs``: custom op under ``torch.compile``, the eager Function under autograd,
         else ``eager``. ``key``: keep the launch record under it (``prepared``: the record kept, see
         :meth:`kept`). ``needs_grad``: :meth:`needs_grad` when the caller has it already."""
-        if needs_grad is None:
-            needs_grad = self.function is not None and self.needs_grad(inputs)
+        if needs_grad is None:  # self.needs_grad(inputs), inlined: this runs on every call
+            needs_grad = False
+            if self.function is not None and torch.is_grad_enabled():
+                for i in self.differentiable:
+                    t = inputs[i]
+                    if t is not None and t.requires_grad:
+                        needs_grad = True
+                        break
         if needs_grad and self.function is not None:
             if not self.mutates and torch.compiler.is_compiling():
                 return self.custom(*inputs)

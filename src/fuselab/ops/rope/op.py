@@ -150,12 +150,7 @@ def apply_rope(q: torch.Tensor, k: torch.Tensor | None, cos: torch.Tensor | None
     against the table on the host when they are on the CPU (or ``check_positions``); on CUDA, out-of-range
     rows are clamped to ``[0, seqlen_ro - 1]`` inside the kernel (never an out-of-bounds read).
     """
-    if inplace:
-        if getattr(q, "requires_grad", False) or getattr(k, "requires_grad", False):
-            check_inplace(q, k)
-        op = ROPE_
-    else:
-        op = ROPE
+    op = ROPE_ if inplace else ROPE
     call = _call_key(q, k, cos, sin, layout, interleaved, inplace, positions, seqlen_offsets, cu_seqlens, max_seqlen,
                      base, scaling, rotary_dim, check_positions)
     try:
@@ -163,6 +158,9 @@ def apply_rope(q: torch.Tensor, k: torch.Tensor | None, cos: torch.Tensor | None
     except TypeError:  # an unhashable argument in the key: validate names it
         prepared = None
     if prepared is not None and triton_for(q):  # a checked call of this key kept its launch
+        needs_grad = torch.is_grad_enabled() and (q.requires_grad or (k is not None and k.requires_grad))
+        if inplace and needs_grad:
+            check_inplace(q, k)
         _, half, limit, inv_freq, mscale = prepared
         if type(seqlen_offsets) is int:
             if seqlen_offsets < 0 or (limit is not None and seqlen_offsets > limit):
@@ -173,7 +171,9 @@ def apply_rope(q: torch.Tensor, k: torch.Tensor | None, cos: torch.Tensor | None
             offsets, offset = seqlen_offsets, 0
         # (q_out, k_out or None), or (q, k) in place
         return op.run((q, k, cos, sin, inv_freq, None, offsets, None, layout, half, interleaved, False, offset,
-                       mscale), call, prepared)
+                       mscale), call, prepared, needs_grad)
+    if inplace:
+        check_inplace(q, k)
     require_tensor("q", q)
     half, offsets, offset = validate(q, k, cos, sin, layout, positions, seqlen_offsets, cu_seqlens, max_seqlen,
                                      rotary_dim, check_positions)
