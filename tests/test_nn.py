@@ -12,7 +12,8 @@ import torch
 from torch import nn
 
 import fuselab
-from fuselab.nn import FusedLinear, LoRALinear, _FusedLinearFunction, fused_linear
+from fuselab.nn import FusedLinear, LoRALinear, fused_linear
+from fuselab.nn.linear import LINEAR
 from fuselab.reference.bias_act import activation as act_ref
 from fuselab.testing import assert_close
 
@@ -74,7 +75,7 @@ def test_fused_linear_without_bias(backend, device):
 
 
 #: grad_fn class name of fused_linear's eager training fast path
-FAST_NODE = _FusedLinearFunction.__name__ + "Backward"
+FAST_NODE = LINEAR.function.__name__ + "Backward"
 FAST_CASES = [(a, torch.float32) for a in fuselab.ACTIVATIONS] + [("relu", torch.bfloat16),
                                                                    ("gelu_tanh", torch.bfloat16)]
 
@@ -127,15 +128,14 @@ def test_fused_linear_fast_path_matches_linear(triton_backend, device, activatio
 def test_fused_linear_prepared_backward(triton_backend, device, monkeypatch, activation, has_bias):
     """Repeated 2-D steps go through the backward launch an earlier step prepared; a strided upstream gradient
     takes the general path. Both match float64."""
-    import fuselab.nn as module
+    from fuselab.ops.bias_act import launch
 
-    monkeypatch.setattr(module, "_FORWARDS", {})  # launches kept by earlier tests
+    fuselab.ops.clear()  # launches kept by earlier tests
     calls, forwards = [], []
-    again = module._again
-    monkeypatch.setattr(module, "_again", lambda *args: calls.append(1) or again(*args))
-    forward_again = module._kernels().bias_act_fwd_again
-    monkeypatch.setattr(module._kernels(), "bias_act_fwd_again",
-                        lambda *args: forwards.append(1) or forward_again(*args))
+    again = launch.bias_act_bwd_again
+    monkeypatch.setattr(launch, "bias_act_bwd_again", lambda *args: calls.append(1) or again(*args))
+    forward_again = launch.bias_act_fwd_again
+    monkeypatch.setattr(launch, "bias_act_fwd_again", lambda *args: forwards.append(1) or forward_again(*args))
 
     def step(make_grad=torch.randn_like, x_shape=(7, 13)):
         w = (torch.randn(33, 13, device=device) / 13**0.5).requires_grad_(True)

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 import fuselab
-from fuselab.ops.rope_angles import rope_frequencies
+from fuselab.core.rope_math import rope_frequencies
 from fuselab.testing import assert_close
 
 SCALINGS = {

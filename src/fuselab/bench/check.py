@@ -22,7 +22,7 @@ from typing import Any
 
 import torch
 
-from fuselab.ops._launch import max_element_offset
+from fuselab.core.device import max_element_offset
 from fuselab.testing import rel_error, tolerance
 
 from .spec import BenchCase, Fn, OpSpec
