@@ -20,7 +20,7 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
     ("nn/cuda", ("fuselab.nn", "fuselab.cuda", "fuselab.hf")),
     ("bench/profile", ("fuselab.bench", "fuselab.profile")),
     ("dlrm", ("fuselab.dlrm",)),
-    ("cli", ("fuselab.cli",)),
+    ("cli", ("fuselab.cli", "fuselab.__main__")),
 ]
 
 #: known import loops being removed on another branch (the DLRM's CLI <-> trainer and the loader <-> parquet reader):

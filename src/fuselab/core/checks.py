@@ -38,3 +38,8 @@ def require_same_device(**tensors: torch.Tensor | None) -> torch.device:
             raise ValueError(f"{name} is on {dev} but {first_name} is on {first}; all tensors must share a device")
     return first
 
+
+def require_ndim(name: str, t: torch.Tensor, ndim: int, layout_hint: str) -> None:
+    """ValueError naming ``name`` unless ``t`` has ``ndim`` dims (``layout_hint`` shows the expected shape)."""
+    if t.dim() != ndim:
+        raise ValueError(f"{name} must have {ndim} dims {layout_hint}, got shape {tuple(t.shape)}")

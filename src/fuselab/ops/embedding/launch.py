@@ -11,7 +11,7 @@ from dataclasses import dataclass
 
 import torch
 
-from fuselab.ops._launch import INT32_MAX, cdiv, needs_int64, next_power_of_2
+from fuselab.core.device import INT32_MAX, cdiv, needs_int64, next_power_of_2
 from fuselab.reference.embedding import OPTIMIZERS, POOLINGS, momentum_shape
 
 from . import kernels
