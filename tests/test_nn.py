@@ -41,9 +41,9 @@ def test_fused_linear_matches_linear(backend, device, activation, dtype):
     g = torch.randn_like(y)
     y.backward(g)
     y64.backward(g.double())
-    assert_close(x.grad, x64.grad, dtype, "grad_x")
-    assert_close(layer.weight.grad, p["weight"].grad, dtype, "grad_weight")
-    assert_close(layer.bias.grad, p["bias"].grad, dtype, "grad_bias")
+    assert_close(x.grad, x64.grad, dtype, "grad_x", chained=True)
+    assert_close(layer.weight.grad, p["weight"].grad, dtype, "grad_weight", chained=True)
+    assert_close(layer.bias.grad, p["bias"].grad, dtype, "grad_bias", chained=True)
 
 
 def test_fused_linear_is_a_drop_in_for_linear(backend, device):
@@ -57,7 +57,7 @@ def test_fused_linear_is_a_drop_in_for_linear(backend, device):
     with torch.no_grad():  # inference: the epilogue runs in place on the matmul output
         assert_close(layer(x), expected, torch.float32, "loaded")
         assert_close(shared(x), expected, torch.float32, "shared")
-    assert_close(layer(x), expected, torch.float32, "with grad")
+    assert_close(layer(x), expected, torch.float32, "with grad", chained=True)
 
 
 def test_fused_linear_without_bias(backend, device):
@@ -70,7 +70,7 @@ def test_fused_linear_without_bias(backend, device):
     y64 = act_ref(x.double() @ w64.t(), "gelu")
     y64.sum().backward()
     assert_close(y, y64, torch.float32, "y")
-    assert_close(layer.weight.grad, w64.grad, torch.float32, "grad_weight")
+    assert_close(layer.weight.grad, w64.grad, torch.float32, "grad_weight", chained=True)
 
 
 #: grad_fn class name of fused_linear's eager training fast path
@@ -105,7 +105,7 @@ def _check_against_linear(x, w, b, activation, dtype, make_grad=torch.randn_like
         if t is None:
             continue
         if t.requires_grad:
-            assert_close(t.grad, t64.grad, dtype, f"grad_{name}")
+            assert_close(t.grad, t64.grad, dtype, f"grad_{name}", chained=True)
         else:
             assert t.grad is None, name
 
@@ -196,7 +196,7 @@ def test_fused_linear_fast_path_inplace_ops(triton_backend, device):
     y.mul_(2.0).sum().backward()
     w64 = w.detach().double().requires_grad_(True)
     (2.0 * act_ref(x.detach().double() @ w64.t(), "silu")).sum().backward()
-    assert_close(w.grad, w64.grad, torch.float32, "grad_weight")
+    assert_close(w.grad, w64.grad, torch.float32, "grad_weight", chained=True)
     with pytest.raises(RuntimeError, match="modified by an inplace operation"):  # relu saved its output
         fused_linear(x, w, None, "relu").mul_(2.0).sum().backward()
     x1 = x * 1.0
@@ -211,7 +211,7 @@ def test_fused_linear_fast_path_create_graph(triton_backend, device):
     x = torch.randn(7, 13, device=device, requires_grad=True)
     (gx,) = torch.autograd.grad(fused_linear(x, w, None, "gelu_tanh").sum(), x, create_graph=True)
     (gx_ref,) = torch.autograd.grad(act_ref(x.double() @ w.double().t(), "gelu_tanh").sum(), x)
-    assert_close(gx, gx_ref, torch.float32, "grad_x with create_graph")
+    assert_close(gx, gx_ref, torch.float32, "grad_x with create_graph", chained=True)
 
 
 def test_fused_linear_fallbacks_keep_the_custom_op_path(triton_backend, device):
@@ -258,14 +258,14 @@ def test_lora_linear_matches_formula(backend, device, freeze_base, dtype):
     g = torch.randn_like(y)
     y.backward(g)
     y64.backward(g.double())
-    assert_close(x.grad, x64.grad, dtype, "grad_x")
-    assert_close(lora.lora_A.grad, p["lora_A"].grad, dtype, "grad_A")
-    assert_close(lora.lora_B.grad, p["lora_B"].grad, dtype, "grad_B")
+    assert_close(x.grad, x64.grad, dtype, "grad_x", chained=True)
+    assert_close(lora.lora_A.grad, p["lora_A"].grad, dtype, "grad_A", chained=True)
+    assert_close(lora.lora_B.grad, p["lora_B"].grad, dtype, "grad_B", chained=True)
     if freeze_base:
         assert base.weight.grad is None and base.bias.grad is None
     else:
-        assert_close(base.weight.grad, p["base.weight"].grad, dtype, "grad_W")
-        assert_close(base.bias.grad, p["base.bias"].grad, dtype, "grad_b")
+        assert_close(base.weight.grad, p["base.weight"].grad, dtype, "grad_W", chained=True)
+        assert_close(base.bias.grad, p["base.bias"].grad, dtype, "grad_b", chained=True)
 
 
 def test_lora_linear_starts_as_base(backend, device):
@@ -317,11 +317,11 @@ def test_torch_compile_fullgraph_mlp(triton_backend, device):
     yc.square().sum().backward()
     for (name, p), (_, pc) in zip(model.named_parameters(), compiled_model.named_parameters()):
         if p.requires_grad:
-            assert_close(pc.grad, p.grad.double(), torch.float32, f"compiled grad {name}")
+            assert_close(pc.grad, p.grad.double(), torch.float32, f"compiled grad {name}", chained=True)
         else:
             assert pc.grad is None
     with torch.no_grad():  # the inference graph (in-place epilogue) compiles too
-        assert_close(compiled(x), model(x).double(), torch.float32, "compiled no-grad forward")
+        assert_close(compiled(x), model(x).double(), torch.float32, "compiled no-grad forward", chained=True)
     torch._dynamo.reset()
 
 
@@ -434,7 +434,7 @@ def test_fused_linear_cuda_backend_trains_like_auto_gpu():
         y.square().sum().backward()
         grads.append([p.grad.clone() for layer in layers for p in layer.parameters()])
     for g_auto, g_cuda in zip(*grads):
-        assert_close(g_cuda, g_auto.double(), torch.float32, "parameter grad")
+        assert_close(g_cuda, g_auto.double(), torch.float32, "parameter grad", chained=True)
 
 
 @pytest.mark.gpu

@@ -479,7 +479,7 @@ def test_gradients(triton_backend, device, dtype, op, dim, keepdim):
     out.backward(grad_out)
     ref.backward(grad_out.to(torch.float64))
     assert x.grad.dtype == dtype and x.grad.shape == x.shape
-    assert_close(x.grad, x64.grad, dtype=dtype, what="grad")
+    assert_close(x.grad, x64.grad, dtype=dtype, what="grad", chained=True)
 
 
 def test_gradcheck_float64(triton_backend, device):
@@ -512,7 +512,7 @@ def test_torch_compile_fullgraph(triton_backend, device):
     expected = f(x)
     expected.sum().backward()
     assert_close(out, expected.double(), what="compiled forward")
-    assert_close(grad, x.grad.double(), what="compiled grad")
+    assert_close(grad, x.grad.double(), what="compiled grad", chained=True)
 
 
 def test_custom_op_matches_eager_path(triton_backend, device):
