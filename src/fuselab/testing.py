@@ -127,12 +127,13 @@ def _report(what: str, err: torch.Tensor, allowed: torch.Tensor, out64: torch.Te
 
 
 def assert_close(out: torch.Tensor, ref: torch.Tensor, dtype: torch.dtype | None = None, what: str = "",
-                 chained: bool = False, atol: float | None = None, rtol: float | None = None) -> None:
+                 chained: bool = False, atol: float | torch.Tensor | None = None, rtol: float | None = None) -> None:
     """Assert every element of ``out`` is within ``atol + rtol * |ref|`` of ``ref`` (compared in float64).
 
     ``(atol, rtol)`` come from :data:`TOLERANCES` for ``dtype`` (default ``out.dtype``): the one-rounding entry,
     or with ``chained`` the several-roundings one (gradients, layer chains); passing ``atol`` or
-    ``rtol`` overrides that entry (for a bound a test derives itself). NaN and inf must sit at the same
+    ``rtol`` overrides that entry (for a bound a test derives itself; ``atol`` may be a tensor broadcastable to
+    ``ref``, e.g. a per-element accumulation bound of a reduction). NaN and inf must sit at the same
     positions in both (with the same sign for inf). The message names how many elements fail and the worst one:
     its index, value, reference and allowed error. Raises ``AssertionError`` on a shape mismatch,
     ``TypeError`` for a dtype without a table entry.
@@ -146,8 +147,13 @@ def assert_close(out: torch.Tensor, ref: torch.Tensor, dtype: torch.dtype | None
         return
     finite = _check_nonfinite(out64, ref64, what)
     err = torch.where(finite, (out64 - ref64).abs(), 0.0)
-    allowed = atol + rtol * ref64.abs().nan_to_num(0.0, 0.0, 0.0)
-    _report(what, err, allowed, out64, ref64, f"atol {atol:.1e} + rtol {rtol:.1e} * |ref|")
+    if isinstance(atol, torch.Tensor):
+        atol = atol.detach().to(device="cpu", dtype=torch.float64)
+        atol_text = f"atol <= {atol.max().item():.1e}"
+    else:
+        atol_text = f"atol {atol:.1e}"
+    allowed = (atol + rtol * ref64.abs().nan_to_num(0.0, 0.0, 0.0)).expand_as(ref64)
+    _report(what, err, allowed, out64, ref64, f"{atol_text} + rtol {rtol:.1e} * |ref|")
 
 
 def ulp(ref: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
