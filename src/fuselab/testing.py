@@ -167,15 +167,15 @@ def ulp(ref: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     mag = ref.detach().to(torch.float64).abs().nan_to_num(0.0, 0.0, 0.0)
     _, exp = torch.frexp(mag)  # mag = m * 2^exp with m in [0.5, 1)
     spacing = torch.ldexp(torch.ones_like(mag), (exp - 1 - mant).to(torch.int32))
-    return torch.clamp(spacing, min=tiny_spacing)
+    return torch.where(mag > 0, spacing, 0.0).clamp(min=tiny_spacing)
 
 
 def assert_ulp(out: torch.Tensor, ref64: torch.Tensor, max_ulp: float = 1.0, what: str = "",
-               dtype: torch.dtype | None = None) -> None:
+               dtype: torch.dtype | None = None, atol: float = 0.0) -> None:
     """Assert every element of ``out`` is within ``max_ulp`` spacings of ``dtype`` (default ``out.dtype``)
-    at ``|ref64|``. A result computed in higher precision and rounded to nearest once is within 0.5 ulp (plus
-    the tiny error of the fp32 arithmetic before the rounding); a truncating store is up to 1 ulp off.
-    Same non-finite rules and message as :func:`assert_close`."""
+    at ``|ref64|``, plus ``atol`` (the fp32 arithmetic's own error for results that cancel to near zero, where
+    a low-precision spacing is tiny). A result computed in higher precision and rounded to nearest once is within
+    0.5 ulp; a truncating store is up to 1 ulp off. Same non-finite rules and message as :func:`assert_close`."""
     what = what or "output"
     dtype = dtype or out.dtype
     out64, ref = _as64(out, ref64, what)
@@ -183,8 +183,8 @@ def assert_ulp(out: torch.Tensor, ref64: torch.Tensor, max_ulp: float = 1.0, wha
         return
     finite = _check_nonfinite(out64, ref, what)
     err = torch.where(finite, (out64 - ref).abs(), 0.0)
-    allowed = max_ulp * ulp(ref, dtype)
-    _report(what, err, allowed, out64, ref, f"{max_ulp} ulp of {dtype}")
+    allowed = max_ulp * ulp(ref, dtype) + atol
+    _report(what, err, allowed, out64, ref, f"{max_ulp} ulp of {dtype} + atol {atol:.1e}")
 
 
 def poison_(t: torch.Tensor) -> torch.Tensor:
