@@ -21,9 +21,9 @@ DEVICE = torch.device("cuda" if HAS_CUDA else "cpu")
 
 
 #: tests whose bf16 outputs are compared at the one-rounding tolerance: (op probed, test id prefix, id parts that
-#: all select the bf16 Triton cases; none: every case). Under the interpreter a kernel store that truncates (instead of rounding
-#: to nearest-even as the GPU does) puts outputs one bf16 step off; those cases are xfailed only while the probe
-#: below sees the op's kernel truncate, so they run (and must pass) as soon as the kernels round.
+#: all select the bf16 Triton cases; none: every case). Under the interpreter a kernel store that truncates
+#: (instead of rounding to nearest-even as the GPU does) puts outputs one bf16 step off; those cases are xfailed
+#: only while the probe below sees the op's kernel truncate, so they run (and must pass) once the kernels round.
 BF16_ROUNDED_TESTS: tuple[tuple[str, str, tuple[str, ...]], ...] = (
     ("bias_act", "tests/ops/test_bias_act.py::test_forward_backward[", ("triton-", "bfloat16")),
     ("bias_act", "tests/ops/test_bias_act.py::test_optional_operands[", ()),
