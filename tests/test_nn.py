@@ -235,7 +235,8 @@ def test_fused_linear_torch_backend_skips_fast_path(torch_backend, device):
 
 
 def _lora_reference(lora: LoRALinear, x: torch.Tensor, p: dict[str, torch.Tensor]) -> torch.Tensor:
-    h = x @ p["base.weight"].t() + p["base.bias"] + lora.scaling * (x @ p["lora_A"].t()) @ p["lora_B"].t()
+    scaling = lora.alpha / lora.rank  # the LoRA convention, not the module's own attribute
+    h = x @ p["base.weight"].t() + p["base.bias"] + scaling * (x @ p["lora_A"].t()) @ p["lora_B"].t()
     return act_ref(h, lora.activation)
 
 

@@ -215,6 +215,22 @@ def test_bias_act_bf16_one_rounding(backend, activation):
     assert_ulp(y, y64, 1.0, f"{activation} bf16 y", atol=2.0**-24 * 64)
 
 
+@pytest.mark.parametrize("activation", sorted(F_ACTIVATIONS))
+def test_bias_act_bias_only_vs_functional(backend, activation):
+    """Bias without residual: the backward rebuilds z = x + bias from the saved x (silu/gelu/gelu_tanh)."""
+    x, bias = torch.randn(6, 40), torch.randn(40)
+    leaves = [t.clone().requires_grad_(True) for t in (x, bias)]
+    y = fuselab.bias_act(leaves[0], leaves[1], activation=activation)
+    leaves64 = [t.double().requires_grad_(True) for t in (x, bias)]
+    y64 = F_ACTIVATIONS[activation](leaves64[0] + leaves64[1])
+    assert_close(y, y64, torch.float32, f"{activation} y")
+    g = torch.randn_like(y)
+    y.backward(g)
+    y64.backward(g.double())
+    for name, t, t64 in zip(("grad_x", "grad_bias"), leaves, leaves64):
+        assert_close(t.grad, t64.grad, torch.float32, f"{activation} {name}", chained=True)
+
+
 def test_bias_act_no_bias_no_residual_vs_functional(backend):
     x = torch.randn(3, 5, 17)
     for activation, fn in F_ACTIVATIONS.items():
@@ -235,7 +251,8 @@ def test_reduce_vs_torch(backend, op, dim, dtype):
         # fp32 accumulation of n terms of size <= |x|max: a random walk of n roundings
         acc = 4 * 2.0**-24 * math.sqrt(n) * n * float(x.double().abs().max()) / (n if op == "mean" else 1)
         assert got.dtype == dtype and got.shape == want.shape
-        assert_ulp(got, want, 1.0, f"{op}(dim={dim}, keepdim={keepdim})", atol=acc)
+        # the kernel rounds its fp32 total to nearest (also under the interpreter): half an ulp
+        assert_ulp(got, want, 0.5, f"{op}(dim={dim}, keepdim={keepdim})", atol=acc)
 
 
 @pytest.mark.parametrize("op", ["sum", "mean"])
