@@ -27,8 +27,9 @@ class Tolerance(NamedTuple):
 
 #: the one per-element tolerance table: dtype -> (one rounding, several roundings).
 #: "one rounding": a result computed in fp32 (or fp64) from the inputs and rounded once to the dtype is within
-#: half an ulp, <= u * |ref| with u the unit roundoff (2^-53, 2^-24, 2^-11, 2^-8): rtol is u (bf16) or 2u (the
-#: others, for the fp32 arithmetic before the rounding); atol covers results near zero that come from
+#: half an ulp, <= u * |ref| with u the unit roundoff (2^-53, 2^-24, 2^-11, 2^-8): rtol is u for bf16, 2u for
+#: fp16 (room for the fp32 arithmetic before the rounding), 16u for fp32 (a few fp32 operations and in-kernel
+#: exp/erf/cos/sin, each off by an ulp or two, before the result); atol covers results near zero that come from
 #: cancellation (a rotation, a sum of signed terms), whose error scales with the operands, not with the result.
 #: "several roundings": values that pass through a stored low-precision intermediate (gradients through a saved
 #: activation or pre-activation, a chain of layers, a second rounding of a rounded result): a few u of the
