@@ -117,9 +117,10 @@ def itertools_accumulate(xs):
 @given(call=rope_calls(), seed=st.integers(0, 2**16))
 def test_fuzz_apply_rope(triton_backend, call, seed):
     q, k, cos, sin, kw, rows = call
-    # each example starts without apply_rope's eager call caches: with them kept across this file's mixed calls,
-    # a later call got wrong q gradients (and once a segfault under the interpreter); fresh caches pass. Known
-    # bug in the cached relaunch path (see the issue-28 report), not exercised here until it is fixed.
+    # each example starts without apply_rope's eager caches. Kept across this file's mixed calls, the prepared
+    # backward launches (rope._PREPARED) give wrong q gradients and crash the interpreter (memory corruption);
+    # clearing only _PREPARED passes. A bug in the backward relaunch path, reported with issue 28: remove these
+    # two lines once it is fixed.
     rope_mod._CALLS.clear()
     rope_mod._PREPARED.clear()
     qq, kk = leaf(q), leaf(k)
