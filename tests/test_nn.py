@@ -14,7 +14,7 @@ from torch import nn
 import fuselab
 from fuselab.nn import FusedLinear, LoRALinear, _FusedLinearFunction, fused_linear
 from fuselab.reference.bias_act import activation as act_ref
-from fuselab.testing import assert_close, tolerances
+from fuselab.testing import assert_close
 
 
 @pytest.fixture(params=["triton", "torch"])
@@ -243,8 +243,8 @@ def _lora_reference(lora: LoRALinear, x: torch.Tensor, p: dict[str, torch.Tensor
 def _assert_summed_grad(got: torch.Tensor, ref: torch.Tensor, dtype: torch.dtype, what: str) -> None:
     """A weight gradient sums products of rounded low-rank intermediates over all tokens, with cancellation: its
     error scales with the largest element (the operands' size), not with each (possibly cancelled) element."""
-    atol = tolerances(dtype, chained=True).rtol * ref.abs().max().item()
-    assert_close(got, ref, dtype, what, chained=True, atol=max(atol, tolerances(dtype, chained=True).atol))
+    tol = fuselab.testing.tolerances(dtype, chained=True)
+    assert_close(got, ref, dtype, what, chained=True, atol=max(tol.rtol * ref.abs().max().item(), tol.atol))
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])

@@ -13,7 +13,7 @@ from fuselab.bench.check import check
 from fuselab.bench.spec import CaseQuery
 from fuselab.ops import _reduce_plan as planner
 from fuselab.ops import _reduce_triton as kernels
-from fuselab.testing import assert_close, tolerances
+from fuselab.testing import assert_close
 
 OPS = {"sum": (fuselab.sum, torch.sum), "mean": (fuselab.mean, torch.mean)}
 DTYPES = (torch.float32, torch.bfloat16, torch.float16)
@@ -45,7 +45,7 @@ def _check(x: torch.Tensor, dim, keepdim: bool, op: str, dtype: torch.dtype | No
     ref = _expected(x, dim, keepdim, op)
     assert out.dtype == (dtype or x.dtype)
     assert out.shape == ref.shape
-    atol = tolerances(out.dtype).atol + accumulation_bound(x, dim, keepdim, op)
+    atol = fuselab.testing.tolerances(out.dtype).atol + accumulation_bound(x, dim, keepdim, op)
     assert_close(out, ref, dtype=out.dtype, what=f"{op}(shape={tuple(x.shape)}, dim={dim}, keepdim={keepdim})",
                  atol=atol)
     return out
