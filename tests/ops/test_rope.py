@@ -151,8 +151,8 @@ def test_inplace_autograd(triton_backend, device):
         (qo * torch.arange(qo.numel(), device=device).reshape(qo.shape)).sum().backward(retain_graph=True)
         (ko * 3).sum().backward()
         grads.append((ql.grad, kl.grad))
-    assert_close(grads[0][0], grads[1][0], torch.float32, "grad q (in place)")
-    assert_close(grads[0][1], grads[1][1], torch.float32, "grad k (in place)")
+    assert_close(grads[0][0], grads[1][0], torch.float32, "grad q (in place)", chained=True)
+    assert_close(grads[0][1], grads[1][1], torch.float32, "grad k (in place)", chained=True)
 
 
 def test_prepared_backward(triton_backend, poisoned, device, monkeypatch):
@@ -176,8 +176,8 @@ def test_prepared_backward(triton_backend, poisoned, device, monkeypatch):
     qr, kr = ref.apply_rope(q64, k64, cos.double(), sin.double())
     torch.autograd.backward([qr, kr], [gq.double(), torch.ones_like(kr)])
     assert len(calls) == before
-    assert_close(q.grad, q64.grad, torch.float32, "grad q (strided upstream gradient)")
-    assert_close(k.grad, k64.grad, torch.float32, "grad k")
+    assert_close(q.grad, q64.grad, torch.float32, "grad q (strided upstream gradient)", chained=True)
+    assert_close(k.grad, k64.grad, torch.float32, "grad k", chained=True)
     for _ in range(2):  # each gradient layout keeps its own launch: the strided one did not replace this one's
         check(make("bshd", 2, 9, 3, 24, device=device), make("bshd", 2, 9, 1, 24, device=device), cos, sin)
     assert len(calls) == before + 2
