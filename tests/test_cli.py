@@ -27,6 +27,7 @@ cpu_only = pytest.mark.skipif(torch.cuda.is_available(), reason="checks the CLI'
 
 @cpu_only
 @pytest.mark.timeout(60)
+@pytest.mark.filterwarnings(r"ignore:`torch\.jit\.script(_method)?` is deprecated:DeprecationWarning")  # the peer
 def test_bench_quick_on_cpu(tmp_path: Path, capsys):
     code, out, _ = run_cli(["bench", "square", "gelu_tanh", "--quick", "--out", str(tmp_path), "--plot"], capsys)
     assert code == 0
@@ -99,7 +100,7 @@ def test_cli_defaults_match_api():
     args = build_parser().parse_args(["bench"])
     opts = options_from_args(args, ["bench"])
     defaults = BenchOptions()
-    for name in ("ops", "providers", "dtypes", "modes", "quick", "out", "plot", "l2_cold", "cuda_graph"):
+    for name in ("ops", "providers", "dtypes", "modes", "quick", "out", "plot", "l2_cold", "cuda_graph", "wide"):
         assert getattr(opts, name) == getattr(defaults, name), name
     assert opts.out_dir() == default_out_dir() == Path("benchmarks/results") / default_out_dir().name
 

@@ -70,7 +70,7 @@ def options_from_args(args: argparse.Namespace, argv: Sequence[str]) -> BenchOpt
     return BenchOptions(
         ops=tuple(args.ops), providers=_names(args.providers), dtypes=_names(args.dtype), modes=_names(args.mode),
         quick=args.quick, out=Path(args.out) if args.out else None, plot=args.plot, l2_cold=args.l2_cold,
-        cuda_graph=args.cuda_graph, stream=args.stream, command="fuselab " + " ".join(argv),
+        cuda_graph=args.cuda_graph, stream=args.stream, wide=args.wide, command="fuselab " + " ".join(argv),
     )
 
 
@@ -86,17 +86,21 @@ def cmd_bench(args: argparse.Namespace) -> int:
 
 
 def cmd_compare(args: argparse.Namespace) -> int:
-    from fuselab.bench.compare import compare_files, compare_table
+    from fuselab.bench.compare import compare_files, compare_table, warnings
 
     try:
-        a, b, rows = compare_files(Path(args.a), Path(args.b), args.threshold)
+        a, b, rows = compare_files(Path(args.a), Path(args.b), args.threshold, args.any_device)
     except ValueError as e:
         raise CliError(str(e)) from e
     console = _console()
     console.print(compare_table(a, b, rows, args.threshold, args.a, args.b))
     regressions = sum(r.is_regression for r in rows)
     improvements = sum(r.verdict == "improvement" for r in rows)
-    console.print(f"{regressions} regression(s), {improvements} improvement(s) over {len(rows)} result(s)")
+    noise = sum(r.verdict == "within noise" or r.verdict.endswith("(noisy)") for r in rows)
+    console.print(f"{regressions} regression(s), {improvements} improvement(s), {noise} difference(s) within "
+                  f"noise or between noisy timings over {len(rows)} result(s)")
+    for line in warnings(a, b, rows):
+        print(line, file=sys.stderr)
     return 1 if regressions and args.fail_on_regression else 0
 
 
@@ -108,7 +112,7 @@ def cmd_profile(args: argparse.Namespace) -> int:
         res = profile_case(args.op, args.provider, shape=args.shape, dtype=args.dtype, mode=args.mode,
                            steps=args.steps, trace=Path(args.trace) if args.trace else None,
                            out_dir=Path(args.out) if args.out else None)
-    except ValueError as e:
+    except (ValueError, OSError) as e:
         raise CliError(str(e)) from e
     except RuntimeError as e:
         print(f"fuselab profile: {e}", file=sys.stderr)
@@ -146,8 +150,14 @@ def _bench_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--dtype", nargs="+", choices=list(DTYPES), help="dtypes (default: each op's defaults)")
     p.add_argument("--mode", nargs="+", choices=list(MODES), help="modes (default: each op's defaults)")
     p.add_argument("--quick", action="store_true", default=_DEFAULTS.quick, help="one or two sizes per op")
-    p.add_argument("--out", metavar="DIR", help="output folder (default: benchmarks/results/<device>)")
+    p.add_argument("--out", metavar="DIR",
+                   help="output folder of <op>.json, <op>.csv (and PNGs with --plot); default: "
+                        "./benchmarks/results/<device> under the current folder, e.g. "
+                        "./benchmarks/results/cpu")
     p.add_argument("--plot", action="store_true", default=_DEFAULTS.plot, help="also write PNG plots")
+    p.add_argument("--wide", action="store_true", default=_DEFAULTS.wide,
+                   help="print every column (spread, %% stream, TFLOP/s, vs compile, error, memory); the default "
+                        "table fits 100 terminal columns, the JSON/CSV files hold every figure")
     p.add_argument("--l2-cold", action="store_true", default=_DEFAULTS.l2_cold,
                    help="time small cases over rotating input sets (> 2x L2) (GPU)")
     p.add_argument("--cuda-graph", action="store_true", default=_DEFAULTS.cuda_graph,
@@ -160,12 +170,16 @@ def _bench_parser(sub: argparse._SubParsersAction) -> None:
 
 def _compare_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="fuselab bench compare",
-                                description="Show two result JSONs side by side and mark regressions.")
+                                description="Show two result JSONs side by side and mark regressions: slower by more "
+                                            "than the threshold and outside the p20-p80 spread of both runs. Runs "
+                                            "of different devices, timers or timing options are refused.")
     p.add_argument("a", metavar="A.json")
     p.add_argument("b", metavar="B.json")
     p.add_argument("--threshold", type=float, default=COMPARE_THRESHOLD,
                    help=f"relative slow-down that counts as a regression (default {COMPARE_THRESHOLD})")
     p.add_argument("--fail-on-regression", action="store_true", help="exit 1 when any regression is found")
+    p.add_argument("--any-device", action="store_true",
+                   help="compare runs of different devices, timers or timing options anyway (with a warning)")
     p.set_defaults(func=cmd_compare)
     return p
 
@@ -197,7 +211,10 @@ def _dlrm_parser(sub: argparse._SubParsersAction) -> None:
 
 
 def build_parser() -> argparse.ArgumentParser:
+    from fuselab import __version__
+
     parser = argparse.ArgumentParser(prog="fuselab", description="Fused GPU kernels and the lab that proves them.")
+    parser.add_argument("--version", action="version", version=f"fuselab {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="{env,bench,profile,dlrm}")
     sub.required = True
     env = sub.add_parser("env", help="device, driver, versions, Triton mode, measured copy bandwidth")

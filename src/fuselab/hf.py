@@ -11,8 +11,8 @@ from __future__ import annotations
 import torch
 
 from fuselab.backend import use_triton
-from fuselab.ops._validate import require_float, require_same_device
-from fuselab.ops.rope import run_rope
+from fuselab.core.checks import require_float, require_same_device
+from fuselab.ops.rope.op import run_rope
 from fuselab.reference import rope as _ref
 
 

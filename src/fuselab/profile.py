@@ -6,7 +6,10 @@ kernel per operator, ``torch.compile`` one in all), the host time per call and t
 per call. On a machine without a GPU it prints the CPU op table instead (top-level ATen ops and
 compiled-graph calls, CPU time), labelled as such. ``trace`` writes a Chrome trace (chrome://tracing, ui.perfetto.dev).
 For ``torch.compile`` providers the Python module Inductor generated (Triton kernels on GPU,
-C++ on CPU) is copied next to the trace / into ``out_dir`` and its fused kernels are listed.
+C++ on CPU) is copied next to the trace / into ``out_dir`` and its fused kernels are listed. The trace file and
+``out_dir`` are checked for writing before anything runs (:class:`fuselab._io.PathError`, a ``ValueError`` naming
+the path); files are written atomically. Kineto's ``USDT: ... profiler_start/profiler_stop`` lines, which it
+writes to stderr at every profile, are dropped (other stderr output of the profiled window is passed on).
 
 :func:`kernel_table` and :func:`render_kernel_table` are reusable (the DLRM trainer uses them).
 """
@@ -14,8 +17,10 @@ C++ on CPU) is copied next to the trace / into ``out_dir`` and its fused kernels
 from __future__ import annotations
 
 import contextlib
+import os
 import re
-import shutil
+import sys
+import tempfile
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -24,6 +29,8 @@ from typing import Any
 
 import torch
 from rich.table import Table
+
+from fuselab._io import PathError, atomic_write_text, writable_dir, writable_file
 
 STEP_RANGE = "fuselab::step"
 
@@ -154,7 +161,7 @@ def profile_fn(step: Callable[[], Any], steps: int = 10, warmup: int = 3,
         step()
     sync()
     activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])
-    with profile(activities=activities) as prof:
+    with drop_stderr_lines(KINETO_NOISE), profile(activities=activities) as prof:
         t0 = time.perf_counter()
         for _ in range(steps):
             with record_function(STEP_RANGE):
@@ -162,9 +169,62 @@ def profile_fn(step: Callable[[], Any], steps: int = 10, warmup: int = 3,
         sync()
         wall = (time.perf_counter() - t0) * 1e6 / steps
     if trace is not None:
-        trace.parent.mkdir(parents=True, exist_ok=True)
-        prof.export_chrome_trace(str(trace))
+        export_trace(prof, trace)
     return prof, wall
+
+
+#: stderr lines kineto prints at every profiler start and stop, whatever KINETO_LOG_LEVEL says
+KINETO_NOISE = ("USDT:",)
+
+
+@contextlib.contextmanager
+def drop_stderr_lines(prefixes: tuple[str, ...]):
+    """Run the block with file descriptor 2 sent to a temporary file, then pass its lines on to stderr, except
+    those starting with one of ``prefixes`` (C++ libraries write to the descriptor, not to ``sys.stderr``)."""
+    try:
+        fd = sys.stderr.fileno()
+    except (AttributeError, OSError, ValueError):  # stderr replaced (pytest's capsys): nothing to filter
+        yield
+        return
+    sys.stderr.flush()
+    saved = os.dup(fd)
+    with tempfile.TemporaryFile() as sink:
+        os.dup2(sink.fileno(), fd)
+        try:
+            yield
+        finally:
+            sys.stderr.flush()
+            os.dup2(saved, fd)
+            os.close(saved)
+            sink.seek(0)
+            kept = [line for line in sink.read().decode("utf-8", "replace").splitlines(keepends=True)
+                    if not line.startswith(prefixes)]
+            if kept:
+                sys.stderr.write("".join(kept))
+                sys.stderr.flush()
+
+
+def export_trace(prof: torch.profiler.profile, trace: Path) -> Path:
+    """Write ``prof``'s Chrome trace to ``trace`` atomically (a temporary file beside it, then a rename), with the
+    usual permissions; :class:`PathError` naming the file when it cannot be written."""
+    trace = Path(trace)
+    try:
+        fd, tmp = tempfile.mkstemp(dir=trace.parent, prefix=f".{trace.name}.", suffix=".tmp")
+        os.close(fd)
+    except OSError as err:
+        raise PathError(f"cannot write trace file {trace}: {err.strerror or err}") from None
+    try:
+        prof.export_chrome_trace(tmp)
+        mask = os.umask(0)
+        os.umask(mask)
+        os.chmod(tmp, 0o666 & ~mask)
+        os.replace(tmp, trace)
+    except OSError as err:
+        raise PathError(f"cannot write trace file {trace}: {err.strerror or err}") from None
+    finally:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+    return trace
 
 
 def host_us_per_call(prof: torch.profiler.profile) -> float:
@@ -180,8 +240,9 @@ def profile_case(op: str, provider: str, shape: str | None = None, dtype: str = 
                  steps: int = 10, trace: Path | None = None, out_dir: Path | None = None) -> ProfileResult:
     """Profile one op × provider × case (``shape`` = a case label; None: the first quick case).
 
-    Raises ``ValueError`` for an unknown op, provider, dtype, mode or shape (listing valid ones),
-    and ``RuntimeError`` when the provider cannot run here (not installed, CUDA-only, skipped)."""
+    Raises ``ValueError`` for an unknown op, provider, dtype, mode or shape (listing valid ones) and
+    :class:`PathError` (a ``ValueError``) when ``trace`` or ``out_dir`` cannot be written, both before anything
+    runs, and ``RuntimeError`` when the provider cannot run here (not installed, CUDA-only, skipped)."""
     from fuselab.backend import forced
     from fuselab.bench.check import prepare_args
     from fuselab.bench.options import BenchOptions
@@ -191,6 +252,10 @@ def profile_case(op: str, provider: str, shape: str | None = None, dtype: str = 
     if steps < 1:
         raise ValueError(f"steps must be >= 1, got {steps}")
     validate(BenchOptions(ops=(op,), providers=(provider,), dtypes=(dtype,), modes=(mode,)))
+    if trace is not None:
+        trace = writable_file(trace, "trace file")
+    if out_dir is not None:
+        out_dir = writable_dir(out_dir, "output folder")
     spec = get_spec(op)
     prov = spec.provider(provider)
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
@@ -224,10 +289,8 @@ def profile_case(op: str, provider: str, shape: str | None = None, dtype: str = 
         source = Path(module.__file__).read_text()
         result.fused += fused_kernels(source)
         if target is not None:
-            target.mkdir(parents=True, exist_ok=True)
             dest = target / f"{op}_{_safe(provider)}_{_safe(case.label)}_inductor_{i}.py"
-            shutil.copyfile(module.__file__, dest)
-            result.inductor_sources.append(dest)
+            result.inductor_sources.append(atomic_write_text(dest, source, "Inductor source file"))
     return result
 
 

@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 from pathlib import Path
 
 import pytest
 
+from fuselab._io import PathError, json_safe
 from fuselab.bench import results as R
 from fuselab.bench.ceilings import Ceilings
 from fuselab.bench.compare import compare, compare_files
@@ -31,7 +33,13 @@ def test_json_round_trip(tmp_path: Path):
     paths = R.save(run, tmp_path)
     assert [p.name for p in paths] == ["op.json", "op.csv"]
     back = R.load(tmp_path / "op.json")
-    assert back.to_dict() == run.to_dict()
+    assert back.to_dict() == json_safe(run.to_dict())  # strict JSON: the infinite error is written as null
+    assert back.results[2].rel_error is None
+    json.loads((tmp_path / "op.json").read_text(), parse_constant=_reject)  # no NaN/Infinity tokens
+    mask = os.umask(0)
+    os.umask(mask)
+    for path in paths:
+        assert path.stat().st_mode & 0o777 == 0o666 & ~mask, path  # the usual permissions, not mkstemp's 0600
     assert back.results[1].speedup_vs_baseline == pytest.approx(2.0)
     assert back.ceilings.copy_agreement == pytest.approx(50 / 48)
     csv_lines = (tmp_path / "op.csv").read_text().splitlines()
@@ -39,15 +47,19 @@ def test_json_round_trip(tmp_path: Path):
     assert not [p for p in tmp_path.iterdir() if p.name.startswith(".")]  # no temp files left
 
 
+def _reject(token: str):
+    raise AssertionError(f"invalid JSON token {token}")
+
+
 def test_atomic_write_keeps_old_file_on_failure(tmp_path: Path, monkeypatch):
     target = tmp_path / "op.json"
     R.write_atomic(target, b"old")
 
     def fail(src, dst):
-        raise OSError("disk full")
+        raise OSError(errno.ENOSPC, "No space left on device")
 
     monkeypatch.setattr(os, "replace", fail)
-    with pytest.raises(OSError, match="disk full"):
+    with pytest.raises(PathError, match=f"cannot write result file {target}: No space left on device"):
         R.write_atomic(target, b"new half-written")
     assert target.read_bytes() == b"old"
     assert [p.name for p in tmp_path.iterdir()] == ["op.json"]
@@ -56,7 +68,7 @@ def test_atomic_write_keeps_old_file_on_failure(tmp_path: Path, monkeypatch):
 def test_unwritable_out_dir_is_a_clear_error(tmp_path: Path):
     blocker = tmp_path / "file.txt"
     blocker.write_text("x")
-    with pytest.raises(OSError, match="not writable"):
+    with pytest.raises(PathError, match=f"output folder {blocker / 'results'} is not writable"):
         R.check_writable(blocker / "results")
 
 

@@ -12,7 +12,7 @@ from fuselab.bench.runner import run_spec
 from fuselab.bench.spec import BenchCase
 from fuselab.bench.suites import get_spec
 from fuselab.bench.timing import TimingJob, TimingStats
-from fuselab.ops._launch import sm_count
+from fuselab.core.device import sm_count
 
 from . import toy
 from .test_harness import CEILINGS, FakeTimer

@@ -85,7 +85,7 @@ def install(monkeypatch) -> None:
     monkeypatch.setitem(sys.modules, "fuselab.ops.interaction", interaction)
 
 
-@pytest.fixture(params=["stand-in", pytest.param("kernels", marks=pytest.mark.slow)])
+@pytest.fixture(params=["stand-in", "kernels"])
 def fuselab_ops(request, monkeypatch) -> str:
     """Runs a test with the stand-ins above, then with fuselab's real ops (skipped until they exist)."""
     if request.param == "stand-in":

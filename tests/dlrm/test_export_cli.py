@@ -56,6 +56,7 @@ def test_cli_synth_train_export_info(tmp_path, capsys):
     assert "loader alone" in capsys.readouterr().out
     assert main(["export", "--checkpoint", str(ckpt), "--onnx", str(onnx)]) == 0
     assert onnx.is_file()
+    assert not [p.name for p in tmp_path.iterdir() if p.name.startswith(".")]  # the staging folder is gone
 
     # onnxruntime vs PyTorch on raw ids (the graph applies the modulus itself), batch size != export's
     import onnxruntime as ort

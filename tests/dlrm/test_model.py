@@ -126,7 +126,7 @@ def test_cat_interaction_and_over_arch():
 def test_dlrm_from_presets_forward_backward(preset):
     cfg = load_config(preset)
     sizes = [3, 50, 1, 7] + [2] * 22
-    model = DLRM.from_config(cfg, sizes)
+    model = DLRM.from_config(cfg, sizes, kernels="torch")
     dense = torch.rand(4, 13)
     sparse = torch.stack([torch.randint(0, n, (4,)) for n in sizes], dim=1)
     logits = model(dense, sparse)
@@ -193,6 +193,10 @@ def test_mlp_implementations_start_from_the_same_function():
 def test_dlrm_rejects_bad_options():
     with pytest.raises(ValueError, match="kernels"):
         DLRM(SIZES, 4, [8, 4], [6, 1], kernels="auto")
+    with pytest.raises(ValueError, match="kernels"):  # the caller resolves "auto" for its device
+        DLRM.from_config(load_config("tiny"), SIZES, kernels="auto")
+    with pytest.raises(ValueError, match="pad_to"):
+        DLRM(SIZES, 4, [8, 4], [6, 1], pad_to=0)
     with pytest.raises(ValueError, match="optimizer"):
         DLRM(SIZES, 4, [8, 4], [6, 1], optimizer="adam")
     with pytest.raises(ValueError, match="mlp"):

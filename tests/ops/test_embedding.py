@@ -22,8 +22,9 @@ from fuselab.ops.embedding import (
 )
 from fuselab.reference import embedding as ref
 
-#: small blocks: a batch of a few hundred ids spans many chunks, and runs of one row cross several of them
-SMALL = EmbeddingConfig(lookup_elements=64, update_rows=16, rows_block=64, carry_chunks=2, num_warps=1)
+#: small blocks: a batch of a few hundred ids spans many chunks (8-16 positions at the tests' dims), and runs of one
+#: row cross several of them (the carry kernel adds 1-2 chunks per step)
+SMALL = EmbeddingConfig(lookup_elements=64, update_elements=64, rows_block=64, carry_elements=8, num_warps=1)
 SIZES = [1, 3, 40, 7, 1000]  # tiny tables: many duplicates (every id of table 0 is row 0)
 OPTIMIZERS = ref.OPTIMIZERS
 ATOL, RTOL = 2e-6, 1e-5
@@ -190,7 +191,7 @@ def test_fused_update(backend, device, optimizer, layout):
 
 
 def test_update_long_runs_cross_many_chunks(triton_backend, device):
-    """One row takes 300 positions: its run crosses ~19 chunks of 16, summed by the carry kernel in steps of 2."""
+    """One row takes 150 positions: its run crosses ~10 chunks of 16, summed by the carry kernel in steps of 2."""
     sizes, dim, batch = [1, 2], 4, 150
     gen = torch.Generator().manual_seed(6)
     w = torch.randn(3, dim, generator=gen)
@@ -395,10 +396,12 @@ def test_module_errors(kw, match):
 
 
 def test_config_errors():
-    with pytest.raises(ValueError, match="update_rows"):
-        EmbeddingConfig(update_rows=12)
+    with pytest.raises(ValueError, match="update_elements"):
+        EmbeddingConfig(update_elements=12)
     with pytest.raises(TypeError, match="config"):
-        embedding_bag_lookup(*_valid(), config={"update_rows": 16})
+        embedding_bag_lookup(*_valid(), config={"update_elements": 16})
+    assert launch.plan(16) == launch.Plan(block_d=16, lookup_rows=256, update_rows=128, carry_chunks=64)
+    assert launch.plan(100).update_rows == 16 and launch.plan(100).block_d == 128
 
 
 # ---------------------------------------------------------------------------------------------- torch.library
@@ -557,3 +560,79 @@ def test_state_dict_round_trip(backend, device):
     for m in (a, b):
         m(ids).sum().backward()
     assert torch.equal(a.weight, b.weight) and torch.equal(a.momentum, b.momentum)
+
+
+@pytest.mark.parametrize("optimizer", ["sgd", "adagrad"])
+def test_matches_torch_optim_on_sparse_gradients(backend, device, optimizer):
+    """Two steps of the module equal F.embedding(sparse=True) + torch.optim.SGD / Adagrad (the DLRM's torch path)."""
+    sizes, dim, batch, lr, eps = [2, 30, 500], 8, 32, 0.05, 1e-10
+    gen = torch.Generator().manual_seed(13)
+    m = EmbeddingBagCollection(sizes, dim, optimizer=optimizer, lr=lr, eps=eps, device=device,
+                               generator=torch.Generator().manual_seed(4), config=SMALL)
+    weight = torch.nn.Parameter(m.weight.detach().cpu().clone())
+    opt = (torch.optim.SGD([weight], lr=lr) if optimizer == "sgd"
+           else torch.optim.Adagrad([weight], lr=lr, eps=eps))
+    starts = torch.tensor(_starts(sizes))
+    for _ in range(2):
+        ids = torch.randint(0, 10**6, (batch, len(sizes)), generator=gen)
+        upstream = torch.randn(batch, len(sizes), dim, generator=gen)
+        (m(ids.to(device)) * upstream.to(device)).sum().backward()
+        rows = ids % torch.tensor(sizes) + starts
+        opt.zero_grad()
+        (torch.nn.functional.embedding(rows, weight, sparse=True) * upstream).sum().backward()
+        opt.step()
+    torch.testing.assert_close(m.weight.cpu(), weight.detach(), atol=1e-6, rtol=1e-5)
+    if optimizer == "adagrad":
+        torch.testing.assert_close(m.momentum.cpu(), opt.state[weight]["sum"], atol=1e-6, rtol=1e-5)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("optimizer", OPTIMIZERS)
+def test_kaggle_scale_update(device, optimizer):
+    """Kaggle tables (33.8M rows), B=65536 power-law ids (runs of ~20k positions in the 3-row table cross ~170
+    chunks): lookup and fused update vs the float64 reference, every touched row per element."""
+    from fuselab.bench.suites import embedding as suite
+
+    sizes, dim, batch = suite.KAGGLE_CARDINALITIES, 16, 65536
+    ids = suite.power_law_ids(batch, sizes).to(device)
+    table_sizes, row_offsets = _meta(list(sizes), device)
+    gen = torch.Generator(device=device).manual_seed(0)
+    w = torch.rand(sum(sizes), dim, device=device, generator=gen) - 0.5
+    state = torch.rand(ref.momentum_shape(optimizer, w.shape[0], dim), device=device, generator=gen)
+    grad = torch.randn(batch, len(sizes), dim, device=device, generator=gen)
+    lr = torch.tensor(0.01, device=device)
+    rows = torch.unique(ref.position_grads(grad, ids, table_sizes, row_offsets, None, "sum")[0])
+    expect_out = ref.lookup(w.double(), ids, table_sizes, row_offsets)
+    out = embedding_bag_lookup(w, ids, table_sizes, row_offsets)
+    assert torch.equal(out.double(), expect_out)
+    full64 = w.double()
+    state64 = state.double()
+    ref.sparse_update_(full64, state64, lr.double(), grad.double(), ids, table_sizes, row_offsets,
+                       optimizer=optimizer)
+    embedding_bag_update_(w, state, lr, grad, ids, table_sizes, row_offsets, optimizer=optimizer)
+    torch.testing.assert_close(w[rows].double(), full64[rows], atol=ATOL, rtol=RTOL)
+    if optimizer != "sgd":
+        torch.testing.assert_close(state[rows].double(), state64[rows], atol=ATOL, rtol=RTOL)
+
+
+def test_strided_offsets_and_grad(backend, device):
+    """Strided offsets, table metadata and output gradient give the same results as contiguous ones."""
+    sizes, dim, batch = [3, 40], 4, 7
+    gen = torch.Generator().manual_seed(14)
+    ids, offsets = _bags(batch, len(sizes), 3, gen, device)
+    table_sizes, row_offsets = _meta(sizes, device)
+    strided = [torch.stack([t, t], dim=1)[:, 0] for t in (offsets, table_sizes, row_offsets)]
+    assert not strided[0].is_contiguous()
+    w = torch.randn(sum(sizes), dim, generator=gen).to(device)
+    grad = torch.randn(dim, len(sizes), batch, generator=gen).to(device).permute(2, 1, 0)  # (B, F, D), D stride B*F
+    expect = embedding_bag_lookup(w, ids, table_sizes, row_offsets, offsets, pooling="mean", config=SMALL)
+    out = embedding_bag_lookup(w, ids, strided[1], strided[2], strided[0], pooling="mean", config=SMALL)
+    assert torch.equal(out, expect)
+    results = []
+    cases = (((table_sizes, row_offsets, offsets), grad.contiguous()), ((strided[1], strided[2], strided[0]), grad))
+    for args, g in cases:
+        w2, s2 = w.clone(), torch.zeros(w.shape[0], device=device)
+        embedding_bag_update_(w2, s2, torch.tensor(0.1, device=device), g, ids, *args, pooling="mean", config=SMALL)
+        results.append((w2, s2))
+    assert torch.equal(results[0][0], results[1][0]) and torch.equal(results[0][1], results[1][1])
+    assert not torch.equal(results[0][0], w)

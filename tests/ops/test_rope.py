@@ -6,8 +6,9 @@ import pytest
 import torch
 
 import fuselab
-from fuselab.ops import _launch, rope_kernel
-from fuselab.ops import rope as rope_mod
+from fuselab.core import device as device_facts
+from fuselab.ops.rope import launch as rope_kernel
+from fuselab.ops.rope import op as rope_mod
 from fuselab.reference import rope as ref
 from fuselab.testing import assert_close, poison_
 
@@ -150,8 +151,8 @@ def test_inplace_autograd(triton_backend, device):
         (qo * torch.arange(qo.numel(), device=device).reshape(qo.shape)).sum().backward(retain_graph=True)
         (ko * 3).sum().backward()
         grads.append((ql.grad, kl.grad))
-    assert_close(grads[0][0], grads[1][0], torch.float32, "grad q (in place)")
-    assert_close(grads[0][1], grads[1][1], torch.float32, "grad k (in place)")
+    assert_close(grads[0][0], grads[1][0], torch.float32, "grad q (in place)", chained=True)
+    assert_close(grads[0][1], grads[1][1], torch.float32, "grad k (in place)", chained=True)
 
 
 def test_prepared_backward(triton_backend, poisoned, device, monkeypatch):
@@ -175,11 +176,11 @@ def test_prepared_backward(triton_backend, poisoned, device, monkeypatch):
     qr, kr = ref.apply_rope(q64, k64, cos.double(), sin.double())
     torch.autograd.backward([qr, kr], [gq.double(), torch.ones_like(kr)])
     assert len(calls) == before
-    assert_close(q.grad, q64.grad, torch.float32, "grad q (strided upstream gradient)")
-    assert_close(k.grad, k64.grad, torch.float32, "grad k")
-    for _ in range(2):  # the strided backward prepared its own layout: the next one prepares this one again
+    assert_close(q.grad, q64.grad, torch.float32, "grad q (strided upstream gradient)", chained=True)
+    assert_close(k.grad, k64.grad, torch.float32, "grad k", chained=True)
+    for _ in range(2):  # each gradient layout keeps its own launch: the strided one did not replace this one's
         check(make("bshd", 2, 9, 3, 24, device=device), make("bshd", 2, 9, 1, 24, device=device), cos, sin)
-    assert len(calls) == before + 1
+    assert len(calls) == before + 2
 
 
 @pytest.mark.parametrize("inplace", [False, True])
@@ -188,8 +189,7 @@ def test_prepared_forward(triton_backend, poisoned, device, monkeypatch, tables,
     """Repeated eager calls of one layout (decoding: int offsets that change every step) repeat the launch an
     earlier checked call kept, with or without autograd; all match float64. Another stride, another offset class
     or an offset past the table's end takes the general path, which checks and raises as before."""
-    monkeypatch.setattr(rope_mod, "_CALLS", {})  # launches kept by earlier tests
-    monkeypatch.setattr(rope_mod, "_PREPARED", {})
+    fuselab.ops.clear()  # launches kept by earlier tests
     calls = []
     relaunch = rope_mod.rope_relaunch
     monkeypatch.setattr(rope_mod, "rope_relaunch", lambda *args: calls.append(1) or relaunch(*args))
@@ -217,7 +217,7 @@ def test_prepared_forward(triton_backend, poisoned, device, monkeypatch, tables,
         step(13, grads=True)
         assert len(calls) == 3 + 3
     with fuselab.backend.forced("torch"):
-        monkeypatch.setattr(rope_mod, "_run", None)  # the Triton path must not run
+        monkeypatch.setattr(rope_mod, "rope_launch", None)  # the Triton path must not run
         step(15)
 
 
@@ -294,19 +294,19 @@ def test_int64_offsets_path(triton_backend, poisoned, device, monkeypatch):
 
 
 @pytest.mark.parametrize("gbps_per_sm,tile_heads,warps", [(25.4, 32, 8), (37.2, 16, 4)])
-def test_tile_by_memory_bandwidth(triton_backend, poisoned, device, monkeypatch, gbps_per_sm, tile_heads, warps):
+def test_tile_by_memory_bandwidth(triton_backend, poisoned, device, monkeypatch, request, gbps_per_sm, tile_heads,
+                                  warps):
     """Devices with more DRAM bandwidth per SM (H200: 36.5 GB/s) plan 2048-element tiles and 4 warps, others (H100:
     25.4) 4096 and 8; both plans compute the same rotation (at D=128 the small tile takes q's 32 heads in two steps)."""
-    monkeypatch.setattr(_launch, "dram_gbps_per_sm", lambda device: gbps_per_sm)  # what fast_memory reads
+    monkeypatch.setattr(device_facts, "dram_gbps_per_sm", lambda device: gbps_per_sm)  # what fast_memory reads
     # plans and kept launches made under the real bandwidth must not answer for this test's calls
-    monkeypatch.setattr(rope_kernel, "_PLANS", {})
-    monkeypatch.setattr(rope_mod, "_CALLS", {})
-    monkeypatch.setattr(rope_mod, "_PREPARED", {})
+    fuselab.ops.clear()
+    request.addfinalizer(fuselab.ops.clear)
     s = 2 * rope_kernel.sm_count(torch.device(device)) + 1  # enough tokens that the plan does not split heads
     q, k = make("bshd", 1, s, 32, 128, device=device), make("bshd", 1, s, 8, 128, device=device)
     cos, sin = fuselab.rope_cos_sin(s, 128, device=device)
     check(q, k, cos, sin)
-    plans = [p for p in rope_kernel._PLANS.values() if p[2].get("HALF") == 64 and p[2]["HAS_K"]]
+    plans = [p for p in rope_kernel._PLANS.data.values() if p[2].get("HALF") == 64 and p[2]["HAS_K"]]
     assert plans and all(p[2]["BLOCK_HQ"] == tile_heads and p[2]["num_warps"] == warps for p in plans)
 
 

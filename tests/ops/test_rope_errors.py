@@ -105,6 +105,15 @@ def bad(name):
         return [q, k, None, None], {"scaling": {"type": "nope"}}, ValueError, r"scaling\['type'\] must be one of"
     if name == "scaling_key":
         return [q, k, None, None], {"scaling": {"type": "llama3", "factor": 8.0}}, ValueError, "needs the key"
+    if name == "k_dtype":  # fp32 q with fp64 k: k must have q's dtype
+        a[1] = k.double()
+        return a, kw, ValueError, "k must have q's dtype torch.float32, got torch.float64"
+    if name == "inplace_leaf_q":
+        a[0] = q.clone().requires_grad_(True)
+        return a, {**kw, "inplace": True}, ValueError, "inplace=True on q, a leaf tensor that requires grad"
+    if name == "inplace_leaf_k":
+        a[1] = k.clone().requires_grad_(True)
+        return a, {**kw, "inplace": True}, ValueError, "inplace=True on k, a leaf tensor that requires grad"
     if name == "scaling_not_dict":
         return [q, k, None, None], {"scaling": 2.0}, TypeError, "scaling must be None or a dict"
     raise AssertionError(name)
@@ -116,7 +125,7 @@ CASES = ["rank", "layout_name", "layout_rank", "k_rank", "odd_rotary_dim", "rota
          "thd_cu_wrong_start", "thd_cu_dtype", "thd_no_cu", "thd_max_seqlen_short", "cu_not_thd",
          "positions_and_offsets", "positions_shape", "positions_dtype", "offsets_shape", "offsets_type",
          "offsets_negative", "devices", "int_q", "int_cos", "q_not_tensor", "one_table", "table_rank", "sin_shape",
-         "scaling_type", "scaling_key", "scaling_not_dict"]
+         "scaling_type", "scaling_key", "scaling_not_dict", "k_dtype", "inplace_leaf_q", "inplace_leaf_k"]
 
 
 @pytest.mark.parametrize("backend", ["triton_backend", "torch_backend"])
@@ -135,3 +144,21 @@ def test_bad_input(request, backend, name):
 def test_rope_cos_sin_bad_input(kw, match):
     with pytest.raises(ValueError, match=match):
         fuselab.rope_cos_sin(**kw)
+
+
+@pytest.mark.parametrize("backend", ["triton_backend", "torch_backend"])
+def test_inplace_leaf_rejected_after_a_kept_call(request, backend):
+    """The check holds on the fast path too (a call of the same key kept its launch) and leaves q untouched; under
+    no_grad, in place on a leaf that requires grad is allowed (as torch allows it)."""
+    request.getfixturevalue(backend)
+    q, k = torch.randn(2, 5, 3, 16), torch.randn(2, 5, 1, 16)
+    cos, sin = fuselab.rope_cos_sin(5, 16)
+    fuselab.apply_rope(q.clone(), k.clone(), cos, sin, inplace=True)  # keeps the launch of this key
+    leaf = q.clone().requires_grad_(True)
+    before = leaf.detach().clone()
+    with pytest.raises(ValueError, match="inplace=True on q"):
+        fuselab.apply_rope(leaf, k.clone(), cos, sin, inplace=True)
+    assert torch.equal(leaf.detach(), before)
+    with torch.no_grad():
+        out, _ = fuselab.apply_rope(leaf, k.clone(), cos, sin, inplace=True)
+    assert out is leaf and not torch.equal(leaf.detach(), before)

@@ -2,17 +2,27 @@
 
 Used by the harness (every provider, every case, before it is timed) and by the op
 suites' tests. Gradients are checked in the ``bwd`` and ``fwd+bwd`` modes.
+
+A reference whose result jumps where rounding can move an input across a branch (relu: a pre-activation within
+rounding of zero switches the mask, and the weight gradients by a full row) may take a keyword-only argument
+``follow``: it is then called a second time with the provider's outputs (detached), and takes the provider's
+branch wherever the branch is within rounding of the boundary (its own branch everywhere else). The error is
+then measured where it is defined, and a provider whose branch is wrong away from the boundary still fails.
+Outputs that do not require grad (detached intermediate results a provider exposes for this) are compared in
+the forward only, and get no upstream gradient.
 """
 
 from __future__ import annotations
 
+import functools
+import inspect
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import torch
 
-from fuselab.ops._launch import max_element_offset
+from fuselab.core.device import max_element_offset
 from fuselab.testing import rel_error, tolerance
 
 from .spec import BenchCase, Fn, OpSpec
@@ -88,18 +98,33 @@ def make_grad_outputs(outputs: Sequence[torch.Tensor | None], dtype: torch.dtype
     return tuple(None if o is None else torch.randn(o.shape, dtype=dtype, device=o.device) for o in outputs)
 
 
-def reference_run(spec: OpSpec, case: BenchCase, args: Sequence[Any]) -> tuple[tuple, tuple, tuple]:
-    """The float64 reference: (outputs, gradients, grad_outputs in the case dtype)."""
+def follows(reference: Fn) -> bool:
+    """Whether ``reference`` takes the keyword-only ``follow`` argument (see the module docstring)."""
+    try:
+        param = inspect.signature(reference).parameters.get("follow")
+    except (TypeError, ValueError):
+        return False
+    return param is not None and param.kind == inspect.Parameter.KEYWORD_ONLY
+
+
+def reference_run(spec: OpSpec, case: BenchCase, args: Sequence[Any], grad_outputs: tuple | None = None,
+                  follow: tuple | None = None) -> tuple[tuple, tuple, tuple]:
+    """The float64 reference: (outputs, gradients, grad_outputs in the case dtype).
+
+    ``grad_outputs``: the upstream gradients to use (fresh random ones when None). ``follow``: the provider's
+    outputs, passed to a reference that :func:`follows` them."""
     needs_grad = case.mode != "fwd"
     grad_args = spec.grad_args(case)
     ref_args = prepare_args(args, grad_args, needs_grad, dtype=torch.float64)
+    reference = spec.reference if follow is None else functools.partial(spec.reference, follow=follow)
     if not needs_grad:
-        return (*run(spec.reference, ref_args, "fwd", grad_args, ()), ())
-    with torch.no_grad():
-        shapes = as_tuple(spec.reference(*ref_args))
-    grad_outputs = make_grad_outputs(shapes, case.dtype)
+        return (*run(reference, ref_args, "fwd", grad_args, ()), ())
+    if grad_outputs is None:
+        with torch.no_grad():
+            shapes = as_tuple(reference(*ref_args))
+        grad_outputs = make_grad_outputs(shapes, case.dtype)
     ref_grad_outputs = tuple(None if g is None else g.to(torch.float64) for g in grad_outputs)
-    outputs, grads = run(spec.reference, ref_args, case.mode, grad_args, ref_grad_outputs)
+    outputs, grads = run(reference, ref_args, case.mode, grad_args, ref_grad_outputs)
     return outputs, grads, grad_outputs
 
 
@@ -115,9 +140,15 @@ def _worst(pairs) -> float:
 
 
 def _errors(fn: Fn, args: Sequence[Any], case: BenchCase, grad_args: Sequence[int], grad_outputs: tuple,
-            ref_out: tuple, ref_grads: tuple) -> tuple[float, float | None]:
-    """(output error, gradient error or None in fwd mode) of ``fn`` run on fresh copies of ``args``."""
+            ref_out: tuple, ref_grads: tuple, spec: OpSpec | None = None) -> tuple[float, float | None]:
+    """(output error, gradient error or None in fwd mode) of ``fn`` run on fresh copies of ``args``.
+
+    With ``spec`` whose reference :func:`follows` the provider, the reference is recomputed on the provider's
+    outputs first (``ref_out`` / ``ref_grads`` are then not used)."""
     outputs, grads = run(fn, prepare_args(args, grad_args, case.mode != "fwd"), case.mode, grad_args, grad_outputs)
+    if spec is not None and follows(spec.reference):
+        follow = tuple(None if o is None else o.detach() for o in outputs)
+        ref_out, ref_grads, _ = reference_run(spec, case, args, grad_outputs, follow)
     out_err = float("inf") if len(outputs) != len(ref_out) else _worst(zip(outputs, ref_out))
     grad_err = None if case.mode == "fwd" else _worst(zip(grads, ref_grads))
     return out_err, grad_err
@@ -132,7 +163,7 @@ def check(spec: OpSpec, case: BenchCase, fn: Fn, args: Sequence[Any] | None = No
         args = spec.make_inputs(case, device)
     ref_out, ref_grads, grad_outputs = reference_run(spec, case, args)
     grad_args = spec.grad_args(case)
-    out_err, grad_err = _errors(fn, args, case, grad_args, grad_outputs, ref_out, ref_grads)
+    out_err, grad_err = _errors(fn, args, case, grad_args, grad_outputs, ref_out, ref_grads, spec)
     error = max(out_err, grad_err or 0.0)
     tol = tolerance(case.dtype)
     if spec.tolerance_vs_eager and case.dtype != torch.float64:  # the same code's own rounding sets the bar

@@ -24,8 +24,10 @@ def run(options: BenchOptions | None = None, *, timer: Timer | None = None, ceil
     write ``<out>/<op>.json`` and ``.csv`` (and PNGs with ``plot``). Returns the runs.
 
     ``timer`` and ``ceilings`` may be injected (tests use a fake clock). Raises ``ValueError``
-    for an unknown op/provider/dtype/mode and ``OSError`` for an unwritable output folder,
-    both before anything is measured. Failures of single providers or ops never raise: they
+    for an unknown op/provider/dtype/mode and :class:`fuselab._io.PathError` (a ``ValueError`` naming the
+    folder) for an unwritable output folder, both before anything is measured. The default output folder,
+    :func:`~fuselab.bench.options.default_out_dir`, is relative to the current working directory.
+    Failures of single providers or ops never raise: they
     are reported in the results (status ``failed`` with the error).
     """
     options = options or BenchOptions()
@@ -58,14 +60,14 @@ def run(options: BenchOptions | None = None, *, timer: Timer | None = None, ceil
                 console.print(f"[red]{op}: {op_run.error}[/]")
             else:
                 baseline = _baseline(op)
-                console.print(run_table(op_run, baseline=baseline))
+                console.print(run_table(op_run, baseline=baseline, wide=options.wide))
             if options.write:
                 written = R.save(op_run, out_dir)
                 if options.plot and not op_run.error:
                     from .plots import plot_run
 
                     written += plot_run(op_run, out_dir)
-                console.print("wrote " + ", ".join(str(p) for p in written))
+                console.print("wrote " + ", ".join(str(p.resolve()) for p in written))  # where, whatever the cwd
     return runs
 
 

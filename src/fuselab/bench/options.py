@@ -7,7 +7,7 @@ from pathlib import Path
 
 from fuselab.envinfo import device_slug
 
-#: results go to ``<RESULTS_ROOT>/<device slug>`` unless ``out`` is given
+#: results go to ``<RESULTS_ROOT>/<device slug>``, relative to the current working directory, unless ``out`` is given
 RESULTS_ROOT = Path("benchmarks") / "results"
 #: ``fuselab bench compare``: a time ratio beyond 1 ± this is a regression / an improvement
 COMPARE_THRESHOLD = 0.05
@@ -29,7 +29,9 @@ class BenchOptions:
     ``cuda_graph``: capture each step (the whole rotation) in a CUDA graph and time its replay (fwd, fwd+bwd).
     ``stream``: on a GPU, also time each case's stream bound (:mod:`fuselab.bench.stream`: one kernel moving the
     case's bytes, timed the same way), reported as the row ``stream`` and each provider's ``of_stream``.
-    ``write``: write JSON/CSV files at all. ``command``: recorded in the JSON.
+    ``write``: write JSON/CSV files at all. ``wide``: print every column in the terminal tables (default: the
+    columns that fit 100 terminal columns; the files hold every figure either way). ``command``: recorded in the
+    JSON.
     """
 
     ops: tuple[str, ...] = ()
@@ -43,6 +45,7 @@ class BenchOptions:
     cuda_graph: bool = False
     stream: bool = True
     write: bool = True
+    wide: bool = False
     command: str = field(default="")
 
     def out_dir(self) -> Path:

@@ -12,6 +12,7 @@ import io
 from pathlib import Path
 
 from . import results as R
+from .report import fmt_sig
 
 
 def _pyplot():
@@ -62,6 +63,13 @@ def plot_gbps(run: R.OpRun, path: Path) -> Path | None:
         plt.close(fig)
 
 
+def roof_label(copy_gbps: float, matmul_tflops: float | None) -> str:
+    """The roofline's legend: both ceilings to 3 significant digits (0.21 TFLOP/s stays 0.21, never "0"); numbers
+    of 1000 and more as whole numbers."""
+    text = f"roof: {fmt_sig(copy_gbps)} GB/s"
+    return text + (f", {fmt_sig(matmul_tflops)} TFLOP/s" if matmul_tflops else "")
+
+
 def plot_roofline(run: R.OpRun, path: Path) -> Path | None:
     plt = _pyplot()
     ok = [r for r in run.results if r.timed_ok and r.tflops and r.bytes]
@@ -77,8 +85,7 @@ def plot_roofline(run: R.OpRun, path: Path) -> Path | None:
     hi = max(max(r.flops / r.bytes for r in ok) * 4, (peak / bw * 4) if peak else 0)
     xs = [lo * (hi / lo) ** (i / 100) for i in range(101)]
     roof = [min(x * bw, peak) if peak else x * bw for x in xs]
-    ax.plot(xs, roof, color="black", lw=1.2, label=f"roof: {run.ceilings.copy_gbps:.0f} GB/s"
-            + (f", {peak:.0f} TFLOP/s" if peak else ""))
+    ax.plot(xs, roof, color="black", lw=1.2, label=roof_label(run.ceilings.copy_gbps, peak))
     ax.set_xscale("log")
     ax.set_yscale("log")
     ax.set_xlabel("arithmetic intensity (flop / byte)")

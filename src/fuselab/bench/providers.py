@@ -10,6 +10,8 @@ providers on CPU machines (interpreter, correctness only); on CUDA they run as u
 
 from __future__ import annotations
 
+import warnings
+
 import torch
 
 from .spec import MODES, BenchCase, Fn, Provider
@@ -32,7 +34,14 @@ def compiled(fn: Fn, name: str = "torch.compile", description: str = "torch.comp
 
 def scripted(fn: Fn, name: str = "torchscript", description: str = "torch.jit.script of the eager code",
              **kw) -> Provider:
-    return Provider(name=name, build=lambda case: torch.jit.script(fn), description=description, **kw)
+    return Provider(name=name, build=lambda case: _script(fn), description=description, **kw)
+
+
+def _script(fn: Fn) -> Fn:
+    """``torch.jit.script(fn)`` without its deprecation notice: TorchScript is a baseline users still pick."""
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", r"`torch\.jit\.script(_method)?` is deprecated", DeprecationWarning)
+        return torch.jit.script(fn)
 
 
 def fuselab(fn: Fn, name: str = "fuselab", description: str = "fuselab Triton kernels", modes=MODES,

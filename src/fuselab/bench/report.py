@@ -35,6 +35,13 @@ def fmt_num(x: float | None, spec: str = ".1f", suffix: str = "") -> str:
     return f"{x:{spec}}{suffix}"
 
 
+def fmt_sig(x: float | None) -> str:
+    """``x`` to 3 significant digits (0.0312, 2.14, 987), numbers of 1000 and more whole (3350); "-" for None/NaN."""
+    if x is None or (isinstance(x, float) and math.isnan(x)):
+        return "-"
+    return f"{x:.0f}" if abs(x) >= 1000 else f"{float(f'{x:.3g}'):g}"
+
+
 def fmt_error(x: float | None) -> str:
     if x is None:
         return "-"
@@ -42,10 +49,13 @@ def fmt_error(x: float | None) -> str:
 
 
 def _status(r: R.Result) -> Text:
+    """The status word first (always shown whole), then its detail (folded over more lines when narrow)."""
     style = {R.OK: "green", R.WRONG: "bold red", R.FAILED: "red", R.CORRECTNESS_ONLY: "cyan",
              R.BOUND: "blue"}.get(r.status, "dim")
-    text = r.status if not r.detail else f"{r.status}: {r.detail}"
-    return Text(text, style=style)
+    text = Text(r.status, style=style)
+    if r.detail:
+        text.append(f": {r.detail}", style="" if r.status in (R.WRONG, R.FAILED) else "dim")
+    return text
 
 
 def _speedup(x: float | None) -> Text:
@@ -54,22 +64,57 @@ def _speedup(x: float | None) -> Text:
     return Text(f"{x:.2f}x", style="green" if x >= 1.05 else ("red" if x <= 0.95 else ""))
 
 
-def run_table(run: R.OpRun, baseline: str = "eager") -> Table:
+#: the columns of the default table (readable in 100 terminal columns); ``wide`` adds the others
+NARROW = ("case", "provider", "time", "GB/s", "% copy", "vs base", "status")
+WIDE_EXTRA = ("p20-p80", "% stream", "TFLOP/s", "vs compile", "rel err", "peak mem")
+
+
+def _cells(r: R.Result, first: bool, is_best: bool) -> dict[str, str | Text]:
+    time_style = "bold green" if is_best else ("dim strike" if r.status == R.WRONG else "")
+    if r.status == R.BOUND:
+        time_style = "blue"
+    return {
+        "case": f"{r.case} {r.dtype} {r.mode}" if first else "",
+        "provider": Text(r.provider, style="bold green" if is_best else ("blue" if r.status == R.BOUND else "")),
+        "time": Text(fmt_time(r.median_ms), style=time_style),
+        "p20-p80": Text(f"{fmt_time(r.p20_ms)}-{fmt_time(r.p80_ms)}" if r.median_ms is not None else "-",
+                        style="dim"),
+        "GB/s": fmt_sig(r.gbps),
+        "% copy": fmt_num(None if r.copy_fraction is None else 100 * r.copy_fraction, ".0f", "%"),
+        "% stream": fmt_num(None if r.of_stream is None else 100 * r.of_stream, ".0f", "%"),
+        "TFLOP/s": fmt_num(r.tflops, ".3g"),
+        "vs base": _speedup(r.speedup_vs_baseline),
+        "vs compile": _speedup(r.speedup_vs_compile),
+        "rel err": fmt_error(r.rel_error),
+        "peak mem": fmt_bytes(r.peak_mem_bytes),
+        "status": _status(r),
+    }
+
+
+def run_table(run: R.OpRun, baseline: str = "eager", wide: bool = False) -> Table:
     """One op's results: a section per case, the fastest correct provider in bold green.
 
     A WRONG provider's time is shown dimmed and struck through, with no speedup: never a win. The ``stream`` row
     (the stream bound, a kernel that only moves the case's bytes) is blue; ``% stream`` is its time over a
-    provider's: how close the provider runs to the limit at that size."""
+    provider's: how close the provider runs to the limit at that size.
+
+    The default columns (:data:`NARROW`) fit a 100-column terminal: the case and the status fold onto more lines
+    when space is short, the figures are never cut. ``wide`` adds :data:`WIDE_EXTRA` (all of them are in the
+    JSON and CSV files either way)."""
     copy = f"{run.ceilings.copy_gbps:.1f} GB/s" if run.ceilings else "not measured"
-    table = Table(title=f"{run.op}: {run.summary}",
-                  caption=f"{run.timer}; % copy = GB/s / measured copy {copy}; "
-                          "% stream = stream bound's time / provider's time", caption_justify="left")
-    for name, justify in (("case", "left"), ("provider", "left"), ("time", "right"), ("p20-p80", "right"),
-                          ("GB/s", "right"), ("% copy", "right"), ("% stream", "right"), ("TFLOP/s", "right"),
-                          (f"vs {baseline}", "right"),
-                          ("vs compile", "right"), ("rel err", "right"), ("peak mem", "right")):
-        table.add_column(name, justify=justify, no_wrap=True)
-    table.add_column("status", overflow="fold", min_width=12)
+    caption = f"{run.timer}; % copy = GB/s / measured copy {copy}; vs {baseline} = its time / this time"
+    caption += ("; % stream = stream bound's time / provider's time" if wide else
+                "; more columns: --wide, and the JSON/CSV files")
+    table = Table(title=f"{run.op}: {run.summary}", caption=caption, caption_justify="left")
+    names = [*NARROW[:-1], *(WIDE_EXTRA if wide else ()), NARROW[-1]]
+    for name in names:
+        header = f"vs {baseline}" if name == "vs base" else name
+        if name == "case":
+            table.add_column(header, overflow="fold", min_width=8)
+        elif name == "status":
+            table.add_column(header, overflow="fold", min_width=13)  # "not installed", "skipped", "WRONG" whole
+        else:
+            table.add_column(header, justify="left" if name == "provider" else "right", no_wrap=True)
     best = R.best_providers(run.results)
     previous = None
     for r in run.results:
@@ -77,20 +122,8 @@ def run_table(run: R.OpRun, baseline: str = "eager") -> Table:
             table.add_section()
         first = r.case_key != previous
         previous = r.case_key
-        is_best = best.get(r.case_key) == r.provider
-        time_style = "bold green" if is_best else ("dim strike" if r.status == R.WRONG else "")
-        spread = f"{fmt_time(r.p20_ms)}-{fmt_time(r.p80_ms)}" if r.median_ms is not None else "-"
-        if r.status == R.BOUND:
-            time_style = "blue"
-        table.add_row(
-            f"{r.case} {r.dtype} {r.mode}" if first else "",
-            Text(r.provider, style="bold green" if is_best else ("blue" if r.status == R.BOUND else "")),
-            Text(fmt_time(r.median_ms), style=time_style), Text(spread, style="dim"),
-            fmt_num(r.gbps), fmt_num(None if r.copy_fraction is None else 100 * r.copy_fraction, ".0f", "%"),
-            fmt_num(None if r.of_stream is None else 100 * r.of_stream, ".0f", "%"),
-            fmt_num(r.tflops, ".3g"), _speedup(r.speedup_vs_baseline), _speedup(r.speedup_vs_compile),
-            fmt_error(r.rel_error), fmt_bytes(r.peak_mem_bytes), _status(r),
-        )
+        cells = _cells(r, first, best.get(r.case_key) == r.provider)
+        table.add_row(*(cells[name] for name in names))
     return table
 
 

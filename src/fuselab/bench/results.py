@@ -3,19 +3,20 @@
 One :class:`Result` per case × provider. :func:`derive_figures` turns times into GB/s, fraction
 of the measured copy bandwidth, TFLOP/s and speedups; :class:`OpRun` is one op's run (the
 environment, the ceilings and every result) and is what ``<out>/<op>.json`` / ``.csv`` hold.
-Files are written atomically (temporary file in the same folder, then ``os.replace``).
+Files are written through :mod:`fuselab._io`: atomically (temporary file in the same folder, then
+``os.replace``), with the usual permissions, strict JSON (a non-finite number, such as the infinite error of a
+provider that returned nothing, is written as ``null``).
 """
 
 from __future__ import annotations
 
 import csv
 import io
-import json
-import os
-import tempfile
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
+
+from fuselab._io import PathError, atomic_write, atomic_write_json, read_json, writable_dir
 
 from .ceilings import Ceilings
 
@@ -162,33 +163,15 @@ class OpRun:
 
 
 def write_atomic(path: Path, data: bytes) -> None:
-    """Write ``data`` to ``path`` via a temporary file in the same folder and ``os.replace``:
-    readers see the old file or the new one, never half of one."""
-    path = Path(path)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise
+    """Write ``data`` to ``path`` atomically (:func:`fuselab._io.atomic_write`): readers see the old file or the
+    new one, never half of one; :class:`~fuselab._io.PathError` (a ``ValueError``) naming the file on failure."""
+    atomic_write(path, lambda f: f.write(data), "result file")
 
 
-def check_writable(out_dir: Path) -> None:
-    """Create ``out_dir`` if needed and prove a file can be written there; ``OSError`` with a clear
-    message otherwise (raised before a long run, not after it)."""
-    out_dir = Path(out_dir)
-    try:
-        out_dir.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(dir=out_dir, prefix=".fuselab-write-test.")
-        os.close(fd)
-        os.unlink(tmp)
-    except OSError as e:
-        raise OSError(f"output directory {str(out_dir)!r} is not writable: {e.strerror or e}") from e
+def check_writable(out_dir: Path) -> Path:
+    """Create ``out_dir`` if needed and prove a file can be written there, before a long run: otherwise
+    :class:`~fuselab._io.PathError` (a ``ValueError``), one line naming the folder."""
+    return writable_dir(out_dir, "output folder")
 
 
 CSV_FIELDS = [*Result.__dataclass_fields__, "device", "copy_gbps"]
@@ -208,10 +191,9 @@ def to_csv(run: OpRun) -> str:
 
 def save(run: OpRun, out_dir: Path) -> list[Path]:
     """Write ``<out_dir>/<op>.json`` and ``<op>.csv`` atomically; returns the paths."""
-    out_dir = Path(out_dir)
-    out_dir.mkdir(parents=True, exist_ok=True)
+    out_dir = check_writable(out_dir)
     json_path, csv_path = out_dir / f"{run.op}.json", out_dir / f"{run.op}.csv"
-    write_atomic(json_path, (json.dumps(run.to_dict(), indent=1, allow_nan=True) + "\n").encode())
+    atomic_write_json(json_path, run.to_dict(), "result file", indent=1)
     write_atomic(csv_path, to_csv(run).encode())
     return [json_path, csv_path]
 
@@ -219,7 +201,10 @@ def save(run: OpRun, out_dir: Path) -> list[Path]:
 def load(path: Path) -> OpRun:
     """Read a run written by :func:`save`; ``ValueError`` naming the file if it is not one."""
     try:
-        data = json.loads(Path(path).read_text())
+        data = read_json(path, "result file")
+    except PathError as e:
+        raise ValueError(f"{e}: not a fuselab bench result") from None
+    try:
         return OpRun.from_dict(data)
-    except (OSError, json.JSONDecodeError, KeyError, TypeError, ValueError) as e:
-        raise ValueError(f"{path}: not a fuselab bench result ({e})") from e
+    except (AttributeError, KeyError, TypeError, ValueError) as e:
+        raise ValueError(f"{path}: not a fuselab bench result ({e})") from None

@@ -136,7 +136,7 @@ def time_provider(spec: OpSpec, case: BenchCase, fn: Fn, device: torch.device, t
     elif options.cuda_graph and device.type == "cuda":
         notes.append(f"not captured: --cuda-graph applies to {' and '.join(GRAPH_MODES)}")
     start = peak_memory_start(device)
-    steps[0]()
+    steps[0]()  # untimed: compiles (torch.compile, TorchScript, Triton) happen here, never inside a timed sample
     peak = peak_memory_delta(device, start)
     for t in leaves:
         t.grad = None
@@ -279,8 +279,9 @@ def in_process_compiles() -> int:
     With the default (one worker per core), the first compile starts a pool of subprocesses that each import
     torch for seconds after it returns, and the next providers' timings share the host with them: on the H100
     machine ``fuselab.mean`` of 8192² bf16 went from 55.8 µs per call (tight) to 72.1 µs median with samples up to
-    175 µs right after the first compile (``benchmarks/results/h100/probes/reduce_lab_gap.txt``). The lab times
-    devices, not compile pools; compiling serially only makes the torch.compile providers' build slower."""
+    175 µs right after the first compile (``benchmarks/results/h100/probes/reduce_lab_gap.txt``). On a CPU the pool
+    competes with the timed code for the same cores. The lab times devices, not compile pools; compiling serially
+    only makes the torch.compile providers' build slower."""
     import torch._inductor.config as inductor_config
 
     inductor_config.compile_threads = 1
@@ -294,8 +295,7 @@ def prepare(device: torch.device | None = None, timer: Timer | None = None, ceil
     device = device or torch.device("cuda" if torch.cuda.is_available() else "cpu")
     timer = timer or default_timer(device, quick=quick)
     env = environment()
-    if device.type == "cuda":
-        env["inductor_compile_threads"] = in_process_compiles()
+    env["inductor_compile_threads"] = in_process_compiles()  # on a CPU the compile pool shares the timed cores
     if ceilings is None:
         try:
             ceilings = _ceilings.measure(device, timer, quick=quick)

@@ -22,7 +22,7 @@ import torch
 import triton
 import triton.language as tl
 
-from fuselab.ops._launch import sm_count
+from fuselab.core.device import sm_count
 
 from . import results as R
 from .spec import BenchCase, dtype_name

@@ -14,8 +14,8 @@ from __future__ import annotations
 
 import torch
 
-from fuselab.ops._bias_act_triton import ACT_IDS
-from fuselab.ops.bias_act import _check, _rows
+from fuselab.ops.bias_act.checks import check_args, rows
+from fuselab.ops.bias_act.launch import ACT_IDS
 from fuselab.reference.bias_act import SAVED
 
 from ._build import load
@@ -43,7 +43,7 @@ def _extension():
 
 def _unit_rows(t: torch.Tensor) -> torch.Tensor:
     """2-D view with a unit inner stride (copy otherwise)."""
-    t2 = _rows(t)
+    t2 = rows(t)
     if t2.shape[1] > 1 and t2.stride(1) != 1:
         t2 = t2.contiguous()
     return t2
@@ -105,7 +105,7 @@ def bias_act(
     Raises the same ``TypeError``/``ValueError`` as :func:`fuselab.bias_act`; ``TypeError`` for float64
     (not built); ``RuntimeError`` for tensors not on CUDA or without a CUDA device.
     """
-    _check(x, bias, residual, alpha, activation)
+    check_args(x, bias, residual, alpha, activation)
     if x.dtype not in _CUDA_DTYPES:
         raise TypeError(f"x must be float32, float16 or bfloat16 for the CUDA backend, got {x.dtype}")
     if x.device.type != "cuda":

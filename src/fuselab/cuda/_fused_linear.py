@@ -14,10 +14,10 @@ from __future__ import annotations
 
 import torch
 
+from fuselab.core.checks import require_tensor
 from fuselab.cuda._bias_act import _CUDA_DTYPES, _extension
-from fuselab.ops._bias_act_triton import ACT_IDS
-from fuselab.ops._validate import require_tensor
-from fuselab.ops.bias_act import check_activation
+from fuselab.ops.bias_act.checks import check_activation
+from fuselab.ops.bias_act.launch import ACT_IDS
 
 
 def _check(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, activation: str) -> None:

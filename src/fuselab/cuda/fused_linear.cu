@@ -40,7 +40,7 @@ namespace fused_linear_impl {
 using torch::autograd::AutogradContext;
 using torch::autograd::variable_list;
 
-// activation ids of fuselab.ops._bias_act_triton.ACT_IDS
+// activation ids of fuselab.ops.bias_act.launch.ACT_IDS
 constexpr int64_t kNone = 0, kRelu = 1, kRelu2 = 2, kSigmoid = 3, kGeluTanh = 6;
 
 bool saves_output(int64_t activation) {

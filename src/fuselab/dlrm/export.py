@@ -4,19 +4,31 @@ The ONNX graph takes ``dense`` [B, 13] float32 (already log-transformed, as in t
 [B, F] int64, and returns ``logits`` [B] and ``probabilities`` [B] (sigmoid). With ``hashing="modulus"`` the
 graph applies ``id mod rows`` itself, so raw ids work; with ``hashing="vocab"`` ``sparse`` must already be
 vocabulary rows (the vocabulary lookup, a sorted search, stays outside the graph). B is a dynamic axis.
+
+The output path is checked before the checkpoint is read; the file is exported to a temporary name beside it,
+checked, then renamed over it with the usual permissions, so a failed export leaves no partial file.
 """
 
 from __future__ import annotations
 
+import contextlib
+import logging
+import os
+import shutil
+import tempfile
 import warnings
+from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
 import torch
 from torch import Tensor, nn
 
+from fuselab._io import PathError, writable_file
+
 from .checkpoint import load_checkpoint, resolve_checkpoint
 from .config import DLRMConfig
+from .data.textin import os_errors_as_path_errors
 from .model import DLRM
 
 
@@ -62,22 +74,60 @@ def check_onnx(path: str | Path, exported: ExportedDLRM, batch: int = 37) -> flo
     return float(max(np.abs(probs - ref_probs.numpy()).max(), np.abs(logits - ref_logits.numpy()).max()))
 
 
+class _DropTorchvisionNotice(logging.Filter):
+    """The exporter logs "torchvision is not installed. Skipping torchvision::nms" (and 3 more) at every export:
+    irrelevant to a model without torchvision ops."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not record.getMessage().startswith("torchvision is not installed")
+
+
+@contextlib.contextmanager
+def _quiet_exporter() -> Iterator[None]:
+    logger = logging.getLogger("torch.onnx._internal.exporter._registration")
+    notice = _DropTorchvisionNotice()
+    logger.addFilter(notice)
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # exporter-internal deprecation chatter
+            yield
+    finally:
+        logger.removeFilter(notice)
+
+
 def export_onnx(checkpoint: str | Path, out: str | Path, batch_size: int = 4, opset: int = 18,
                 check: bool = True) -> Path:
-    """Export the checkpoint's model to ``out``; with ``check``, compare onnxruntime with PyTorch
-    (``ValueError`` when logits or probabilities differ by more than 1e-4)."""
-    exported, _ = model_from_checkpoint(checkpoint)
-    out = Path(out)
-    out.parent.mkdir(parents=True, exist_ok=True)
+    """Export the checkpoint's model to ``out``; with ``check``, compare onnxruntime with PyTorch.
+
+    Raises :class:`fuselab._io.PathError` (a ``ValueError`` naming the path) when ``out`` cannot be written,
+    before the checkpoint is read, and ``ValueError`` when logits or probabilities differ by more than 1e-4
+    (``out`` is then left as it was)."""
+    out = writable_file(out, "ONNX file")
+    with os_errors_as_path_errors("export: cannot read"):
+        exported, _ = model_from_checkpoint(checkpoint)
     example = _example(exported.sizes.tolist(), batch_size)
     batch = torch.export.Dim("batch")
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")  # exporter-internal deprecation chatter
-        torch.onnx.export(exported, example, str(out), input_names=["dense", "sparse"],
-                          output_names=["logits", "probabilities"], opset_version=opset, dynamo=True,
-                          dynamic_shapes=({0: batch}, {0: batch}), verbose=False)
-    if check:
-        err = check_onnx(out, exported)
-        if err > 1e-4:
-            raise ValueError(f"ONNX model disagrees with PyTorch: max abs difference {err:.3e}")
+    try:
+        staging = Path(tempfile.mkdtemp(dir=out.parent, prefix=f".{out.name}."))
+    except OSError as err:
+        raise PathError(f"cannot write ONNX file {out}: {err.strerror or err}") from None
+    tmp = staging / out.name  # the same name: external weights (<name>.data) are referenced by name
+    try:
+        with _quiet_exporter():
+            torch.onnx.export(exported, example, tmp, input_names=["dense", "sparse"],
+                              output_names=["logits", "probabilities"], opset_version=opset, dynamo=True,
+                              dynamic_shapes=({0: batch}, {0: batch}), verbose=False)
+        if check:
+            err = check_onnx(tmp, exported)  # loads <name>.data from the staging folder
+            if err > 1e-4:
+                raise ValueError(f"ONNX model disagrees with PyTorch: max abs difference {err:.3e}")
+        mask = os.umask(0)
+        os.umask(mask)
+        for part in sorted(staging.iterdir(), key=lambda p: p == tmp):  # the weights first, the graph last
+            os.chmod(part, 0o666 & ~mask)
+            os.replace(part, out.parent / part.name)
+    except OSError as err:
+        raise PathError(f"cannot write ONNX file {out}: {err.strerror or err}") from None
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
     return out

@@ -118,6 +118,7 @@ class LinearAct(nn.Module):
         if impl not in MLP_IMPLS:
             raise ValueError(f"mlp must be one of {MLP_IMPLS}, got {impl!r}")
         self.in_features, self.out_features, self.relu, self.impl = in_features + in_pad, out_features, relu, impl
+        self.in_pad = in_pad
         weight, bias = _init_values(in_features, out_features, generator)
         self.weight = nn.Parameter(F.pad(weight, (0, in_pad)))
         self.bias = nn.Parameter(bias)

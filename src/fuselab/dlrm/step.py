@@ -55,7 +55,7 @@ class TrainStep:
         self.device = next(model.parameters()).device
         if mode == "cuda_graph":
             if self.device.type != "cuda":
-                raise ValueError(f"mode='cuda_graph' needs the model on a CUDA device; it is on {self.device}")
+                raise ValueError(f"mode='cuda_graph': cuda_graph needs a CUDA device, the model is on {self.device}")
             if not self.fused:
                 raise ValueError("mode='cuda_graph' needs kernels='fuselab': the torch path's sparse embedding "
                                  "update (coalesce) synchronizes with the host and cannot be captured")

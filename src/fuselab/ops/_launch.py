@@ -1,4 +1,5 @@
-"""Launch helpers shared by the Triton launchers: block sizes, SM count, 64-bit offsets, a low-overhead launch."""
+"""The low-overhead Triton launch shared by every launcher (:func:`launch`, :func:`relaunch`), and the keys of repeated
+launches are :mod:`fuselab.ops.opdef`'s (:func:`~fuselab.ops.opdef.operand`, :func:`~fuselab.ops.opdef.layout`)."""
 
 from __future__ import annotations
 
@@ -13,97 +14,10 @@ try:  # host-built TMA descriptors (Triton >= 3.3); kernels read through them on
 except ImportError:  # pragma: no cover
     TensorDescriptor = None
 
-INT32_MAX = 2**31 - 1
+from .opdef import LaunchCache, scalar_class
 
-
-def cdiv(a: int, b: int) -> int:
-    return -(-a // b)
-
-
-def next_power_of_2(n: int) -> int:
-    return 1 if n <= 1 else 1 << (n - 1).bit_length()
-
-
-def device_index(device: torch.device) -> int:
-    """The CUDA device index of ``device`` (the current device when it names none)."""
-    return device.index if device.index is not None else torch.cuda.current_device()
-
-
-@functools.cache
-def _sm_count(index: int) -> int:
-    return torch.cuda.get_device_properties(index).multi_processor_count
-
-
-def sm_count(device: torch.device) -> int:
-    """Multiprocessors of a CUDA device; a small stand-in (4) for CPU under the interpreter."""
-    if device.type != "cuda":
-        return 4
-    return _sm_count(device_index(device))
-
-
-@functools.cache
-def _dram_gbps_per_sm(index: int) -> float:
-    from triton.testing import get_dram_gbps  # peak: memory clock x bus width x 2 (DDR), from the driver
-
-    try:
-        return get_dram_gbps(index) / _sm_count(index)
-    except Exception:  # a driver that does not report its memory: plan as for the H100
-        return INTERPRETER_DRAM_GBPS_PER_SM
-
-
-#: what :func:`dram_gbps_per_sm` answers off CUDA (the interpreter), or where the driver does not say: an H100 SXM's
-#: 3352 GB/s over 132 SMs
-INTERPRETER_DRAM_GBPS_PER_SM = 25.4
-
-
-def dram_gbps_per_sm(device: torch.device) -> float:
-    """Peak DRAM bandwidth per multiprocessor of a CUDA device, in GB/s (H100 SXM: 25.4, H200: ~37); off CUDA a
-    fixed H100-like stand-in, so that plans under the interpreter do not depend on the machine."""
-    if device.type != "cuda":
-        return INTERPRETER_DRAM_GBPS_PER_SM
-    return _dram_gbps_per_sm(device_index(device))
-
-
-#: DRAM GB/s per SM from which a device counts as fast-memory (H200: ~37; H100 SXM: 25.4). There the planners of
-#: RoPE and of one-row reductions take smaller steps per program: on the H200 those ran 1-10% faster, on the H100
-#: 1-2% slower (benchmarks/notes/rope.md and reduce.md, session 18)
-FAST_MEMORY_GBPS_PER_SM = 30.0
-
-
-def fast_memory(device: torch.device) -> bool:
-    """True for a device whose DRAM bandwidth per SM is at least :data:`FAST_MEMORY_GBPS_PER_SM`."""
-    return dram_gbps_per_sm(device) >= FAST_MEMORY_GBPS_PER_SM
-
-
-@functools.cache
-def _tma_capable(index: int) -> bool:
-    return TensorDescriptor is not None and torch.cuda.get_device_capability(index)[0] >= 9
-
-
-def tma_capable(device: torch.device) -> bool:
-    """Whether kernels on ``device`` may read through TMA descriptors built on the host (Hopper and later, with a
-    Triton that has ``triton.tools.tensor_descriptor``). False off CUDA: the interpreter runs descriptor loads too,
-    and the tests switch them on there by replacing this function."""
-    return device.type == "cuda" and _tma_capable(device_index(device))
-
-
-def max_element_offset(t: torch.Tensor) -> int:
-    """Largest element offset a kernel can reach through ``t``'s strides (storage offset included)."""
-    if t.is_contiguous():  # the common case, without a Python loop over the dims
-        return t.storage_offset() + max(t.numel() - 1, 0)
-    if t.numel() == 0:
-        return 0
-    return t.storage_offset() + sum((s - 1) * abs(st) for s, st in zip(t.shape, t.stride()))
-
-
-def needs_int64(*tensors: torch.Tensor | None) -> bool:
-    """True when any tensor's reachable offsets pass 2^31-1: launch with 64-bit index math."""
-    return any(t is not None and max_element_offset(t) > INT32_MAX for t in tensors)
-
-
-# ---------------------------------------------------------------------------------------------- launching
 #: compiled kernels by (kernel, caller key, device, argument signature)
-_COMPILED: dict[tuple, tuple] = {}
+_COMPILED = LaunchCache("compiled kernels", limit=8192)
 
 
 @functools.cache
@@ -118,16 +32,6 @@ def _active(hook):
     """``hook``, or None when it is an empty ``HookChain`` (Triton always installs one): the launcher then
     skips building launch metadata and calling hooks, as it would with no hook at all."""
     return hook if hook is not None and getattr(hook, "calls", True) else None
-
-
-def _int_class(a: int) -> int:
-    """What Triton specializes an int argument on: equal to 1, divisible by 16, fits in int32."""
-    return (a == 1) + 2 * (a % 16 == 0) + 4 * (-(2**31) <= a < 2**31)
-
-
-def scalar_class(a) -> object:
-    """What Triton specializes a scalar argument on: :func:`_int_class` for ints, else the type."""
-    return _int_class(a) if type(a) is int else type(a)
 
 
 def _arg_class(t) -> tuple:
@@ -179,7 +83,7 @@ def launch(kernel, key: Hashable, grid: tuple[int, ...], tensors: tuple[torch.Te
         compiled = kernel[grid](*tensors, *scalars, **constexprs)
         tail = tuple(constexprs[name] for name in kernel.arg_names[len(tensors) + len(scalars):])
         hit = (compiled, tail, device)
-        keep(_COMPILED, signature, hit, limit=8192)
+        _COMPILED.keep(signature, hit)
         return hit
     _run(hit, grid, tensors, scalars, knobs)
     return hit
@@ -194,31 +98,6 @@ def relaunch(entry: tuple, grid: tuple[int, ...], tensors: tuple[torch.Tensor, .
         entry[0][grid](*tensors, *scalars, **dict(entry[1]))
         return
     _run(entry, grid, tensors, scalars, _runtime_knobs())
-
-
-#: entries a prepared-launch cache (:func:`keep`) holds before it is emptied (a run that meets ever new shapes)
-MAX_PREPARED = 1024
-
-
-def layout(t: torch.Tensor) -> tuple:
-    """What a launch repeated by :func:`relaunch` assumes of a tensor it is given anew (a gradient): dtype,
-    strides, storage offset and 16-byte alignment equal to those of the tensor it was prepared with."""
-    return t.dtype, t.stride(), t.storage_offset(), t.data_ptr() & 15
-
-
-def operand(t: torch.Tensor) -> tuple:
-    """What a launch kept for later calls (by the ops' call keys) assumes of an operand: shape, device, dtype,
-    strides, storage offset and 16-byte alignment (what the checks, the plan and Triton's specialization read)."""
-    return t.shape, t.device, t.dtype, t.stride(), t.storage_offset(), t.data_ptr() & 15
-
-
-def keep(cache: dict, key: Hashable, value: Any, limit: int = MAX_PREPARED) -> None:
-    """``cache[key] = value``, emptying ``cache`` first when it holds ``limit`` entries: the bounded store of every
-    host-side cache of the ops (prepared launches, plans, compiled entries, scratch), for runs that meet ever
-    new shapes."""
-    if len(cache) >= limit:
-        cache.clear()
-    cache[key] = value
 
 
 def _run(entry: tuple, grid: tuple[int, ...], tensors: tuple, scalars: tuple, knobs) -> None:

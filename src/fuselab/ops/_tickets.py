@@ -18,7 +18,9 @@ import torch
 import triton
 import triton.language as tl
 
-from ._launch import device_index, keep, next_power_of_2
+from fuselab.core.device import device_index, next_power_of_2
+
+from .opdef import LaunchCache
 
 #: smallest counter buffer kept per (device, stream)
 MIN_COUNTERS = 1024
@@ -26,10 +28,10 @@ MIN_COUNTERS = 1024
 #: L2 round trip on one SM
 FINAL_SUM_ELEMS = 8192
 
-_COUNTERS: dict[tuple[int, int], torch.Tensor] = {}
-_SCRATCH: dict[tuple, torch.Tensor] = {}
 #: distinct scratch buffers kept before the cache is emptied (each is a few MB at most)
 MAX_SCRATCH = 64
+_COUNTERS = LaunchCache("ticket counters")
+_SCRATCH = LaunchCache("scratch", limit=MAX_SCRATCH)
 
 
 def _stream_key(device: torch.device) -> tuple[int, int] | None:
@@ -51,7 +53,7 @@ def ticket_counters(device: torch.device, n: int) -> torch.Tensor:
     counters = _COUNTERS.get(key)
     if counters is None or counters.numel() < n:
         counters = torch.zeros(max(n, MIN_COUNTERS), dtype=torch.int32, device=device)
-        _COUNTERS[key] = counters
+        _COUNTERS.keep(key, counters)
     return counters
 
 
@@ -68,7 +70,7 @@ def scratch(device: torch.device, shape: tuple[int, ...], dtype: torch.dtype) ->
     buffer = _SCRATCH.get(key)
     if buffer is None:
         buffer = torch.empty(shape, dtype=dtype, device=device)
-        keep(_SCRATCH, key, buffer, limit=MAX_SCRATCH)
+        _SCRATCH.keep(key, buffer)
     return buffer
 
 

@@ -17,7 +17,7 @@ from collections.abc import Sequence
 
 import torch
 
-from fuselab.ops._validate import require_tensor
+from fuselab.core.checks import require_tensor
 
 #: dtypes the result (and the ``dtype`` argument) may have
 OUTPUT_DTYPES = (torch.float32, torch.bfloat16, torch.float16, torch.float64)

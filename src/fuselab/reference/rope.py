@@ -12,7 +12,7 @@ from typing import Any
 
 import torch
 
-from fuselab.ops.rope_angles import rope_frequencies
+from fuselab.core.rope_math import rope_frequencies
 
 
 def to_bshd(t: torch.Tensor, layout: str) -> torch.Tensor:
@@ -106,15 +106,3 @@ def apply_rope(q: torch.Tensor, k: torch.Tensor | None, cos: torch.Tensor | None
         outs.append(out)
     return outs[0], outs[1]
 
-
-def apply_rotary_pos_emb_hf(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
-                            unsqueeze_dim: int = 1) -> tuple[torch.Tensor, torch.Tensor]:
-    """Hugging Face's formula: ``x * cos + rotate_half(x) * sin`` with duplicated (…, seq, head_dim) tables."""
-    cos = cos.unsqueeze(unsqueeze_dim)
-    sin = sin.unsqueeze(unsqueeze_dim)
-
-    def rotate_half(x: torch.Tensor) -> torch.Tensor:
-        half = x.shape[-1] // 2
-        return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
-
-    return q * cos + rotate_half(q) * sin, k * cos + rotate_half(k) * sin

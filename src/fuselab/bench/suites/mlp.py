@@ -6,10 +6,15 @@ bias/relu kernel forward, and one fused kernel backward that also reduces the bi
 (``FusedLinear(backend="cuda")``: the same steps as one C++ autograd node per layer, with the CUDA C++ kernels).
 
 Inputs: ``(x, W1, b1, W2, b2, W3, b3, W4, b4)``, gradients for the weights and biases (``x`` is data).
-Reference: the eager code in float64. Check: a provider passes when its distance to that reference is within the
-dtype tolerance or twice the distance of the eager code run in the case dtype (``tolerance_vs_eager``): through
-four layers, relu masks that flip where bf16/TF32 moves a pre-activation across zero put even eager at 5e-2 (bf16)
-and 3e-4 (fp32) of float64. Mode ``fwd+bwd`` (a training step) by default; ``fwd`` on request.
+Outputs: the four layers' outputs, the three hidden ones detached (no upstream gradient, nothing extra to time:
+they show the check which relu branch the provider took); the step's loss gradient enters at the last one.
+
+Reference (:func:`mlp_reference`): the eager code in float64 that, given a provider's outputs (``follow``, see
+:mod:`fuselab.bench.check`), takes the provider's relu branch where a pre-activation lies within rounding of
+zero, and its own everywhere else. Without it, a mask flipped by the last bit of a bf16 rounding moves a whole row
+of a weight gradient: an exact provider measured 5e-2 to 1.4e-1 from float64 depending on the seed, and failed
+at random. Check: within the dtype tolerance or twice the distance of the eager code run in the case dtype, with
+its own branches (``tolerance_vs_eager``). Mode ``fwd+bwd`` (a training step) by default; ``fwd`` on request.
 
 Cost model (batch B, layers (i, o), itemsize s): flops ``2·B·Σ i·o`` forward, 3× that for fwd+bwd.
 Bytes: forward reads x and the parameters and writes each layer's output once: ``s·(B·13 + B·Σo + P)``;
@@ -82,27 +87,76 @@ def make_inputs(case: BenchCase, device: torch.device) -> tuple[torch.Tensor, ..
     return tuple(args)
 
 
-def mlp_eager(x: torch.Tensor, *params: torch.Tensor) -> torch.Tensor:
-    """nn.Linear + relu per layer, in eager PyTorch (also the reference, in float64)."""
+Outputs = tuple[torch.Tensor, ...]
+
+#: a pre-activation within this many units of roundoff (of the provider's dtype) times the magnitude of its dot
+#: product (``Σ|w·a| + |b|``) of zero has no well-defined relu branch: there the reference follows the provider
+BRANCH_BAND = 4.0
+
+
+def _outputs(acts: list[torch.Tensor]) -> Outputs:
+    """The layers' outputs: the hidden ones detached (compared in the forward, no upstream gradient: they show the
+    check which relu branches the provider took), the last one the step's output."""
+    return (*(a.detach() for a in acts[:-1]), acts[-1])
+
+
+def mlp_eager(x: torch.Tensor, *params: torch.Tensor) -> Outputs:
+    """nn.Linear + relu per layer, in eager PyTorch."""
+    acts = []
     for k in range(0, len(params), 2):
         x = torch.relu(F.linear(x, params[k], params[k + 1]))
-    return x
+        acts.append(x)
+    return _outputs(acts)
 
 
-def mlp_fuselab(x: torch.Tensor, *params: torch.Tensor) -> torch.Tensor:
+def _roundoff(dtype: torch.dtype) -> float:
+    """Unit roundoff of a provider's matmul in ``dtype``: TF32's 2^-10 for float32 unless matmuls run at the
+    "highest" precision."""
+    eps = torch.finfo(dtype).eps
+    if dtype == torch.float32 and torch.get_float32_matmul_precision() != "highest":
+        eps = max(eps, 2.0**-10)
+    return eps
+
+
+def mlp_reference(x: torch.Tensor, *params: torch.Tensor, follow: Outputs | None = None) -> Outputs:
+    """The float64 reference: nn.Linear + relu per layer. With ``follow`` (a provider's outputs, one per layer),
+    a pre-activation within rounding of zero (:data:`BRANCH_BAND`) takes the provider's relu branch: there the
+    branch, and with it a full row of the weight gradients, depends on the last bit of the provider's rounding.
+    Away from zero the reference keeps its own branch, so a provider with a wrong mask still fails."""
+    acts = []
+    for layer, k in enumerate(range(0, len(params), 2)):
+        w, b = params[k], params[k + 1]
+        z = F.linear(x, w, b)
+        positive = z > 0
+        if follow is not None:
+            with torch.no_grad():
+                eps = _roundoff(follow[layer].dtype)
+                band = BRANCH_BAND * eps * F.linear(x.abs(), w.abs(), b.abs())
+                provider = follow[layer].to(z.device) > 0
+                positive = torch.where(z.abs() <= band, provider, positive)
+        x = z * positive
+        acts.append(x)
+    return _outputs(acts)
+
+
+def mlp_fuselab(x: torch.Tensor, *params: torch.Tensor) -> Outputs:
     from fuselab.nn import fused_linear
 
+    acts = []
     for k in range(0, len(params), 2):
         x = fused_linear(x, params[k], params[k + 1], "relu")
-    return x
+        acts.append(x)
+    return _outputs(acts)
 
 
-def mlp_cuda(x: torch.Tensor, *params: torch.Tensor) -> torch.Tensor:
+def mlp_cuda(x: torch.Tensor, *params: torch.Tensor) -> Outputs:
     from fuselab.cuda import fused_linear  # compiles with nvcc on first use
 
+    acts = []
     for k in range(0, len(params), 2):
         x = fused_linear(x, params[k], params[k + 1], "relu")
-    return x
+        acts.append(x)
+    return _outputs(acts)
 
 
 SPEC = OpSpec(
@@ -110,7 +164,7 @@ SPEC = OpSpec(
     summary="training step of the 13-512-256-64-16 relu MLP: eager vs torch.compile vs fuselab FusedLinear",
     cases=cases,
     make_inputs=make_inputs,
-    reference=mlp_eager,
+    reference=mlp_reference,
     providers=(
         providers.eager(mlp_eager, description="nn.Linear (F.linear) + torch.relu per layer"),
         providers.compiled(mlp_eager),

@@ -11,13 +11,16 @@ depend on the number of worker processes):
   ``logit = bias + signal * (Σ_j a_j·log1p(max(x_j, 0)) + Σ_f s_f·g(f, id_f))`` with ``g`` a hash of (feature,
   id) mapped to a unit-variance uniform, and ``bias`` calibrated to ``positive_rate`` (25.6% by default).
 
-The true logit of every row is stored (``truth`` column), so the best achievable AUC, the AUC of the true
-probabilities on the data, is exact; it is written to the metadata for all rows and for the Kaggle test split.
+The true logit of every row is stored (``truth`` column, npy format), so the best achievable AUC, the AUC of the
+true probabilities on the data, is exact; it is written to the metadata for all rows and for the Kaggle test split
+(in the TSV formats it is computed from the logits in memory, which are not written). Every file is written
+atomically (:mod:`fuselab._io`); the output folder is checked for writing before anything is generated.
 """
 
 from __future__ import annotations
 
 import gzip
+import io
 import multiprocessing as mp
 import os
 from dataclasses import asdict, dataclass
@@ -26,7 +29,10 @@ from typing import Any
 
 import numpy as np
 
-from .shards import FORMAT, KAGGLE_CARDINALITIES, METADATA, dense_transform, write_json_atomic, write_shard
+from fuselab._io import atomic_write, atomic_write_json, writable_dir
+
+from .shards import FORMAT, KAGGLE_CARDINALITIES, METADATA, dense_transform, write_shard
+from .textin import os_errors_as_path_errors
 
 _SCRAMBLE = 2654435761  # a prime larger than any cardinality: id -> id * P mod n is a bijection
 
@@ -126,9 +132,10 @@ def _shard_job(job: tuple) -> dict[str, Any]:
     name = f"part-{index:05d}"
     if fmt == "npy":
         write_shard(Path(root), name, data["dense"], data["sparse"], labels, truth=data["logit"].astype(np.float32))
-    else:
-        _write_tsv(Path(root) / f"{name}.{fmt}", labels, data["raw"], data["sparse"])
-    return {"name": name, "rows": n, "positives": int(labels.sum()), "start": start}
+        return {"name": name, "rows": n, "positives": int(labels.sum()), "start": start}
+    _write_tsv(Path(root) / f"{name}.{fmt}", labels, data["raw"], data["sparse"])
+    return {"name": name, "rows": n, "positives": int(labels.sum()), "start": start,
+            "truth": data["logit"].astype(np.float32), "labels": labels}
 
 
 def _write_tsv(path: Path, labels: np.ndarray, raw: np.ndarray, sparse: np.ndarray) -> None:
@@ -143,40 +150,58 @@ def _write_tsv(path: Path, labels: np.ndarray, raw: np.ndarray, sparse: np.ndarr
     lines = cols[0].astype(object)
     for col in cols[1:]:
         lines = lines + "\t" + col.astype(object)
-    text = "\n".join(lines.tolist()) + ("\n" if n else "")
-    tmp = path.with_name(path.name + ".tmp")
-    opener = gzip.open if path.suffix == ".gz" else open
-    with opener(tmp, "wt") as f:
-        f.write(text)
-    os.replace(tmp, path)
+    data = ("\n".join(lines.tolist()) + ("\n" if n else "")).encode()
+
+    def write(f: io.BufferedIOBase) -> None:
+        if path.suffix == ".gz":
+            with gzip.GzipFile(fileobj=f, mode="wb", mtime=0) as z:
+                z.write(data)
+        else:
+            f.write(data)
+
+    atomic_write(path, write, "TSV file")
+
+
+def _truth_auc(truth: np.ndarray, labels: np.ndarray) -> float:
+    import torch
+
+    from ..metrics import roc_auc
+
+    return roc_auc(torch.from_numpy(truth), torch.from_numpy(labels))
 
 
 def synthetic_truth_auc(root: str | Path, start: int = 0, stop: int | None = None) -> float:
     """AUC of the stored true logits on rows [start, stop) of an npy synthetic dataset."""
-    import torch
-
-    from ..metrics import roc_auc
     from .loader import open_dataset
 
     ds = open_dataset(root)
     stop = len(ds) if stop is None else stop
-    truth, labels = ds.read_column("truth", start, stop), ds.read_column("labels", start, stop)
-    return roc_auc(torch.from_numpy(truth), torch.from_numpy(labels))
+    return _truth_auc(ds.read_column("truth", start, stop), ds.read_column("labels", start, stop))
 
 
 def write_synthetic(out: str | Path, spec: SynthSpec | None = None, fmt: str = "npy", shard_rows: int = 1 << 20,
                     workers: int = 0, progress: bool = False) -> dict[str, Any]:
     """Generate ``spec.rows`` rows into ``out`` (npy shards + metadata.json, or TSV/TSV.gz files).
 
-    Returns the metadata. ``workers=0`` uses one process per core (at most 16).
+    Returns the metadata. ``workers=0`` uses one process per core (at most 16). Raises ``ValueError`` for a bad
+    spec or format, :class:`fuselab._io.PathError` (a ``ValueError`` naming the path) when ``out`` cannot be
+    written, before any row is generated. ``best_auc`` / ``best_auc_test`` are NaN in the returned dict (``null``
+    in metadata.json) only when the rows hold a single class.
     """
+    with os_errors_as_path_errors("synth: cannot write"):
+        return _write_synthetic(out, spec, fmt, shard_rows, workers, progress)
+
+
+def _write_synthetic(out: str | Path, spec: SynthSpec | None, fmt: str, shard_rows: int, workers: int,
+                     progress: bool) -> dict[str, Any]:
     spec = (spec or SynthSpec()).validate()
     if fmt not in ("npy", "tsv", "tsv.gz"):
         raise ValueError(f"fmt must be npy, tsv or tsv.gz, got {fmt!r}")
     if shard_rows <= 0:
         raise ValueError(f"shard_rows must be positive, got {shard_rows}")
-    root = Path(out)
-    root.mkdir(parents=True, exist_ok=True)
+    root = writable_dir(out, "output folder")
+    if fmt == "npy":
+        writable_dir(root / "shards", "output folder")
     cards = spec.table_cardinalities()
     params = _hidden_params(spec.seed, len(cards))
     bias = _calibrate_bias(spec, cards, params)
@@ -211,14 +236,17 @@ def write_synthetic(out: str | Path, spec: SynthSpec | None = None, fmt: str = "
         "shards": [{"name": r["name"], "rows": r["rows"]} for r in results],
         "synth": {**asdict(spec), "bias": bias, "cardinalities": cards},
     }
-    if fmt == "npy":
-        write_json_atomic(root / METADATA, meta)
-        from .loader import kaggle_split
+    from .loader import kaggle_split
 
-        test = kaggle_split(spec.rows)["test"]
+    test = kaggle_split(spec.rows)["test"] if spec.rows >= 7 else (0, spec.rows)
+    if fmt == "npy":
+        atomic_write_json(root / METADATA, meta, "metadata file", indent=1)
         meta["best_auc"] = synthetic_truth_auc(root)
         meta["best_auc_test"] = synthetic_truth_auc(root, test[0], test[1])
-    else:
-        meta["best_auc"] = meta["best_auc_test"] = float("nan")  # labels only in the TSV; see metadata
-    write_json_atomic(root / METADATA, meta)
+    else:  # the TSV holds the labels only: the AUC of the true logits, from memory
+        truth = np.concatenate([r.pop("truth") for r in results])
+        labels = np.concatenate([r.pop("labels") for r in results])
+        meta["best_auc"] = _truth_auc(truth, labels)
+        meta["best_auc_test"] = _truth_auc(truth[test[0]:test[1]], labels[test[0]:test[1]])
+    atomic_write_json(root / METADATA, meta, "metadata file", indent=1)
     return meta

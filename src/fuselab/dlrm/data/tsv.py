@@ -9,9 +9,15 @@ tab-separated fields, empty = missing. Parsing is pyarrow's CSV reader (all fiel
 * categorical fields must be empty or 1-16 hex digits; parsed to int64 (16-digit values >= 2^63 wrap to
   negative int64, still distinct); missing -> 0.
 
-A malformed row (wrong field count, bad label, non-integer dense, non-hex categorical) is counted by kind and
-reported with file and line (the first ``MAX_EXAMPLES``); ``on_error="skip"`` drops it, ``"fail"`` stops with
-:class:`MalformedRowError`. After the shards, a second pass over them counts ids per feature: ``cardinalities``
+A malformed row (wrong field count, bad label, non-integer dense, non-hex categorical, a line that is not valid
+UTF-8) is counted by kind and reported with file and line (the first ``MAX_EXAMPLES``); ``on_error="skip"`` drops
+it, ``"fail"`` stops with :class:`MalformedRowError`. Whole files: an empty input file is reported and skipped; a
+truncated (or corrupt) gzip file keeps the rows before the break and is reported with its row count
+(``on_error="fail"`` then stops with a ``ValueError`` after writing those rows); a binary file (a NUL byte in its
+first 64 KiB), an unreadable file or a ``.gz`` that is not gzip stops with a ``ValueError`` naming it
+(:class:`fuselab._io.PathError`). The output folder is checked for writing before any input is read.
+
+After the shards, a second pass over them counts ids per feature: ``cardinalities``
 (distinct ids) and a vocabulary per feature (ids seen >= ``min_count`` times, sorted, ``vocab/C<k>.npy``) for
 ``hashing="vocab"``; memory is bounded by the number of distinct ids, never by the number of rows.
 
@@ -21,15 +27,16 @@ finished shards of a partial file (it re-parses that file from the start, since 
 
 from __future__ import annotations
 
-import gzip
-import json
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from .shards import FORMAT, METADATA, dense_transform, save_npy_atomic, write_json_atomic, write_shard
+from fuselab._io import PathError, atomic_write, atomic_write_json, read_json, writable_dir
+
+from .shards import FORMAT, METADATA, dense_transform, write_shard
+from .textin import LineStream, os_errors_as_path_errors
 
 NUM_FIELDS = 40
 MAX_EXAMPLES = 20
@@ -52,11 +59,13 @@ class PreprocessReport:
     malformed: dict[str, int] = field(default_factory=dict)
     examples: list[str] = field(default_factory=list)
     cardinalities: list[int] = field(default_factory=list)
+    problems: list[str] = field(default_factory=list)  # whole-file problems: "<file>: empty file, skipped", ...
 
     def summary(self) -> str:
         bad = sum(self.malformed.values())
         lines = [f"preprocessed {self.files} file(s): {self.rows:,} rows -> {self.out}; "
                  f"{bad:,} malformed row(s) skipped" + (f" {self.malformed}" if bad else "")]
+        lines += [f"  {p}" for p in self.problems]
         lines += [f"  {e}" for e in self.examples]
         if bad > len(self.examples):
             lines.append(f"  ... ({bad - len(self.examples)} more)")
@@ -117,8 +126,10 @@ class _Errors:
             raise MalformedRowError(f"malformed row at {message} (use --on-error skip to skip such rows)")
 
 
-def _convert(batch, row0: int, lines: _LineMap, errors: _Errors) -> tuple[np.ndarray, ...]:
-    """One pyarrow record batch (40 string columns) -> valid (dense, sparse, labels) and their count."""
+def _convert(batch, row0: int, lines: _LineMap, errors: _Errors, invalid_lines: set[int]) -> tuple[np.ndarray, ...]:
+    """One pyarrow record batch (40 string columns) -> valid (dense, sparse, labels).
+
+    An all-empty row is an empty line, or a line that was not valid UTF-8 (its number in ``invalid_lines``)."""
     import pyarrow.compute as pc
 
     n = batch.num_rows
@@ -144,6 +155,8 @@ def _convert(batch, row0: int, lines: _LineMap, errors: _Errors) -> tuple[np.nda
         line_of = dict(zip(rows.tolist(), lines.lines(rows + row0).tolist()))
         for r in rows.tolist():
             kind, detail = next((k, d) for m, k, d in reasons if m[r])
+            if empty[r] and line_of[r] in invalid_lines:
+                kind, detail = "invalid UTF-8", "the line is not valid UTF-8 text"
             errors.add(kind, line_of[r], detail)
         keep = pc.invert(_pa().array(bad))
         cols = [pc.filter(c, keep) for c in cols]
@@ -169,15 +182,17 @@ def _label_values():
     return _pa().array(["0", "1"])
 
 
-def _open_text(path: Path):
-    raw = open(path, "rb")  # noqa: SIM115 - closed by the caller through the returned handle
-    stream = gzip.GzipFile(fileobj=raw) if path.suffix == ".gz" else raw
-    return raw, stream
+def _printable(text: str, limit: int = 60) -> str:
+    """``text`` cut to ``limit`` characters, control and non-ASCII characters escaped (never raw bytes)."""
+    return ascii(text[:limit])
 
 
 def _parse_file(path: Path, file_index: int, root: Path, shard_rows: int, block_size: int, errors: _Errors,
-                done_shards: list[dict[str, Any]], on_shard, on_bytes) -> None:
-    """Parse one TSV file into shards; skip the shards listed in ``done_shards`` (already written)."""
+                done_shards: list[dict[str, Any]], on_shard, on_bytes) -> str | None:
+    """Parse one TSV file into shards; skip the shards listed in ``done_shards`` (already written).
+
+    Returns None, or a whole-file problem that was survived: ``"empty file"``, or the reason a gzip stream ended
+    early (its rows before the break are written)."""
     import pyarrow.csv as pcsv
 
     lines = _LineMap()
@@ -185,9 +200,8 @@ def _parse_file(path: Path, file_index: int, root: Path, shard_rows: int, block_
     def on_invalid(row) -> str:
         if row.number is not None:
             lines.skipped.append(int(row.number))
-        text = (row.text or "")[:60]
         errors.add("wrong field count", row.number,
-                   f"{row.actual_columns} fields, expected {NUM_FIELDS} ({text!r}...)")
+                   f"{row.actual_columns} fields, expected {NUM_FIELDS} ({_printable(row.text or '')}...)")
         return "skip"
 
     skip_rows = sum(s["rows"] for s in done_shards)
@@ -199,16 +213,19 @@ def _parse_file(path: Path, file_index: int, root: Path, shard_rows: int, block_
                                           strings_can_be_null=False, quoted_strings_can_be_null=False)
     buffers: list[tuple[np.ndarray, ...]] = []
     buffered = row0 = 0
-    raw, stream = _open_text(path)
+    stream = LineStream(path)
+    if stream.empty:
+        stream.close()
+        return "empty file"
     try:
         reader = pcsv.open_csv(stream, read_options=read_options, parse_options=parse_options,
                                convert_options=convert_options)
         last_pos = 0
         for batch in reader:
-            dense, sparse, labels = _convert(batch, row0, lines, errors)
+            dense, sparse, labels = _convert(batch, row0, lines, errors, stream.invalid_lines)
             errors.check()
             row0 += batch.num_rows
-            pos = raw.tell()
+            pos = stream.tell()
             on_bytes(pos - last_pos)
             last_pos = pos
             if skip_rows:  # rows already in finished shards (resume)
@@ -225,10 +242,10 @@ def _parse_file(path: Path, file_index: int, root: Path, shard_rows: int, block_
         errors.check()
     except _pa().ArrowInvalid as exc:
         errors.check()
-        raise ValueError(f"{path}: cannot parse as Criteo TSV: {exc}") from None
+        raise ValueError(f"{path}: cannot parse as Criteo TSV: {_printable(str(exc), 200)}") from None
     finally:
         stream.close()
-        raw.close()
+    return stream.truncated
 
 
 def _flush(buffers: list, rows: int, root: Path, file_index: int, path: Path, shard_index: int, on_shard) -> int:
@@ -260,30 +277,54 @@ def _count_ids(root: Path, shards: list[dict[str, Any]], min_count: int) -> tupl
     vocab_sizes = []
     for t in range(26):
         vocab = ids[t][counts[t] >= min_count]
-        save_npy_atomic(root / "vocab" / f"C{t + 1}.npy", vocab)
+        atomic_write(root / "vocab" / f"C{t + 1}.npy", lambda f, v=vocab: np.save(f, v), "vocabulary file")
         vocab_sizes.append(len(vocab))
     return [len(x) for x in ids], vocab_sizes
+
+
+def _describe(problem: str | None, rows: int) -> str | None:
+    if problem is None:
+        return None
+    if problem == "empty file":
+        return "empty file, skipped"
+    return f"truncated or corrupt gzip stream ({problem}): kept the {rows:,} rows before the break"
 
 
 def preprocess(inputs: list[str | Path], out: str | Path, shard_rows: int = 1 << 20, on_error: str = "skip",
                min_count: int = 1, resume: bool = True, progress: bool = False,
                block_size: int = 16 << 20) -> PreprocessReport:
-    """Convert Criteo TSV files (in order) into a dataset directory ``out``; see the module docstring."""
+    """Convert Criteo TSV files (in order) into a dataset directory ``out``; see the module docstring.
+
+    Raises ``FileNotFoundError`` for a missing input, :class:`fuselab._io.PathError` (a ``ValueError``) for an
+    output folder that cannot be written (before any input is read) or an input that cannot be read,
+    :class:`MalformedRowError` with ``on_error="fail"``, and ``ValueError`` when no input holds a valid row."""
+    with os_errors_as_path_errors("preprocess: cannot read or write"):
+        return _preprocess(inputs, out, shard_rows, on_error, min_count, resume, progress, block_size)
+
+
+def _preprocess(inputs: list[str | Path], out: str | Path, shard_rows: int, on_error: str, min_count: int,
+                resume: bool, progress: bool, block_size: int) -> PreprocessReport:
     if on_error not in ("skip", "fail"):
         raise ValueError(f"on_error must be 'skip' or 'fail', got {on_error!r}")
     if shard_rows <= 0 or min_count < 1 or block_size < 4096:
         raise ValueError("shard_rows must be > 0, min_count >= 1, block_size >= 4096")
     paths = [Path(p) for p in inputs]
     for p in paths:
+        if p.is_dir():
+            raise PathError(f"input {p} is a folder, not a TSV file")
         if not p.is_file():
             raise FileNotFoundError(f"input file {p} does not exist")
-    root = Path(out)
-    root.mkdir(parents=True, exist_ok=True)
+    root = writable_dir(out, "output folder")
+    for sub in ("shards", "vocab"):
+        writable_dir(root / sub, "output folder")
     state_path = root / "progress.json"
     state: dict[str, Any] = {"inputs": [str(p) for p in paths], "files": {}, "shard_rows": shard_rows}
     if resume and state_path.is_file():
-        old = json.loads(state_path.read_text())
-        if old.get("inputs") == state["inputs"] and old.get("shard_rows") == shard_rows:
+        try:
+            old = read_json(state_path, "progress file")
+        except PathError:
+            old = {}  # a corrupt progress file: start over
+        if isinstance(old, dict) and old.get("inputs") == state["inputs"] and old.get("shard_rows") == shard_rows:
             state = old
     report = PreprocessReport(out=str(root))
     from rich.progress import Progress
@@ -301,15 +342,21 @@ def preprocess(inputs: list[str | Path], out: str | Path, shard_rows: int = 1 <<
 
             def on_shard(info: dict[str, Any], entry=entry) -> None:
                 entry["shards"].append(info)
-                write_json_atomic(state_path, state)
+                atomic_write_json(state_path, state, "progress file", indent=1)
 
-            _parse_file(path, index, root, shard_rows, block_size, errors, list(entry["shards"]), on_shard,
-                        lambda n: bar.advance(task, n))
+            problem = _parse_file(path, index, root, shard_rows, block_size, errors, list(entry["shards"]),
+                                  on_shard, lambda n: bar.advance(task, n))
+            entry["problem"] = _describe(problem, sum(s["rows"] for s in entry["shards"]))
+            if problem not in (None, "empty file") and on_error == "fail":
+                raise ValueError(f"input file {path}: {entry['problem']} (use --on-error skip to keep these rows "
+                                 "and go on)")
             entry["complete"] = True
-            write_json_atomic(state_path, state)
+            atomic_write_json(state_path, state, "progress file", indent=1)
     shards = [s for p in paths for s in state["files"][str(p)]["shards"]]
+    report.problems = [f"{p}: {state['files'][str(p)]['problem']}" for p in paths
+                       if state["files"][str(p)].get("problem")]
     if not shards:
-        raise ValueError("no valid rows in the input")
+        raise ValueError("no valid rows in the input" + "".join(f"; {p}" for p in report.problems))
     cardinalities, vocab_sizes = _count_ids(root, shards, min_count)
     malformed: dict[str, int] = {}
     for p in paths:
@@ -323,10 +370,10 @@ def preprocess(inputs: list[str | Path], out: str | Path, shard_rows: int = 1 <<
         "num_sparse": 26, "cardinalities": cardinalities, "vocab_sizes": vocab_sizes, "min_count": min_count,
         "positive_rate": sum(s["positives"] for s in shards) / rows,
         "counts": {"rows_per_file": {str(p): sum(s["rows"] for s in state["files"][str(p)]["shards"]) for p in paths},
-                   "malformed": malformed},
+                   "malformed": malformed, "file_problems": report.problems},
         "dense_transform": "log(max(x, 0) + 1)",
         "shards": [{"name": s["name"], "rows": s["rows"]} for s in shards],
     }
-    write_json_atomic(root / METADATA, meta)
+    atomic_write_json(root / METADATA, meta, "metadata file", indent=1)
     report.rows, report.files, report.malformed, report.cardinalities = rows, len(paths), malformed, cardinalities
     return report

@@ -84,10 +84,19 @@ def lookup_kernel(
 ):
     # Bytes: one id: read B*F ids + B*F rows of D*4, write B*F*D*4. Bags: read N ids + N rows, write B*F*D*4.
     # Position math in int32 unless WIDE (an output or ids offset past 2^31); row addresses are always int64.
-    j = _program(WIDE) * BLOCK_ROWS + tl.arange(0, BLOCK_ROWS)
-    jm = j < num_bags
+    # One id: a program takes BLOCK_ROWS consecutive outputs (grid (cdiv(B*F, BLOCK_ROWS), 1)). Bags: a program
+    # takes BLOCK_ROWS batch rows of one feature (grid (cdiv(B, BLOCK_ROWS), F)), so that the bags it loops over
+    # have that feature's lengths (multi-hot features differ widely: 1 to 100 ids in MLPerf's DLRM-DCNv2).
     d = tl.arange(0, BLOCK_D)
-    feature = j % F
+    if BAGS:
+        b = _program(WIDE) * BLOCK_ROWS + tl.arange(0, BLOCK_ROWS)
+        jm = b < num_bags // F
+        feature = tl.zeros_like(b) + tl.program_id(1)
+        j = b * F + feature
+    else:
+        j = _program(WIDE) * BLOCK_ROWS + tl.arange(0, BLOCK_ROWS)
+        jm = j < num_bags
+        feature = j % F
     if BAGS:
         start, end = _bag_bounds(offsets_ptr, j, jm, n_ids)
         length = end - start

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 
 import torch
 
-from fuselab.ops._launch import INT32_MAX, cdiv, needs_int64, next_power_of_2
+from fuselab.core.device import INT32_MAX, cdiv, needs_int64, next_power_of_2
 from fuselab.reference.embedding import OPTIMIZERS, POOLINGS, momentum_shape
 
 from . import kernels
@@ -22,29 +22,49 @@ _ID_DTYPES = (torch.int32, torch.int64)
 
 @dataclass(frozen=True)
 class EmbeddingConfig:
-    """Tuning knobs of the kernels (block sizes are powers of two).
+    """Tuning knobs of the kernels (all powers of two; tiles are rows x D padded to a power of two).
 
-    ``lookup_elements``: elements (rows x padded D) per lookup program (4096: 256 rows of D=16, 4 per thread).
-    ``update_rows``: sorted positions per chunk of the segment kernel (its scan runs over this many rows).
+    ``lookup_elements``: tile of a lookup program (4096: 256 rows of D=16, 8 elements per thread on 4 warps).
+    ``update_elements``: tile of the segment kernel (2048: chunks of 128 sorted positions at D=16, 16 at D=128;
+    its segmented scan runs over the rows of the tile, through shared memory: 8 bytes per element).
     ``rows_block``: id positions per program of the row-computing kernel.
-    ``carry_chunks``: chunk partials the carry kernel adds per step along a run that crosses chunks.
-    ``num_warps``: warps per program of every kernel.
+    ``carry_elements``: tile of chunk partials the one-warp carry kernel adds per step along a run that crosses
+    chunks (1024: 64 chunks at D=16).
+    ``num_warps``: warps per program of the lookup, rows and segment kernels.
     """
 
     lookup_elements: int = 4096
-    update_rows: int = 128
+    update_elements: int = 2048
     rows_block: int = 1024
-    carry_chunks: int = 64
+    carry_elements: int = 1024
     num_warps: int = 4
 
     def __post_init__(self) -> None:
-        for name in ("lookup_elements", "update_rows", "rows_block", "carry_chunks", "num_warps"):
+        for name in ("lookup_elements", "update_elements", "rows_block", "carry_elements", "num_warps"):
             value = getattr(self, name)
             if not isinstance(value, int) or value < 1 or value & (value - 1):
                 raise ValueError(f"EmbeddingConfig.{name} must be a positive power of two, got {value!r}")
 
 
 DEFAULT_CONFIG = EmbeddingConfig()
+
+
+@dataclass(frozen=True)
+class Plan:
+    """Block sizes of one embedding dim: ``block_d`` (D padded to a power of two), rows per lookup program,
+    sorted positions per update chunk, chunk partials per carry step."""
+
+    block_d: int
+    lookup_rows: int
+    update_rows: int
+    carry_chunks: int
+
+
+def plan(dim: int, config: EmbeddingConfig = DEFAULT_CONFIG) -> Plan:
+    """The block sizes for embedding dim ``dim`` under ``config``'s element budgets (at least one row each)."""
+    block_d = next_power_of_2(dim)
+    return Plan(block_d, max(1, config.lookup_elements // block_d), max(1, config.update_elements // block_d),
+                max(1, config.carry_elements // block_d))
 
 
 def _require_tensor(name: str, value: object) -> torch.Tensor:
@@ -142,6 +162,12 @@ def _require_kernel_layout(weight: torch.Tensor, momentum: torch.Tensor | None =
         raise ValueError("momentum must be contiguous for the Triton kernels")
 
 
+def _dense_index(*tensors: torch.Tensor | None) -> tuple:
+    """The small index tensors (offsets, table metadata) as the kernels read them: contiguous (a no-op for the
+    contiguous tensors callers pass; a strided view is copied, B*F + 1 or F elements)."""
+    return tuple(None if t is None else t.contiguous() for t in tensors)
+
+
 def _id_strides(ids: torch.Tensor, bags: bool) -> tuple[int, int]:
     return (ids.stride(0), 0) if bags else (ids.stride(0), ids.stride(1))
 
@@ -152,16 +178,19 @@ def lookup_(out: torch.Tensor, weight: torch.Tensor, ids: torch.Tensor, table_si
     """Write the ``(B, F, D)`` pooled embeddings into ``out`` (fp32, contiguous); arguments as :func:`check`
     validated them. One launch over the ``B*F`` outputs."""
     _require_kernel_layout(weight)
+    offsets, table_sizes, row_offsets = _dense_index(offsets, table_sizes, row_offsets)
     num_bags, dim = out.shape[0] * out.shape[1], weight.shape[1]
     if num_bags == 0:
         return
-    block_d = next_power_of_2(dim)
-    block_rows = max(1, config.lookup_elements // block_d)
+    blocks = plan(dim, config)
+    block_d, block_rows = blocks.block_d, blocks.lookup_rows
     bags = offsets is not None
     s_ib, s_if = _id_strides(ids, bags)
-    kernels.lookup_kernel[(cdiv(num_bags, block_rows),)](
+    f_count = table_sizes.shape[0]
+    grid = (cdiv(out.shape[0], block_rows), f_count) if bags else (cdiv(num_bags, block_rows), 1)
+    kernels.lookup_kernel[grid](
         weight, ids, offsets if bags else table_sizes, table_sizes, row_offsets, out,
-        num_bags, table_sizes.shape[0], ids.shape[0] if bags else 0, s_ib, s_if,
+        num_bags, f_count, ids.shape[0] if bags else 0, s_ib, s_if,
         D=dim, BLOCK_ROWS=block_rows, BLOCK_D=block_d, BAGS=bags, MEAN=pooling == "mean",
         WIDE=needs_int64(out, ids) or num_bags + block_rows > INT32_MAX, num_warps=config.num_warps)
 
@@ -184,6 +213,7 @@ def update_(weight: torch.Tensor, momentum: torch.Tensor, lr: torch.Tensor, grad
     No host synchronisation: every size comes from shapes.
     """
     _require_kernel_layout(weight, momentum)
+    offsets, table_sizes, row_offsets = _dense_index(offsets, table_sizes, row_offsets)
     n_pos = ids.numel()
     if n_pos == 0 or grad.numel() == 0:
         return
@@ -197,27 +227,28 @@ def update_(weight: torch.Tensor, momentum: torch.Tensor, lr: torch.Tensor, grad
     kernels.rows_kernel[(cdiv(n_pos, config.rows_block),)](
         ids, bag if bags else keys, table_sizes, row_offsets, keys, n_pos, f_count, s_ib, s_if,
         BLOCK=config.rows_block, BAGS=bags, WIDE=wide, num_warps=config.num_warps)
-    block_d = next_power_of_2(dim)
+    blocks = plan(dim, config)
+    block_d, block_p = blocks.block_d, blocks.update_rows
     flags = dict(D=dim, BLOCK_D=block_d, num_warps=config.num_warps)
     bag_arg = bag if bags else keys
     offsets_arg = offsets if bags else keys
     state = momentum if optimizer != "sgd" else weight
     n_ids = ids.shape[0] if bags else 0
     if optimizer == "sgd" and not deterministic:
-        kernels.atomic_sgd_kernel[(cdiv(n_pos, config.update_rows),)](
+        kernels.atomic_sgd_kernel[(cdiv(n_pos, block_p),)](
             grad, keys, bag_arg, offsets_arg, weight, lr, n_pos, f_count, n_ids, *grad.stride(),
-            BLOCK_P=config.update_rows, BAGS=bags, MEAN=pooling == "mean", WIDE=wide, **flags)
+            BLOCK_P=block_p, BAGS=bags, MEAN=pooling == "mean", WIDE=wide, **flags)
         return
     sorted_keys, perm = torch.sort(keys, stable=True)
-    n_chunks = cdiv(n_pos, config.update_rows)
+    n_chunks = cdiv(n_pos, block_p)
     head = torch.empty(n_chunks, block_d, dtype=torch.float32, device=weight.device)
     tail = torch.empty_like(head)
     code = _OPTIMIZER_CODE[optimizer]
     kernels.segment_update_kernel[(n_chunks,)](
         sorted_keys, perm, grad, bag_arg, offsets_arg, weight, state, lr, head, tail,
         n_pos, f_count, n_ids, *grad.stride(), float(eps),
-        BLOCK_P=config.update_rows, OPTIMIZER=code, BAGS=bags, MEAN=pooling == "mean", WIDE=wide, **flags)
+        BLOCK_P=block_p, OPTIMIZER=code, BAGS=bags, MEAN=pooling == "mean", WIDE=wide, **flags)
     kernels.carry_update_kernel[(n_chunks,)](
         sorted_keys, head, tail, weight, state, lr, n_pos, n_chunks, float(eps),
-        BLOCK_P=config.update_rows, BLOCK_C=config.carry_chunks, OPTIMIZER=code, D=dim, BLOCK_D=block_d,
+        BLOCK_P=block_p, BLOCK_C=blocks.carry_chunks, OPTIMIZER=code, D=dim, BLOCK_D=block_d,
         num_warps=1)  # most programs read 3 keys and exit; a crossing run adds (carry_chunks, D) tiles

@@ -36,7 +36,7 @@ def _knobs(config: EmbeddingConfig | None) -> list[int]:
         return []
     if not isinstance(config, EmbeddingConfig):
         raise TypeError(f"config must be an EmbeddingConfig, got {type(config).__name__}")
-    return [config.lookup_elements, config.update_rows, config.rows_block, config.carry_chunks, config.num_warps]
+    return [config.lookup_elements, config.update_elements, config.rows_block, config.carry_elements, config.num_warps]
 
 
 def _out_shape(weight: Tensor, ids: Tensor, table_sizes: Tensor, offsets: Tensor | None) -> tuple[int, int, int]:

@@ -11,8 +11,9 @@ from dataclasses import dataclass
 
 import torch
 
-from fuselab.ops._launch import cdiv, launch, needs_int64, next_power_of_2
-from fuselab.ops._validate import FLOAT_DTYPES, require_ndim, require_tensor
+from fuselab.core.checks import FLOAT_DTYPES, require_ndim, require_tensor
+from fuselab.core.device import cdiv, needs_int64, next_power_of_2
+from fuselab.ops._launch import launch
 from fuselab.reference.interaction import MAX_DIM, MAX_FEATURES, num_pairs, output_width
 
 

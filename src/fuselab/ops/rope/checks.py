@@ -1,13 +1,17 @@
-"""RoPE argument checks: shapes per layout, tables, positions, offsets, cu_seqlens (see ``docs/rope.md``)."""
+"""RoPE argument checks: shapes per layout, dtypes, tables, positions, offsets, cu_seqlens, in place under autograd
+(see ``docs/rope.md``)."""
+
+from __future__ import annotations
 
 import itertools
 import weakref
 
 import torch
 
-from ._launch import keep
-from ._validate import require_float, require_same_device, require_tensor
-from .rope_kernel import LAYOUTS, in_layout_order
+from fuselab.core.checks import require_float, require_same_device, require_tensor
+from fuselab.ops.opdef import LaunchCache
+
+from .launch import LAYOUTS, in_layout_order
 
 SHAPES = {"bshd": "(batch, seq, heads, head_dim)", "sbhd": "(seq, batch, heads, head_dim)",
           "bhsd": "(batch, heads, seq, head_dim)", "thd": "(total_tokens, heads, head_dim)"}
@@ -19,7 +23,8 @@ def dims(t: torch.Tensor, layout: str) -> tuple[int, int, int, int]:
     return in_layout_order(t.shape, layout, 1)
 
 
-_CU_CHECKED: dict[int, tuple] = {}  # id(cu_seqlens) -> (weakref, version, longest sequence)
+#: id(cu_seqlens) -> (weakref, version, longest sequence)
+_CU_CHECKED = LaunchCache("rope cu_seqlens checked", limit=64)
 
 
 def check_cu_seqlens(cu: torch.Tensor, n_tokens: int) -> int:
@@ -35,7 +40,7 @@ def check_cu_seqlens(cu: torch.Tensor, n_tokens: int) -> int:
         raise ValueError(f"cu_seqlens must be non-decreasing, got {values[:8]}{'...' if len(values) > 8 else ''}")
     if values[-1] != n_tokens:
         raise ValueError(f"cu_seqlens must end at total_tokens = q.shape[0] = {n_tokens}, got {values[-1]}")
-    keep(_CU_CHECKED, id(cu), (weakref.ref(cu), cu._version, max(lengths)), limit=64)
+    _CU_CHECKED.keep(id(cu), (weakref.ref(cu), cu._version, max(lengths)))
     return max(lengths)
 
 
@@ -51,6 +56,8 @@ def validate(q, k, cos, sin, layout, positions, seqlen_offsets, cu_seqlens, max_
     batch, seqlen, _, head_dim = dims(q, layout)
     if k is not None:
         require_float("k", k)
+        if k.dtype != q.dtype:
+            raise ValueError(f"k must have q's dtype {q.dtype}, got {k.dtype}")
         if k.dim() != ndim:
             raise ValueError(f"k must have {ndim} dims {SHAPES[layout]} for layout={layout!r}, "
                              f"got shape {tuple(k.shape)}")
@@ -134,3 +141,14 @@ def validate(q, k, cos, sin, layout, positions, seqlen_offsets, cu_seqlens, max_
                 raise ValueError(f"{name} reach table row {top - 1} (min {lo}) but cos/sin have {rows} rows: "
                                  f"need 0 <= max(position) + 1 <= seqlen_ro")
     return half, offsets, offset
+
+
+def check_inplace(q: torch.Tensor, k: torch.Tensor | None) -> None:
+    """``inplace=True`` on a leaf tensor that requires grad (with grad mode on) is an error on every path:
+    ``ValueError`` naming it (in place on non-leaf tensors is recorded by autograd)."""
+    if not torch.is_grad_enabled():
+        return
+    for name, t in (("q", q), ("k", k)):
+        if isinstance(t, torch.Tensor) and t.requires_grad and t.is_leaf:
+            raise ValueError(f"inplace=True on {name}, a leaf tensor that requires grad, is unsafe; use "
+                             f"inplace=False (or rotate a non-leaf copy)")

@@ -9,7 +9,7 @@
 Both accept any leading dims ``(..., in_features)`` and the dtypes of :func:`fuselab.bias_act`.
 In inference (no tensor requires grad) the epilogue runs in place on the fresh matmul output.
 In eager training on the Triton path, :func:`fused_linear` is one autograd node per layer
-(:class:`_FusedLinearFunction`): host time, not GPU time, bounds small layers.
+(:data:`LINEAR`): host time, not GPU time, bounds small layers.
 """
 
 from __future__ import annotations
@@ -23,8 +23,9 @@ from torch import nn
 from torch.autograd.function import once_differentiable
 
 from fuselab.backend import triton_for
-from fuselab.ops._launch import keep, layout, operand
 from fuselab.ops.bias_act import ACTIVATIONS, bias_act, check_activation
+from fuselab.ops.bias_act.op import BACKWARD
+from fuselab.ops.opdef import Op, layout, operand
 from fuselab.reference.bias_act import SAVED
 
 _FAST_DTYPES = (torch.float32, torch.bfloat16, torch.float16, torch.float64)
@@ -51,16 +52,16 @@ def _cuda_fused_linear():
 
 
 @functools.cache
-def _kernels() -> ModuleType:
-    """The Triton launchers, imported on first use (triton must not load before TRITON_INTERPRET is set)."""
-    from fuselab.ops import _bias_act_triton
+def _launch() -> ModuleType:
+    """The epilogue's launchers, imported on first use (Triton must not load before ``TRITON_INTERPRET`` is set)."""
+    from fuselab.ops.bias_act import launch
 
-    return _bias_act_triton
+    return launch
 
 
 def _fast_path(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, activation: str) -> bool:
-    """Whether eager autograd can take :class:`_FusedLinearFunction`: Triton path, one floating dtype,
-    well-formed arguments. Anything else (errors included) takes the custom-op path."""
+    """Whether eager autograd can take :data:`LINEAR`: Triton path, one floating dtype, well-formed arguments.
+    Anything else (errors included) takes the matmul + :func:`~fuselab.bias_act` path."""
     dtype, device = x.dtype, x.device
     return (activation in ACTIVATIONS and dtype in _FAST_DTYPES and weight.dtype == dtype
             and x.dim() >= 2 and weight.dim() == 2 and x.shape[-1] == weight.shape[1]
@@ -75,60 +76,91 @@ def _eager_triton(x: torch.Tensor) -> bool:
             and not torch.is_autocast_enabled(x.device.type))
 
 
-class _FusedLinearFunction(torch.autograd.Function):
-    """``act(x @ weight.T + bias)`` as one autograd node: ``torch.mm`` + the fused epilogue launcher forward,
-    the fused backward launcher (dz and the bias-grad column sum in one pass) + two ``torch.mm`` backward.
+# ---------------------------------------------------------------------------------------------- the op
+def _forward(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, activation: str, *,
+             prepared=None) -> tuple:
+    """``torch.mm`` + the fused epilogue launcher: ((y, h for the backward of silu/gelu/gelu_tanh else None),
+    epilogue launch record). ``prepared``: repeat a kept epilogue launch."""
+    x2 = x if x.dim() == 2 else x.flatten(0, -2)
+    kind = SAVED[activation]
+    if x.dim() == 2 and kind != "pre":
+        h = y = torch.mm(x2, weight.t())
+    else:  # y allocated in x's leading shape: a Function's output that is a view forbids later in-place ops
+        y = x.new_empty((*x.shape[:-1], weight.shape[0]))
+        h = torch.mm(x2, weight.t(), out=None if kind == "pre" else y.view(x2.shape[0], y.shape[-1]))
+    y2 = y if y.dim() == 2 else y.view(h.shape)
+    record = None
+    if prepared is not None:
+        _launch().bias_act_fwd_again(prepared, h, bias, None, y2, None, 1.0)
+    elif bias is not None or kind != "nothing":
+        record = _launch().bias_act_fwd_(h, bias, None, y2, None, 1.0, activation)
+    return (y, h if kind == "pre" else None), record
 
-    Saved for the backward: ``x`` (if ``weight`` needs grad), ``weight`` (if ``x`` needs grad), and per
+
+def _setup_context(ctx, inputs, outputs) -> None:
+    """Saved for the backward: ``x`` (if ``weight`` needs grad), ``weight`` (if ``x`` needs grad), and per
     :data:`fuselab.reference.bias_act.SAVED`: the output ``y`` (relu, relu2, sigmoid: the epilogue runs in place
     on the matmul output), the matmul output ``h`` and ``bias`` as the shift that rebuilds ``z = h + bias``
-    (silu, gelu, gelu_tanh: ``y`` is a new tensor), nothing (none). No double backward.
-    """
-
-    @staticmethod
-    def forward(ctx, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, activation: str,
-                key: tuple | None, record: tuple | None) -> torch.Tensor:
-        # key: the call's _call_key; record: the epilogue launch an earlier call of that key kept (or None)
-        # ctx in forward (no setup_context): Function.apply then skips binding defaults via inspect.signature
-        x2 = x if x.dim() == 2 else x.flatten(0, -2)
-        kind = SAVED[activation]
-        if x.dim() == 2 and kind != "pre":
-            h = y = torch.mm(x2, weight.t())
-        else:  # y allocated in x's leading shape: a Function's output that is a view forbids later in-place ops
-            y = x.new_empty((*x.shape[:-1], weight.shape[0]))
-            h = torch.mm(x2, weight.t(), out=None if kind == "pre" else y.view(x2.shape[0], y.shape[-1]))
-        y2 = y if y.dim() == 2 else y.view(h.shape)
-        if record is not None:
-            _kernels().bias_act_fwd_again(record, h, bias, None, y2, None, 1.0)
-        elif bias is not None or kind != "nothing":
-            record = _kernels().bias_act_fwd_(h, bias, None, y2, None, 1.0, activation)
-            if key is not None and record is not None:
-                keep(_FORWARDS, key, record)
-        # x and y, not row views made here: in-place ops on them later fail the usual version check
-        want_x, want_w = ctx.needs_input_grad[:2]
-        ctx.save_for_backward(x if want_w else None, weight if want_x else None,
-                              h if kind == "pre" else y if kind == "output" else None,
-                              bias if kind == "pre" else None)
-        ctx.activation, ctx.x_shape, ctx.dtype = activation, x.shape, x.dtype
-        # the backward's launch, prepared by an earlier backward of this layout (2-D x only; see _again): the
-        # call key holds what it depends on besides its gradient (expected contiguous, laid out like y)
-        ctx.key = None if key is None or x.dim() != 2 else (key, ctx.needs_input_grad[2])
-        ctx.prepared = _PREPARED.get(ctx.key)
-        return y
-
-    @staticmethod
-    def backward(ctx, grad_y: torch.Tensor) -> tuple[torch.Tensor | None, ...]:
-        if torch.is_grad_enabled():  # create_graph=True: first-order grads, an error if differentiated again
-            return *_backward_once(ctx, grad_y), None, None
-        prepared = ctx.prepared
-        if prepared is not None and layout(grad_y) == prepared[1]:
-            return *_again(ctx, grad_y, prepared[0]), None, None
-        return *_backward(ctx, grad_y), None, None
+    (silu, gelu, gelu_tanh), nothing (none). x and y themselves, not row views made here: in-place ops on them
+    later fail the usual version check."""
+    x, weight, bias, activation = inputs
+    y, h = outputs
+    if h is not None:
+        ctx.mark_non_differentiable(h)
+    kind = SAVED[activation]
+    want_x, want_w = ctx.needs_input_grad[:2]
+    ctx.save_for_backward(x if want_w else None, weight if want_x else None,
+                          h if kind == "pre" else y if kind == "output" else None, bias if kind == "pre" else None)
+    ctx.activation, ctx.x_shape = activation, x.shape
 
 
-#: epilogue launches of eager training calls, by :func:`_call_key`: the launch record of
-#: :func:`fuselab.ops._bias_act_triton.bias_act_fwd_`, kept by calls that passed :func:`_fast_path`
-_FORWARDS: dict[tuple, tuple] = {}
+def _backward(ctx, grad_y: torch.Tensor, grad_h: torch.Tensor | None) -> tuple[torch.Tensor | None, ...]:
+    """dz (and the bias-grad column sum) in one :data:`fuselab.ops.bias_act.op.BACKWARD` launch, then two
+    ``torch.mm``. No double backward: with ``create_graph=True`` the gradients are first-order only."""
+    if torch.is_grad_enabled():
+        return _backward_once(ctx, grad_y)
+    return _gradients(ctx, grad_y)
+
+
+def _gradients(ctx, grad_y: torch.Tensor) -> tuple[torch.Tensor | None, ...]:
+    x, weight, saved, shift = ctx.saved_tensors
+    want_x, want_w, want_b = ctx.needs_input_grad[:3]
+    g = grad_y if grad_y.dim() == 2 else grad_y.reshape(-1, grad_y.shape[-1])  # any strides
+    key = getattr(ctx, "key", None)
+    if key is not None and len(ctx.x_shape) == 2:  # the launch kept for a contiguous 2-D gradient (see BACKWARD)
+        key = ("linear", key, want_b, layout(grad_y))
+    else:
+        key = None
+    dt = g.dtype
+    if ctx.activation == "none":  # dz = grad_y: only the bias gradient (column sum) is left
+        dz, grad_b = g, None
+        if want_b:
+            grad_b = BACKWARD.run_in_backward(ctx, (g, None, None, 1.0, "none", dt, dt, dt, False, False, True),
+                                              key)[2]
+    else:
+        dz, _, grad_b = BACKWARD.run_in_backward(
+            ctx, (g, saved, shift, 1.0, ctx.activation, dt, dt, dt, True, False, want_b), key)
+    grad_x = None
+    if want_x:
+        grad_x = dz.mm(weight)
+        grad_x = grad_x if len(ctx.x_shape) == 2 else grad_x.view(ctx.x_shape)
+    grad_w = dz.t().mm(x if x.dim() == 2 else x.flatten(0, -2)) if want_w else None
+    return grad_x, grad_w, grad_b, None
+
+
+_backward_once = once_differentiable(_gradients)
+
+
+def _composite(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, activation: str) -> torch.Tensor:
+    """What ``torch.compile`` and the general path run: ``torch.matmul`` + :func:`~fuselab.bias_act` (its own
+    custom ops and autograd), in place on the matmul output when nothing needs grad."""
+    h = torch.matmul(x, weight.t())
+    return bias_act(h, bias, activation=activation, inplace=not _any_requires_grad(x, weight, bias))
+
+
+#: ``act(x @ weight.T + bias)`` as one eager autograd node (the eager path of training on the Triton backend)
+LINEAR = Op("fuselab::fused_linear", eager=_forward, setup_context=_setup_context, backward=_backward,
+            differentiable=(0, 1, 2), composite=_composite)
 
 
 def _call_key(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, activation: str) -> tuple:
@@ -139,82 +171,26 @@ def _call_key(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, 
             None if bias is None else operand(bias), activation)
 
 
-#: backward launches prepared by :func:`_backward` for :func:`_again`: ``ctx.key`` -> (launch record of
-#: :func:`fuselab.ops._bias_act_triton.bias_act_bwd_`, the gradient's :func:`~fuselab.ops._launch.layout`)
-_PREPARED: dict[tuple | None, tuple] = {}
-
-
-def _again(ctx, grad_y: torch.Tensor, record: tuple) -> tuple[torch.Tensor | None, ...]:
-    """:func:`_backward` for a 2-D contiguous ``grad_y`` through the launch an earlier backward of the same
-    layout prepared: the backward runs on the autograd engine's thread, where every Python step costs several
-    times its main-thread time, so it skips the launch plan and the argument checks."""
-    x, weight, saved, shift = ctx.saved_tensors
-    want_x, want_w, want_b = ctx.needs_input_grad[:3]
-    grad_b = torch.empty(grad_y.shape[1], dtype=grad_y.dtype, device=grad_y.device) if want_b else None
-    if ctx.activation == "none":
-        dz = grad_y
-        _kernels().bias_act_bwd_again(record, grad_y, None, None, 1.0, None, None, grad_b)
-    else:
-        dz = torch.empty_like(grad_y)
-        _kernels().bias_act_bwd_again(record, grad_y, saved, shift, 1.0, dz, None, grad_b)
-    return dz.mm(weight) if want_x else None, dz.t().mm(x) if want_w else None, grad_b, None
-
-
-def _backward(ctx, grad_y: torch.Tensor) -> tuple[torch.Tensor | None, ...]:
-    x, weight, saved, shift = ctx.saved_tensors
-    want_x, want_w, want_b = ctx.needs_input_grad[:3]
-    g = grad_y if grad_y.dim() == 2 else grad_y.reshape(-1, grad_y.shape[-1])  # any strides
-    (m, n), dev, k = g.shape, g.device, _kernels()
-    if saved is not None and saved.dim() != 2:
-        saved = saved.view(m, n)
-    grad_b = partial = None
-    if want_b:
-        grad_b = torch.empty(n, dtype=g.dtype, device=dev)
-        partial = k.bias_grad_partials(m, n, g.dtype, dev)
-    record = None
-    if ctx.activation == "none":  # dz = grad_y: only the bias gradient (column sum) is left
-        dz = g
-        if want_b:
-            record = k.bias_act_bwd_(g, None, None, 1.0, "none", None, None, partial, grad_b)
-    else:
-        dz = torch.empty((m, n), dtype=g.dtype, device=dev)
-        record = k.bias_act_bwd_(g, saved, shift, 1.0, ctx.activation, dz, None, partial, grad_b)
-    if (record is not None and ctx.key is not None and grad_y.dtype == ctx.dtype and grad_y.is_contiguous()
-            and grad_y.stride() == (n, 1) and grad_y.data_ptr() & 15 == 0):
-        keep(_PREPARED, ctx.key, (record, layout(grad_y)))
-    grad_x = None
-    if want_x:
-        grad_x = dz.mm(weight)
-        grad_x = grad_x if len(ctx.x_shape) == 2 else grad_x.view(ctx.x_shape)
-    grad_w = dz.t().mm(x if x.dim() == 2 else x.flatten(0, -2)) if want_w else None
-    return grad_x, grad_w, grad_b, None
-
-
-_backward_once = once_differentiable(_backward)
-
-
 def fused_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None,
                  activation: str = "relu") -> torch.Tensor:
     """Functional :class:`FusedLinear`: ``act(x @ weight.T + bias)``, matmul without bias + fused epilogue.
 
     ``x`` ``(..., in)``, ``weight`` ``(out, in)``, ``bias`` ``(out,)`` or None. In inference (nothing requires
     grad) the epilogue runs in place on the fresh matmul output. Eager training on the Triton path with one
-    dtype (x of 2+ dims, no autocast) runs :class:`_FusedLinearFunction`; torch.compile traces the custom ops.
+    dtype (x of 2+ dims, no autocast) runs :data:`LINEAR`; torch.compile traces the matmul and the custom ops.
     """
-    needs_grad = _any_requires_grad(x, weight, bias)
-    if needs_grad and not torch.compiler.is_compiling():
+    if _any_requires_grad(x, weight, bias) and not torch.compiler.is_compiling():
         try:
             key = _call_key(x, weight, bias, activation)
-            record = _FORWARDS.get(key)
+            prepared = LINEAR.launches.get(key)
         except (AttributeError, TypeError):  # not tensors, an unhashable activation: the general path names it
-            key = record = None
+            key = prepared = None
         # a kept key passed the checks of _fast_path; what may change between calls is checked again
-        if record is not None and _eager_triton(x):
-            return _FusedLinearFunction.apply(x, weight, bias, activation, key, record)
+        if prepared is not None and _eager_triton(x):
+            return LINEAR.run((x, weight, bias, activation), key, prepared, True)[0]
         if _fast_path(x, weight, bias, activation):
-            return _FusedLinearFunction.apply(x, weight, bias, activation, key, None)
-    h = torch.matmul(x, weight.t())
-    return bias_act(h, bias, activation=activation, inplace=not needs_grad)
+            return LINEAR.run((x, weight, bias, activation), key, None, True)[0]
+    return _composite(x, weight, bias, activation)
 
 
 class FusedLinear(nn.Module):

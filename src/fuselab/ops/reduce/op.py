@@ -1,28 +1,37 @@
 """Deterministic ``sum`` and ``mean`` over any axes, at the memory roofline.
 
-Layers: the planner (:mod:`fuselab.ops._reduce_plan`: kernel, tiles, split) and the Triton kernels with their
-out-param launcher (:mod:`fuselab.ops._reduce_triton`) -> the allocating
-op :func:`_reduce_alloc` -> ``torch.library.custom_op`` ``fuselab::reduce`` with a fake kernel and
-``register_autograd`` (the gradient is a broadcast, scaled by ``1/n`` for the mean) -> the public
-:func:`sum` and :func:`mean`. Tensors that are not on CUDA take the pure-PyTorch path
-(:mod:`fuselab.reference.reduce`) unless ``FUSELAB_BACKEND=triton`` (see :mod:`fuselab.backend`).
+Layers: the planner and out-param launcher (:mod:`fuselab.ops.reduce.launch`: kernel, tiles, split) and the Triton
+kernels (:mod:`fuselab.ops.reduce.kernels`) -> the :class:`~fuselab.ops.opdef.Op` :data:`REDUCE`
+(``fuselab::reduce``; the gradient is a broadcast, scaled by ``1/n`` for the mean) -> the public :func:`sum` and
+:func:`mean`. Tensors that are not on CUDA take the pure-PyTorch path (:mod:`fuselab.reference.reduce`) unless
+``FUSELAB_BACKEND=triton`` (see :mod:`fuselab.backend`).
 """
 
 from __future__ import annotations
 
+import functools
 import math
 
 import torch
 
 from fuselab.backend import triton_for, use_triton
-from fuselab.ops import _reduce_plan as planner
-from fuselab.ops._launch import keep
 from fuselab.ops._tickets import scratch
+from fuselab.ops.opdef import Op
 from fuselab.reference import reduce as ref
+
+from . import plan as planner
 
 __all__ = ["mean", "sum"]
 
 Dim = ref.Dim
+
+
+@functools.cache
+def _launch():
+    """The launcher, imported on first use (Triton must not load before ``TRITON_INTERPRET`` is set)."""
+    from fuselab.ops.reduce import launch
+
+    return launch
 
 
 def _plan_call(x: torch.Tensor, dims: tuple[int, ...], keepdim: bool, out_dtype: torch.dtype) -> tuple:
@@ -35,30 +44,27 @@ def _plan_call(x: torch.Tensor, dims: tuple[int, ...], keepdim: bool, out_dtype:
 
 def _run_planned(src: torch.Tensor, dims: tuple[int, ...], planned: tuple, is_mean: bool) -> torch.Tensor:
     """Allocate the output (contiguous) and, for split reductions, the partials workspace; launch."""
-    from fuselab.ops import _reduce_triton as kernels
-
-    out_shape, out_dtype, plan, acc = planned
+    out_shape, out_dtype, plan, acc = planned[:4]
     out = torch.empty(out_shape, dtype=out_dtype, device=src.device)
     n = planner.workspace_numel(plan)
     workspace = scratch(src.device, (n,), acc) if n else None  # written before it is read: per-stream scratch
-    kernels.reduce_into(src, dims, out, workspace, plan=plan, is_mean=is_mean)
+    _launch().reduce_into(src, dims, out, workspace, plan=plan, is_mean=is_mean)
     return out
 
 
-def _reduce_alloc(x: torch.Tensor, dims: tuple[int, ...], keepdim: bool, is_mean: bool,
-                  out_dtype: torch.dtype) -> torch.Tensor:
-    """Allocating op: the output (contiguous) and, for split reductions, the fp32 partials workspace."""
+def _reduce(x: torch.Tensor, dims: list[int], keepdim: bool, is_mean: bool, out_dtype: torch.dtype, *,
+            prepared=None) -> tuple:
+    """Allocating op: (the output (contiguous; for split reductions with an fp32 partials workspace), the plan when
+    ``x`` is read in place, and the reduced axes: the record a call key keeps). ``prepared``: a kept record."""
+    if prepared is not None:
+        return _run_planned(x, (), prepared, is_mean), None
+    dims = tuple(dims)
     src, planned = _plan_call(x, dims, keepdim, out_dtype)
-    return _run_planned(src, dims, planned, is_mean)
+    return _run_planned(src, dims, planned, is_mean), ((*planned, dims) if src is x else None)
 
 
-@torch.library.custom_op("fuselab::reduce", mutates_args=())
-def _reduce_op(x: torch.Tensor, dims: list[int], keepdim: bool, is_mean: bool, out_dtype: torch.dtype) -> torch.Tensor:
-    return _reduce_alloc(x, tuple(dims), keepdim, is_mean, out_dtype)
-
-
-@_reduce_op.register_fake
-def _(x: torch.Tensor, dims: list[int], keepdim: bool, is_mean: bool, out_dtype: torch.dtype) -> torch.Tensor:
+def _reduce_fake(x: torch.Tensor, dims: list[int], keepdim: bool, is_mean: bool,
+                 out_dtype: torch.dtype) -> torch.Tensor:
     return x.new_empty(ref.output_shape(x, tuple(dims), keepdim), dtype=out_dtype)
 
 
@@ -75,7 +81,7 @@ def _backward(ctx, grad: torch.Tensor):
     return broadcast_grad(grad, ctx.x_shape, ctx.x_dtype, ctx.dims, ctx.keepdim, ctx.is_mean), None, None, None, None
 
 
-_reduce_op.register_autograd(_backward, setup_context=_setup_context)
+REDUCE = Op("fuselab::reduce", eager=_reduce, fake=_reduce_fake, setup_context=_setup_context, backward=_backward)
 
 
 def broadcast_grad(grad: torch.Tensor, x_shape, x_dtype: torch.dtype, dims: tuple[int, ...], keepdim: bool,
@@ -92,34 +98,20 @@ def broadcast_grad(grad: torch.Tensor, x_shape, x_dtype: torch.dtype, dims: tupl
     return grad.expand(x_shape)
 
 
-#: eager calls on the Triton path already validated and planned:
-#: (shape, strides, dtype, device, dim, keepdim, dtype, op)
-#: -> (output shape, output dtype, plan, accumulation dtype). Only inputs the kernels read in place.
-_PLANNED: dict[tuple, tuple] = {}
-
-
-def _planned_call(x: torch.Tensor, dim: Dim, keepdim: bool, dtype: torch.dtype | None, op: str):
-    """The host-side fast path of an eager, no-grad call on the Triton path seen before: no validation or planning again
-    (a dict lookup instead of tens of microseconds). Returns the result for a call seen before, the cache key
-    for an eligible new call (the caller stores its plan under it), or None when not eligible."""
-    if not (type(x) is torch.Tensor and x.is_floating_point()) or not triton_for(x):
-        return None  # integer/bool inputs are converted first (a copy the plan cannot stand for)
-    if (x.requires_grad and torch.is_grad_enabled()) or torch.compiler.is_compiling():
+def _call_key(x: torch.Tensor, dim: Dim, keepdim: bool, dtype: torch.dtype | None, op: str) -> tuple | None:
+    """What the checks and the plan of an eager call on the Triton path depend on: (shape, strides, dtype, device,
+    dim, keepdim, dtype, op); None for calls that cannot keep a plan (integer/bool inputs are converted first, a
+    copy the plan cannot stand for; compiling; not a plain tensor)."""
+    if type(x) is not torch.Tensor or not x.is_floating_point() or torch.compiler.is_compiling():
         return None
-    try:
-        key = (x.shape, x.stride(), x.dtype, x.device, dim, keepdim, dtype, op)
-        hit = _PLANNED.get(key)
-    except TypeError:  # an unhashable dim (a list): the normal path
-        return None
-    if hit is None:
-        return key
-    return _run_planned(x, (), hit, op == "mean")
+    return x.shape, x.stride(), x.dtype, x.device, dim, keepdim, dtype, op
 
 
 def _dispatch(x: torch.Tensor, dim: Dim, keepdim: bool, dtype: torch.dtype | None, op: str) -> torch.Tensor:
-    fast = _planned_call(x, dim, keepdim, dtype, op)
-    if isinstance(fast, torch.Tensor):
-        return fast
+    key = _call_key(x, dim, keepdim, dtype, op)
+    prepared = REDUCE.kept(key)
+    if prepared is not None and triton_for(x):  # a checked call of this key kept its plan
+        return REDUCE.run((x, list(prepared[4]), keepdim, op == "mean", prepared[1]), key, prepared)
     out_dtype = ref.result_dtype(x, dtype, op)
     dims = ref.normalize_dims(x, dim)
     if not isinstance(keepdim, bool):
@@ -132,14 +124,7 @@ def _dispatch(x: torch.Tensor, dim: Dim, keepdim: bool, dtype: torch.dtype | Non
     if x.numel() == 0:
         # empty input or empty reduced axes: torch's result (sum 0, mean NaN) and its warnings
         return reference(x, dims, keepdim, dtype=out_dtype)
-    if type(x) is torch.Tensor and not torch.compiler.is_compiling() and not (x.requires_grad and
-                                                                             torch.is_grad_enabled()):
-        # eager without autograd: skip the custom-op dispatcher (tens of µs of host time per call)
-        src, planned = _plan_call(x, dims, keepdim, out_dtype)
-        if fast is not None and src is x:  # remembered only when read in place
-            keep(_PLANNED, fast, planned)
-        return _run_planned(src, dims, planned, op == "mean")
-    return _reduce_op(x, list(dims), keepdim, op == "mean", out_dtype)
+    return REDUCE.run((x, list(dims), keepdim, op == "mean", out_dtype), key)
 
 
 def sum(x: torch.Tensor, dim: Dim = None, keepdim: bool = False, *, dtype: torch.dtype | None = None) -> torch.Tensor:

@@ -1,4 +1,4 @@
-"""The device facts the launch planners read: DRAM bandwidth per SM and the fast-memory switch."""
+"""fuselab.core.device: the device facts the launch planners read: DRAM bandwidth per SM and the fast-memory switch."""
 
 from __future__ import annotations
 
@@ -6,13 +6,13 @@ import pytest
 import torch
 import triton.testing
 
-from fuselab.ops import _launch
+from fuselab.core import device as facts
 
 
 def test_cpu_stands_in_for_an_h100():
     """Off CUDA (the interpreter) plans are those of an H100, whatever the machine."""
-    assert _launch.dram_gbps_per_sm(torch.device("cpu")) == _launch.INTERPRETER_DRAM_GBPS_PER_SM
-    assert not _launch.fast_memory(torch.device("cpu"))
+    assert facts.dram_gbps_per_sm(torch.device("cpu")) == facts.INTERPRETER_DRAM_GBPS_PER_SM
+    assert not facts.fast_memory(torch.device("cpu"))
 
 
 def test_driver_without_memory_facts(monkeypatch):
@@ -21,12 +21,12 @@ def test_driver_without_memory_facts(monkeypatch):
         raise RuntimeError("no memory clock")
 
     monkeypatch.setattr(triton.testing, "get_dram_gbps", no_facts)
-    monkeypatch.setattr(_launch, "_sm_count", lambda index: 132)
-    assert _launch._dram_gbps_per_sm.__wrapped__(0) == _launch.INTERPRETER_DRAM_GBPS_PER_SM
+    monkeypatch.setattr(facts, "_sm_count", lambda index: 132)
+    assert facts._dram_gbps_per_sm.__wrapped__(0) == facts.INTERPRETER_DRAM_GBPS_PER_SM
 
 
 @pytest.mark.parametrize("gbps_per_sm,fast", [(25.4, False), (29.9, False), (30.0, True), (36.5, True)])
 def test_fast_memory_threshold(monkeypatch, gbps_per_sm, fast):
     """H100 SXM (25.4 GB/s per SM) plans as before; H200 (36.5) takes the fast-memory plans."""
-    monkeypatch.setattr(_launch, "dram_gbps_per_sm", lambda device: gbps_per_sm)
-    assert _launch.fast_memory(torch.device("cpu")) is fast
+    monkeypatch.setattr(facts, "dram_gbps_per_sm", lambda device: gbps_per_sm)
+    assert facts.fast_memory(torch.device("cpu")) is fast

@@ -150,7 +150,7 @@ def rope_cos_sin(seqlen: int, rotary_dim: int, *, base: float = 10000.0, scaling
 
     Row ``p`` holds ``mscale * cos(p * inv_freq)`` (likewise sin), computed in float64 and rounded
     once to ``dtype``. ``scaling`` is the same dict :func:`fuselab.apply_rope` accepts for in-kernel
-    angles (see :mod:`fuselab.ops.rope_angles`). Raises ``ValueError``/``TypeError`` for a
+    angles (see this module). Raises ``ValueError``/``TypeError`` for a
     non-positive ``seqlen``, an odd ``rotary_dim``, ``base <= 1`` or a malformed ``scaling``.
     """
     if isinstance(seqlen, bool) or not isinstance(seqlen, int) or seqlen <= 0:

@@ -1,4 +1,5 @@
-"""Argument checks shared by every op. Each raises TypeError/ValueError naming the argument."""
+"""Argument checks shared by every op, the references and the CUDA backends. Each raises TypeError/ValueError
+naming the argument."""
 
 from __future__ import annotations
 
@@ -39,5 +40,6 @@ def require_same_device(**tensors: torch.Tensor | None) -> torch.device:
 
 
 def require_ndim(name: str, t: torch.Tensor, ndim: int, layout_hint: str) -> None:
+    """ValueError naming ``name`` unless ``t`` has ``ndim`` dims (``layout_hint`` shows the expected shape)."""
     if t.dim() != ndim:
         raise ValueError(f"{name} must have {ndim} dims {layout_hint}, got shape {tuple(t.shape)}")

@@ -1,7 +1,7 @@
-"""Triton kernels and launchers of ``fuselab.sum``/``fuselab.mean`` (deterministic, fixed two-stage trees).
+"""Triton kernels of ``fuselab.sum``/``fuselab.mean`` (deterministic, fixed two-stage trees).
 
-They run a :class:`~fuselab.ops._reduce_plan.ReducePlan` (``out[o, i] = Σ_r x[o·s_o + r·s_r + i·s_i]``; how a
-reduction becomes one: :mod:`fuselab.ops._reduce_plan`). Two kernels, chosen by which axis is contiguous:
+They run a :class:`~fuselab.ops.reduce.launch.ReducePlan` (``out[o, i] = Σ_r x[o·s_o + r·s_r + i·s_i]``; how a
+reduction becomes one: :mod:`fuselab.ops.reduce.launch`). Two kernels, chosen by which axis is contiguous:
 
 * ``_rows_kernel`` (the reduced axis has the smallest stride: ``dim=-1``, full reductions): each
   program owns ``ROWS`` outputs and streams their rows in ``[ROWS, BLOCK_R]`` tiles of 8-16 KiB
@@ -19,7 +19,7 @@ tile's partials in split order and writes the result: one launch, no float atomi
 shape on the same device gives the same bits on every run. Bytes: read the input once, write ``K``
 outputs (+ ``2·SPLIT·K·4`` bytes of partials, kept ≤ a few percent of the input, served from L2).
 
-Work stealing (``STEAL``, plans with ``steal > 0``): instead of one program per (tile, chunk) item, a grid of resident
+Work stealing (plans with ``steal > 0``): instead of one program per (tile, chunk) item, a grid of resident
 programs takes items from an atomic counter until none is left, so no SM idles while another finishes a long
 program. Each item's partial still lands at ``[chunk, outputs]``, and the last program to finish sums them in chunk
 order: which program read which item does not change the bits.
@@ -27,70 +27,25 @@ order: which program read which item does not change the bits.
 
 from __future__ import annotations
 
-import torch
 import triton
 import triton.language as tl
 
-from ._launch import INT32_MAX, TensorDescriptor, cdiv, needs_int64, sm_count
-from ._launch import launch as launch_kernel
-from ._reduce_plan import ReducePlan, workspace_numel
-from ._tickets import final_sum_rows, last_to_arrive, sum_partials, ticket_counters
-
-#: register cap of the rows kernel. 32 (to fit 8 resident 8-warp programs per SM, session 11) starved the loads: the
-#: compiler then issues a tile's loads in batches. At 64 with 16-warp one-row tiles (_reduce_plan.ROW_WARPS), H100 under
-#: the lab's dirty flush: dim=-1 of 10000² fp32 0.92 -> 0.95 of copy bandwidth (torch.compile 0.94), of 8192² bf16
-#: 0.86 -> 0.90, of 65536x512 bf16 0.77 -> 0.80; all of 8192² bf16 0.79 -> 0.81, of 10000² fp32 0.91 -> 0.93
-#: (benchmarks/results/h100/probes/reduce_rows_probe.txt)
-ROWS_MAXNREG = 64
-#: cache eviction hint of the input loads (read once), by element size. "evict_first" keeps the stream from
-#: displacing other L2 contents: after an L2 flush that wrote (do_bench's), the flush's dirty lines, whose
-#: write-back would otherwise share DRAM bandwidth with the read. On the H100 it lifts the 64-134 MB bf16 cases by
-#: 8-33% (benchmarks/sweeps/l2_probe.py) but costs the 0.4-1 GB fp32 ones 2-4%. "" is Triton's default policy.
-STREAM_EVICTION = {2: "evict_first", 4: "", 8: ""}
-
-#: 64-bit index math in stealing launches whatever their size. H100, all of 8192² bf16, 2 resident 16-warp programs per
-#: SM: 0.795 -> 0.853 of copy bandwidth under the dirty flush, 0.903 -> 0.965 in a CUDA graph (the prototype
-#: of benchmarks/sweeps/reduce_steal_proto.py, which used 64-bit offsets, ran at 0.845 / 0.963)
-STEAL_INT64 = True
-#: registers of one SM (every GPU fuselab targets, sm_80 to sm_90), for the register cap of stealing grids
-REGISTERS_PER_SM = 65536
-
-
-def steal_maxnreg(plan: ReducePlan, sms: int) -> int:
-    """Register cap under which all ``plan.steal`` programs of a stealing plan are resident at once on ``sms`` SMs (a
-    grid larger than what fits would run a second, partial wave: the imbalance stealing is there to remove):
-    registers per SM over the threads the grid puts on each SM, in the allocation's steps of 8."""
-    warps_per_sm = plan.num_warps * cdiv(plan.steal, sms)
-    return min(255, REGISTERS_PER_SM // (warps_per_sm * 32) // 8 * 8)
-
-
-_TL_ACC = {torch.float32: tl.float32, torch.float64: tl.float64}
+from fuselab.ops._rounding import rounded
+from fuselab.ops._tickets import last_to_arrive, sum_partials
 
 
 @triton.jit
-def _cast_out(v, out_ptr, OUT_BF16: tl.constexpr):
-    """``v`` in the output dtype. bf16 is rounded to nearest even with integer ops, because the
-    interpreter truncates fp32 -> bf16 casts (the GPU rounds to nearest even): same bits on both."""
-    if OUT_BF16:
-        bits = v.to(tl.float32).to(tl.uint32, bitcast=True)
-        bits = bits + 0x7FFF + ((bits >> 16) & 1)
-        return (bits >> 16).to(tl.uint16).to(tl.bfloat16, bitcast=True)
-    else:
-        return v.to(out_ptr.dtype.element_ty)
-
-
-@triton.jit
-def _store_out(total, idx, mask, out_ptr, n_reduced, IS_MEAN: tl.constexpr, OUT_BF16: tl.constexpr):
+def _store_out(total, idx, mask, out_ptr, n_reduced, IS_MEAN: tl.constexpr):
     """Write finished sums ``total`` to outputs ``idx``: divided by ``n_reduced`` for a mean, in the output dtype."""
     if IS_MEAN:
         total = total / n_reduced
-    tl.store(out_ptr + idx, _cast_out(total, out_ptr, OUT_BF16), mask=mask)
+    tl.store(out_ptr + idx, rounded(total, out_ptr.dtype.element_ty), mask=mask)
 
 
 @triton.jit
 def _store_result(total, idx, mask, out_ptr, part_ptr, count_ptr, tile, split, n_split, n_outputs, n_reduced,
                   WIDTH: tl.constexpr, SPLIT_R: tl.constexpr, BLOCK_S: tl.constexpr, ACC: tl.constexpr,
-                  IS_MEAN: tl.constexpr, OUT_BF16: tl.constexpr):
+                  IS_MEAN: tl.constexpr):
     """Write ``total`` (``[WIDTH]`` sums of this program's chunk, for outputs ``idx``) to ``out_ptr``; with a split,
     store it as partial ``[split, idx]`` and let the last of the tile's programs sum all of them in split order."""
     done = True
@@ -100,7 +55,7 @@ def _store_result(total, idx, mask, out_ptr, part_ptr, count_ptr, tile, split, n
         if done:
             total = sum_partials(part_ptr, n_outputs, idx, mask, n_split, BLOCK_S, WIDTH, ACC)
     if done:
-        _store_out(total, idx, mask, out_ptr, n_reduced, IS_MEAN, OUT_BF16)
+        _store_out(total, idx, mask, out_ptr, n_reduced, IS_MEAN)
 
 
 @triton.jit
@@ -163,18 +118,17 @@ def _program_coords(INT64: tl.constexpr):
 
 @triton.jit
 def _store_item(total, idx, mask, out_ptr, part_ptr, split, n_outputs, n_reduced, SPLIT_R: tl.constexpr,
-                IS_MEAN: tl.constexpr, OUT_BF16: tl.constexpr):
+                IS_MEAN: tl.constexpr):
     """A stealing item's sums: partial ``[split, idx]`` of a split plan, else the outputs themselves."""
     if SPLIT_R:
         tl.store(part_ptr + split * n_outputs + idx, total, mask=mask)
     else:
-        _store_out(total, idx, mask, out_ptr, n_reduced, IS_MEAN, OUT_BF16)
+        _store_out(total, idx, mask, out_ptr, n_reduced, IS_MEAN)
 
 
 @triton.jit
 def _steal_done(out_ptr, part_ptr, count_ptr, n_outputs, n_split, n_reduced, WIDTH: tl.constexpr,
-                SPLIT_R: tl.constexpr, BLOCK_S: tl.constexpr, ACC: tl.constexpr, IS_MEAN: tl.constexpr,
-                OUT_BF16: tl.constexpr):
+                SPLIT_R: tl.constexpr, BLOCK_S: tl.constexpr, ACC: tl.constexpr, IS_MEAN: tl.constexpr):
     """End of a stealing program: the last program to finish (a ticket on ``count_ptr[1]``) zeroes the item counter
     and, for a split plan, sums every output's partials in split order (so the bits do not depend on which program
     read which item)."""
@@ -185,7 +139,7 @@ def _steal_done(out_ptr, part_ptr, count_ptr, n_outputs, n_split, n_reduced, WID
                 idx = start + tl.arange(0, WIDTH)
                 mask = idx < n_outputs
                 total = sum_partials(part_ptr, n_outputs, idx, mask, n_split, BLOCK_S, WIDTH, ACC)
-                _store_out(total, idx, mask, out_ptr, n_reduced, IS_MEAN, OUT_BF16)
+                _store_out(total, idx, mask, out_ptr, n_reduced, IS_MEAN)
 
 
 @triton.jit
@@ -237,7 +191,7 @@ def _rows_kernel(
     n_tiles, n_split,  # output tiles of ROWS outputs, chunks of the reduced axis
     ROWS: tl.constexpr, BLOCK_R: tl.constexpr, HAS_I: tl.constexpr, R_CONTIG: tl.constexpr,
     SPLIT_R: tl.constexpr, HAS_TAIL: tl.constexpr, ACC: tl.constexpr, BLOCK_S: tl.constexpr,
-    IS_MEAN: tl.constexpr, OUT_BF16: tl.constexpr, INT64: tl.constexpr, EVICT: tl.constexpr, INTERLEAVE: tl.constexpr,
+    IS_MEAN: tl.constexpr, INT64: tl.constexpr, EVICT: tl.constexpr, INTERLEAVE: tl.constexpr,
     STEAL: tl.constexpr,
 ):
     if STEAL:
@@ -248,17 +202,15 @@ def _rows_kernel(
             total, rows, row_mask = _rows_item(x_ptr, tile, split, n_split, K, I, R, s_o, s_i, s_r,
                                                r_per_split, ROWS, BLOCK_R, HAS_I, R_CONTIG, SPLIT_R, HAS_TAIL, ACC,
                                                INT64, EVICT, False)
-            _store_item(total, rows, row_mask, out_ptr, part_ptr, split, K, n_reduced, SPLIT_R, IS_MEAN,
-                        OUT_BF16)
+            _store_item(total, rows, row_mask, out_ptr, part_ptr, split, K, n_reduced, SPLIT_R, IS_MEAN)
             item = ahead
-        _steal_done(out_ptr, part_ptr, count_ptr, K, n_split, n_reduced, ROWS, SPLIT_R, BLOCK_S, ACC, IS_MEAN,
-                    OUT_BF16)
+        _steal_done(out_ptr, part_ptr, count_ptr, K, n_split, n_reduced, ROWS, SPLIT_R, BLOCK_S, ACC, IS_MEAN)
     else:
         tile, split = _program_coords(INT64)
         total, rows, row_mask = _rows_item(x_ptr, tile, split, n_split, K, I, R, s_o, s_i, s_r, r_per_split, ROWS,
                                            BLOCK_R, HAS_I, R_CONTIG, SPLIT_R, HAS_TAIL, ACC, INT64, EVICT, INTERLEAVE)
         _store_result(total, rows, row_mask, out_ptr, part_ptr, count_ptr, tile, split, n_split, K, n_reduced, ROWS,
-                      SPLIT_R, BLOCK_S, ACC, IS_MEAN, OUT_BF16)
+                      SPLIT_R, BLOCK_S, ACC, IS_MEAN)
 
 
 @triton.jit
@@ -271,8 +223,8 @@ def _cols_kernel(
     r_per_split,  # reduced elements per split (a multiple of BLOCK_R); R when SPLIT == 1
     n_reduced,  # divisor of the mean (IS_MEAN only)
     BLOCK_R: tl.constexpr, BLOCK_I: tl.constexpr, I_CONTIG: tl.constexpr, SPLIT_R: tl.constexpr,
-    HAS_TAIL: tl.constexpr, ACC: tl.constexpr, BLOCK_S: tl.constexpr, IS_MEAN: tl.constexpr,
-    OUT_BF16: tl.constexpr, INT64: tl.constexpr, EVICT: tl.constexpr, INTERLEAVE: tl.constexpr,
+    HAS_TAIL: tl.constexpr, ACC: tl.constexpr, BLOCK_S: tl.constexpr, IS_MEAN: tl.constexpr, INT64: tl.constexpr,
+    EVICT: tl.constexpr, INTERLEAVE: tl.constexpr,
 ):
     pid = tl.program_id(0)  # o * blocks_of_i + block of i
     split = tl.program_id(1)
@@ -303,7 +255,7 @@ def _cols_kernel(
         mask = (r < r_end)[:, None] & col_mask[None, :]
         acc += tl.load(x_ptr + offs, mask=mask, other=0.0, eviction_policy=EVICT).to(ACC)
     _store_result(tl.sum(acc, axis=0), o * I + cols, col_mask, out_ptr, part_ptr, count_ptr, pid, split, n_split,
-                  O * I, n_reduced, BLOCK_I, SPLIT_R, BLOCK_S, ACC, IS_MEAN, OUT_BF16)
+                  O * I, n_reduced, BLOCK_I, SPLIT_R, BLOCK_S, ACC, IS_MEAN)
 
 
 @triton.jit
@@ -316,13 +268,13 @@ def _cols_tma_kernel(
     r_per_split,  # reduced elements per split (a multiple of BLOCK_R); R when SPLIT == 1
     n_reduced,  # divisor of the mean (IS_MEAN only)
     BLOCK_R: tl.constexpr, BLOCK_I: tl.constexpr, STAGES: tl.constexpr, SPLIT_R: tl.constexpr, ACC: tl.constexpr,
-    BLOCK_S: tl.constexpr, IS_MEAN: tl.constexpr, OUT_BF16: tl.constexpr,
+    BLOCK_S: tl.constexpr, IS_MEAN: tl.constexpr,
 ):
     """The cols kernel of an ``O == 1`` plan read through TMA (``plan.stages > 0``): each program streams
     ``[BLOCK_R, BLOCK_I]`` boxes of its chunk into shared memory with ``STAGES`` in flight; the copy engine fills
     rows past R and columns past I with zeros, so the loop has no masks and no per-element addresses. Bytes: read
     R*I elements, write I (+ SPLIT*I partials, written once and read once). A kernel of its own rather than a flag
-    of ``_cols_kernel``: a constexpr branch there changed ptxas's registers for the shipped plans (session 17)."""
+    of ``_cols_kernel``: a constexpr branch there changed ptxas's registers for the shipped plans."""
     tile = tl.program_id(0)
     split = tl.program_id(1)
     col0 = tile * BLOCK_I
@@ -333,71 +285,4 @@ def _cols_tma_kernel(
         acc += x_desc.load([r, col0]).to(ACC)
     cols = col0 + tl.arange(0, BLOCK_I)
     _store_result(tl.sum(acc, axis=0), cols, cols < I, out_ptr, part_ptr, count_ptr, tile, split.to(tl.int64),
-                  tl.num_programs(1), I, n_reduced, BLOCK_I, SPLIT_R, BLOCK_S, ACC, IS_MEAN, OUT_BF16)
-
-
-def launch(x: torch.Tensor, plan: ReducePlan, out: torch.Tensor, partials: torch.Tensor | None, *, is_mean: bool,
-           acc_dtype: torch.dtype) -> None:
-    """The one kernel launch of ``plan`` on ``x``, writing ``out`` (and ``partials`` ``[split, K]`` on the way,
-    when ``plan.split > 1``)."""
-    split = plan.split > 1
-    int64 = needs_int64(x, out) or plan.K * plan.split > INT32_MAX or (plan.steal > 0 and STEAL_INT64)
-    evict = STREAM_EVICTION.get(x.element_size(), "")
-    # plan.block_i outputs per tile: rows of the rows kernel, columns of the cols kernel
-    block_s = final_sum_rows(plan.split, plan.block_i) if split else 1
-    maxnreg = ROWS_MAXNREG if plan.kind == "rows" else None
-    if plan.steal:
-        maxnreg = min(maxnreg or 255, steal_maxnreg(plan, sm_count(x.device)))
-    key = (plan, is_mean, acc_dtype, out.dtype, int64, evict, maxnreg)  # int64 and maxnreg: knobs read here
-    counters = ticket_counters(x.device, 2) if plan.steal else ticket_counters(x.device, plan.tiles) if split else out
-    tensors = (x, out, partials if split else out, counters)
-
-    tma = plan.stages > 0 and x.data_ptr() % 16 == 0  # else the cols kernel runs the same plan from pointers
-
-    def constexprs() -> dict:  # built only the first time this signature launches
-        common = dict(SPLIT_R=split, ACC=_TL_ACC[acc_dtype], BLOCK_S=block_s, OUT_BF16=out.dtype == torch.bfloat16,
-                      IS_MEAN=is_mean, num_warps=plan.num_warps)
-        if tma:
-            return dict(BLOCK_R=plan.block_r, BLOCK_I=plan.block_i, STAGES=plan.stages, **common)
-        common.update(EVICT=evict, INTERLEAVE=plan.interleave, HAS_TAIL=plan.R % plan.block_r != 0, INT64=int64)
-        if maxnreg is not None and x.is_cuda:  # a CUDA compile option (not the interpreter's)
-            common["maxnreg"] = maxnreg
-        if plan.kind == "rows":
-            return dict(ROWS=plan.block_i, BLOCK_R=plan.block_r, HAS_I=plan.I > 1, R_CONTIG=plan.s_r == 1,
-                        STEAL=plan.steal > 0, **common)
-        return dict(BLOCK_R=plan.block_r, BLOCK_I=plan.block_i, I_CONTIG=plan.s_i == 1, **common)
-
-    if plan.kind == "rows":
-        scalars = (plan.K, plan.I, plan.R, plan.s_o, plan.s_i, plan.s_r, plan.r_per_split, plan.R, plan.tiles,
-                   plan.split)
-        launch_kernel(_rows_kernel, key, plan.grid, tensors, scalars, constexprs)
-    elif tma:
-        desc = TensorDescriptor(x, [plan.R, plan.I], [plan.s_r, 1], [plan.block_r, plan.block_i])
-        scalars = (plan.I, plan.R, plan.r_per_split, plan.R)
-        launch_kernel(_cols_tma_kernel, key, plan.grid, (out, desc, *tensors[2:]), scalars, constexprs)
-    else:
-        scalars = (plan.O, plan.I, plan.R, plan.s_o, plan.s_r, plan.s_i, plan.r_per_split, plan.R)
-        launch_kernel(_cols_kernel, key, plan.grid, tensors, scalars, constexprs)
-
-
-def reduce_into(x: torch.Tensor, dims: tuple[int, ...], out: torch.Tensor, workspace: torch.Tensor | None, *,
-                plan: ReducePlan, is_mean: bool) -> None:
-    """Launcher: reduce ``x`` (already laid out by :func:`prepare`) over ``dims`` into ``out``, in one launch.
-
-    ``out`` is contiguous with ``plan.K`` elements; ``workspace`` holds :func:`workspace_numel`
-    accumulator-dtype elements (``None`` when that is 0) for the partials ``[split, K]`` of a split
-    reduction, which the last program of each output tile sums in split order.
-    """
-    if out.numel() != plan.K or not out.is_contiguous():
-        raise ValueError(f"out must be contiguous with {plan.K} elements, got shape {tuple(out.shape)}")
-    if plan.split == 1:
-        launch(x, plan, out, None, is_mean=is_mean, acc_dtype=_acc(x, out))
-        return
-    if workspace is None or workspace.numel() < workspace_numel(plan):
-        raise ValueError(f"workspace must hold {workspace_numel(plan)} elements")
-    partials = workspace[: workspace_numel(plan)].view(plan.split, plan.K)
-    launch(x, plan, out, partials, is_mean=is_mean, acc_dtype=workspace.dtype)
-
-
-def _acc(x: torch.Tensor, out: torch.Tensor) -> torch.dtype:
-    return torch.float64 if torch.float64 in (x.dtype, out.dtype) else torch.float32
+                  tl.num_programs(1), I, n_reduced, BLOCK_I, SPLIT_R, BLOCK_S, ACC, IS_MEAN)

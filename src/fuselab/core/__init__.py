@@ -1,0 +1,7 @@
+"""The bottom layer: what both the references (:mod:`fuselab.reference`) and the fused ops (:mod:`fuselab.ops`)
+build on, importing nothing else of fuselab but :mod:`fuselab.backend`.
+
+* :mod:`fuselab.core.checks`: argument checks that raise ``TypeError``/``ValueError`` naming the argument.
+* :mod:`fuselab.core.rope_math`: RoPE's inverse frequencies and amplitude (base, scaling), and cos/sin tables.
+* :mod:`fuselab.core.device`: facts of a device that plans read (SM count, DRAM bandwidth, TMA), offsets.
+"""

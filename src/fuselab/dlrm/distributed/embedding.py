@@ -1,0 +1,215 @@
+"""Model-parallel embedding tables: :class:`ShardedEmbeddingCollection`.
+
+Shapes: ``W`` ranks, ``B`` this rank's batch, ``Bg`` the global batch (sum of every rank's B, rank-major), ``F``
+tables (features), ``D`` dim, ``K_q`` shards held by rank ``q`` (the plan's order), ``S = sum_q K_q``.
+
+Forward, on every rank (the data-parallel input meets the model-parallel tables):
+
+1. each id's row (``id mod n_f``) picks the shard holding it; ids are grouped by (owner q, sample b, local shard k);
+2. ``all_to_all_single`` of (B, ids for q) per pair, then one ``all_to_all_single`` of [bag lengths (B x K_q),
+   shard-local ids] per pair: the owner now holds every rank's bags of its shards, as ``Bg x K`` bags;
+3. the local module pools them (sum): ``(Bg, K, D)``;
+4. ``all_to_all_single`` sends rows ``[b0_r, b0_r + B_r)`` back to rank r (autograd function: its backward sends
+   the gradients of the pooled embeddings back to the owners, divided by ``grad_divisor``);
+5. the requester adds the partial sums of row-wise shards into ``(B, F, D)`` (mean pooling divides here).
+
+The backward of the local module applies the optimizer to the rows (fused update or torch sparse step).
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.distributed as dist
+from torch import Tensor, nn
+
+from .local import LocalFactory, default_factory, init_rows
+from .plan import Shard, ShardingPlan
+
+
+class _Exchange(torch.autograd.Function):
+    """all_to_all_single along dim 0 of flat tensors; backward: the reverse exchange, scaled by ``scale``."""
+
+    @staticmethod
+    def forward(ctx, send: Tensor, send_splits: list[int], recv_splits: list[int], group, scale: float) -> Tensor:
+        ctx.splits, ctx.group, ctx.scale = (send_splits, recv_splits), group, scale
+        recv = send.new_empty(sum(recv_splits))
+        dist.all_to_all_single(recv, send.contiguous(), recv_splits, send_splits, group=group)
+        return recv
+
+    @staticmethod
+    def backward(ctx, grad: Tensor):
+        send_splits, recv_splits = ctx.splits
+        out = grad.new_empty(sum(send_splits))
+        dist.all_to_all_single(out, grad.contiguous(), send_splits, recv_splits, group=ctx.group)
+        if ctx.scale != 1.0:
+            out = out * ctx.scale
+        return out, None, None, None, None
+
+
+class ShardedEmbeddingCollection(nn.Module):
+    """The shards of ``plan`` held by ``rank``, and the exchanges that serve every rank's lookups.
+
+    ``factory`` builds the local module (default: the fused op when importable, else the torch one; see
+    :mod:`.local`); ``optimizer``/``lr``/``eps`` go to it. Rows start as :func:`.local.init_rows` (``seed``), which
+    does not depend on the plan. ``grad_divisor`` (default: world size, as DDP averages dense gradients) divides
+    the embedding gradients so that W ranks on a global batch train like one process on it (with one rank no
+    exchange runs and it is not applied). ``comm_dtype`` (e.g. ``torch.bfloat16``): the dtype of the pooled
+    embeddings and their gradients on the wire (None: the local module's, fp32); the sums stay fp32.
+    ``pooling``: ``sum`` or ``mean`` over each bag. ``group``: the process group of the exchanges (a dedicated one
+    lets the embedding exchanges and DDP's all-reduce run independently); unused when the plan has one rank.
+
+    Raises ``ValueError`` for a plan/rank mismatch, a bad pooling, or malformed ids/offsets in :meth:`forward`
+    (``TypeError`` for non-integer ones).
+    """
+
+    def __init__(self, plan: ShardingPlan, rank: int, *, factory: LocalFactory | None = None,
+                 optimizer: str = "rowwise_adagrad", lr: float = 0.01, eps: float = 1e-8, pooling: str = "sum",
+                 seed: int = 0, grad_divisor: float | None = None, group=None,
+                 device: torch.device | str | None = None, comm_dtype: torch.dtype | None = None):
+        super().__init__()
+        plan.validate()
+        if not 0 <= rank < plan.world_size:
+            raise ValueError(f"rank {rank} is outside the plan's {plan.world_size} ranks")
+        if plan.world_size > 1 and dist.is_initialized() and dist.get_world_size(group) != plan.world_size:
+            raise ValueError(f"plan is for {plan.world_size} ranks, process group has {dist.get_world_size(group)}")
+        if pooling not in ("sum", "mean"):
+            raise ValueError(f"pooling must be 'sum' or 'mean', got {pooling!r}")
+        if comm_dtype not in (None, torch.float32, torch.bfloat16, torch.float16):
+            raise ValueError(f"comm_dtype must be None, float32, bfloat16 or float16, got {comm_dtype}")
+        self.comm_dtype = comm_dtype
+        self.plan, self.rank, self.group, self.pooling = plan, rank, group, pooling
+        self.dim, self.num_features, self.world = plan.dim, len(plan.table_sizes), plan.world_size
+        self.grad_scale = 1.0 / float(plan.world_size if grad_divisor is None else grad_divisor)
+        self.local_shards: list[Shard] = plan.shards_of(rank)
+        self.local = None
+        if self.local_shards:
+            self.local = (factory or default_factory())([s.rows for s in self.local_shards], self.dim,
+                                                        optimizer=optimizer, lr=lr, eps=eps, device=device)
+            with torch.no_grad():
+                for s, start in zip(self.local_shards, self.local.row_offsets.tolist()):
+                    self.local.weight[start: start + s.rows] = init_rows(seed, s.table, plan.table_sizes[s.table],
+                                                                         s.row_start, s.row_end, self.dim)
+        self._build_routing(device)
+
+    def _build_routing(self, device) -> None:
+        plan = self.plan
+        shards = [s for q in range(self.world) for s in plan.shards_of(q)]  # exchange order: owner, then local
+        table_start = torch.tensor([0, *plan.table_sizes], dtype=torch.int64).cumsum(0)
+        by_row = sorted(range(len(shards)), key=lambda i: (shards[i].table, shards[i].row_start))
+        local_index = [sum(1 for t in shards[:i] if t.rank == s.rank) for i, s in enumerate(shards)]
+        buffers = {
+            "table_sizes": torch.tensor(plan.table_sizes, dtype=torch.int64),
+            "table_start": table_start[:-1].clone(),
+            "bound": torch.tensor([int(table_start[shards[i].table]) + shards[i].row_start for i in by_row]),
+            "sorted_owner": torch.tensor([shards[i].rank for i in by_row]),
+            "sorted_local": torch.tensor([local_index[i] for i in by_row]),
+            "sorted_lo": torch.tensor([shards[i].row_start for i in by_row]),
+            "shard_table": torch.tensor([s.table for s in shards], dtype=torch.int64),
+            "shards_per_rank": torch.tensor([len(plan.shards_of(q)) for q in range(self.world)]),
+            "shards_before": torch.tensor([len([s for s in shards if s.rank < q]) for q in range(self.world)]),
+        }
+        for name, value in buffers.items():
+            self.register_buffer(name, value.to(device=device, dtype=torch.int64), persistent=False)
+        self.counts = [len(plan.shards_of(q)) for q in range(self.world)]
+
+    def set_lr(self, value: float) -> None:
+        if self.local is not None:
+            self.local.set_lr(value)
+
+    def _bags(self, ids: Tensor, offsets: Tensor | None) -> tuple[Tensor, Tensor, int]:
+        """(values (N,), bag of each value (N,), B) from (B, F) ids or flat ids + (B*F + 1,) offsets."""
+        f_count = self.num_features
+        for name, t in (("ids", ids), ("offsets", offsets)):
+            if t is not None and (t.dtype.is_floating_point or t.dtype.is_complex or t.dtype == torch.bool):
+                raise TypeError(f"{name} must be an integer tensor, got {t.dtype}")
+        if offsets is None:
+            if ids.dim() != 2 or ids.shape[1] != f_count:
+                raise ValueError(f"ids must be (B, {f_count}) without offsets, got {tuple(ids.shape)}")
+            b = ids.shape[0]
+            return ids.reshape(-1).to(torch.int64), torch.arange(b * f_count, device=ids.device), b
+        if ids.dim() != 1 or offsets.dim() != 1 or (offsets.shape[0] - 1) % f_count:
+            raise ValueError(f"bags need ids (N,) and offsets (B*{f_count} + 1,), got {tuple(ids.shape)}, "
+                             f"{tuple(offsets.shape)}")
+        lengths = offsets.diff()
+        if int(offsets[0]) != 0 or int(offsets[-1]) != ids.shape[0] or bool((lengths < 0).any()):
+            raise ValueError("offsets must start at 0, end at len(ids) and never decrease")
+        bag = torch.repeat_interleave(torch.arange(lengths.shape[0], device=ids.device), lengths,
+                                      output_size=ids.shape[0])
+        return ids.to(torch.int64), bag, (offsets.shape[0] - 1) // f_count
+
+    def forward(self, ids: Tensor, offsets: Tensor | None = None) -> Tensor:
+        """ids (B, F) raw ids (one per feature), or bags: ids (N,) + offsets (B*F + 1,) int64, bag ``b*F + f`` ->
+        (B, F, D) pooled embeddings (``id mod table_sizes[f]`` picks the row). Collective: every rank calls it."""
+        values, bag, batch = self._bags(ids, offsets)
+        f_count, counts = self.num_features, self.counts
+        feature = bag.remainder(f_count)
+        row = values.remainder(self.table_sizes[feature])
+        pos = torch.searchsorted(self.bound, self.table_start[feature] + row, right=True) - 1
+        owner, local_shard = self.sorted_owner[pos], self.sorted_local[pos]
+        # slot of each id in the send buffer of bag lengths: owner-major, then sample, then owner's local shard
+        slot = (self.shards_before[owner] * batch + (bag // f_count) * self.shards_per_rank[owner] + local_shard)
+        order = torch.argsort(slot, stable=True)
+        lengths = torch.bincount(slot, minlength=batch * sum(counts))
+        shard_ids = (row - self.sorted_lo[pos])[order]
+        pooled_local, batches = self._lookup_remote(lengths, shard_ids, owner, batch)
+        out = self._return(pooled_local, batches, batch)
+        if self.pooling == "mean":
+            bag_len = torch.bincount(bag, minlength=batch * f_count).view(batch, f_count)
+            out = out / bag_len.clamp(min=1).unsqueeze(-1).to(out.dtype)
+        return out
+
+    def _lookup_remote(self, lengths: Tensor, shard_ids: Tensor, owner: Tensor, batch: int
+                       ) -> tuple[Tensor, list[int]]:
+        """Send bag lengths and ids to their owners, pool this rank's shards: -> ((Bg, K, D), each rank's B)."""
+        counts, k_self = self.counts, self.counts[self.rank]
+        ids_per_owner = torch.bincount(owner, minlength=self.world)
+        if self.world == 1:
+            recv_lengths, recv_ids, batches = lengths, shard_ids, [batch]
+        else:
+            meta = torch.stack([torch.full_like(ids_per_owner, batch), ids_per_owner], dim=1)
+            meta_in = torch.empty_like(meta)
+            dist.all_to_all_single(meta_in, meta, group=self.group)
+            batches, n_in = meta_in[:, 0].tolist(), meta_in[:, 1].tolist()
+            len_parts = lengths.split([batch * c for c in counts])
+            id_parts = shard_ids.split(ids_per_owner.tolist())
+            send = torch.cat([x for pair in zip(len_parts, id_parts) for x in pair])
+            send_splits = [batch * c + int(n) for c, n in zip(counts, ids_per_owner.tolist())]
+            recv_splits = [b * k_self + n for b, n in zip(batches, n_in)]
+            recv = send.new_empty(sum(recv_splits))
+            dist.all_to_all_single(recv, send, recv_splits, send_splits, group=self.group)
+            parts = recv.split([x for b, n in zip(batches, n_in) for x in (b * k_self, n)])
+            recv_lengths, recv_ids = torch.cat(parts[0::2]), torch.cat(parts[1::2])
+        total = sum(batches)
+        if self.local is None:
+            empty = torch.zeros(total, 0, self.dim, device=shard_ids.device)
+            return empty.requires_grad_(torch.is_grad_enabled() and self.training), batches
+        offsets = torch.cat([recv_lengths.new_zeros(1), recv_lengths.cumsum(0)])
+        return self.local(recv_ids, offsets), batches
+
+    def _return(self, pooled_local: Tensor, batches: list[int], batch: int) -> Tensor:
+        """Send each rank its rows of the pooled shards; add the partial sums of each table -> (B, F, D)."""
+        counts, dim = self.counts, self.dim
+        if self.world == 1:
+            received = pooled_local
+        else:
+            send_splits = [b * counts[self.rank] * dim for b in batches]
+            recv_splits = [batch * c * dim for c in counts]
+            send = pooled_local.reshape(-1)
+            flat = _Exchange.apply(send if self.comm_dtype is None else send.to(self.comm_dtype), send_splits,
+                                   recv_splits, self.group, self.grad_scale).to(pooled_local.dtype)
+            received = torch.cat([p.view(batch, c, dim) for p, c in zip(flat.split(recv_splits), counts)], dim=1)
+        out = torch.zeros(batch, self.num_features, dim, dtype=received.dtype, device=received.device)
+        return out.index_add(1, self.shard_table, received)
+
+    def shard_states(self) -> list[tuple[Shard, Tensor, Tensor | None]]:
+        """(shard, weight rows (n, D), optimizer state rows or None) of each local shard: views into the local
+        module's storage (writing them changes the module)."""
+        if self.local is None:
+            return []
+        out = []
+        momentum = self.local.momentum
+        for s, start in zip(self.local_shards, self.local.row_offsets.tolist()):
+            state = momentum[start: start + s.rows] if momentum.numel() else None
+            out.append((s, self.local.weight.data[start: start + s.rows], state))
+        return out
+

@@ -1,0 +1,64 @@
+"""Start N processes on this host, as ``torchrun --standalone --nproc-per-node N`` does.
+
+* :func:`spawn_local`: run a picklable function in N processes (torch's elastic launcher); returns each rank's
+  return value; a failed rank stops the others and raises ``ChildFailedError`` naming it.
+* ``python -m fuselab.dlrm.distributed.launch --nproc N [--module M] [--] ARGS...``: ``torchrun --standalone
+  --nproc-per-node N -m M ARGS...`` (M: ``fuselab``; what ``fuselab dlrm train --nproc N`` calls, with its own
+  arguments minus ``--nproc``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import uuid
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from torch.distributed import run as torchrun
+from torch.distributed.launcher.api import LaunchConfig, elastic_launch
+
+from .parallel import MULTICAST_OFF
+
+
+def spawn_local(nproc: int, fn: Callable[..., Any], args: Sequence[Any] = (), *, monitor_interval: float = 0.1
+                ) -> list[Any]:
+    """Run ``fn(*args)`` in ``nproc`` fresh processes (spawn) with torchrun's environment (``RANK``,
+    ``WORLD_SIZE``, ``LOCAL_RANK``, ``MASTER_ADDR``/``MASTER_PORT`` of a free port); ``fn`` calls
+    :func:`.parallel.init_from_env`. Returns ``[return value of rank 0, ..., rank nproc-1]``.
+
+    Raises ``ValueError`` for ``nproc < 1``, ``torch.distributed.elastic.multiprocessing.errors.ChildFailedError``
+    when a rank fails (the others are terminated; no restarts)."""
+    if nproc < 1:
+        raise ValueError(f"nproc must be >= 1, got {nproc}")
+    config = LaunchConfig(min_nodes=1, max_nodes=1, nproc_per_node=nproc, run_id=f"fuselab-{uuid.uuid4().hex[:8]}",
+                          rdzv_backend="c10d", rdzv_endpoint="localhost:0", max_restarts=0,
+                          monitor_interval=monitor_interval, start_method="spawn")
+    results = elastic_launch(config, fn)(*args)
+    return [results[r] for r in range(nproc)]
+
+
+def torchrun_argv(nproc: int, module_args: Sequence[str], module: str = "fuselab") -> list[str]:
+    """torchrun's argument list for ``nproc`` processes on this host running ``python -m module module_args``."""
+    if nproc < 1:
+        raise ValueError(f"nproc must be >= 1, got {nproc}")
+    return ["--standalone", f"--nproc-per-node={nproc}", "-m", module, *module_args]
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m fuselab.dlrm.distributed.launch",
+                                     description="Run `python -m fuselab ARGS` in N processes on this host.")
+    parser.add_argument("--nproc", type=int, required=True, help="processes (one per GPU; gloo on CPU)")
+    parser.add_argument("--module", default="fuselab", help="the module each process runs (default: fuselab)")
+    parser.add_argument("args", nargs=argparse.REMAINDER, help="arguments of `python -m fuselab`")
+    ns = parser.parse_args(argv)
+    rest = ns.args[1:] if ns.args[:1] == ["--"] else ns.args
+    for key, value in MULTICAST_OFF.items():
+        os.environ.setdefault(key, value)
+    torchrun.main(torchrun_argv(ns.nproc, rest, ns.module))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,193 @@
+"""Process groups, the hybrid-parallel DLRM wrapper and the per-rank slice of the global batch.
+
+* :func:`init_from_env` joins the job that ``torchrun`` (or :func:`.launch.spawn_local`) started: NCCL on CUDA, gloo
+  on CPU, a timeout on every collective (a dead rank makes the others fail instead of hanging), and a second
+  process group for the embedding exchanges.
+* :class:`DistributedDLRM`: embeddings model-parallel (:class:`.embedding.ShardedEmbeddingCollection`), the dense
+  part data-parallel through DDP (bucketed gradient all-reduce overlapped with the backward).
+* :func:`local_slice` / :func:`slice_batch` / :func:`local_rows`: each rank reads only its part of a global batch;
+  :func:`gather_rows` puts the parts back together (evaluation).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from dataclasses import dataclass
+from datetime import timedelta
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch import Tensor, nn
+from torch.nn.parallel import DistributedDataParallel
+
+from .embedding import ShardedEmbeddingCollection
+
+#: NVLink SHARP (multicast) off: the lent multi-GPU machines do not support it (NCCL and symmetric memory)
+MULTICAST_OFF = {"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1"}
+
+
+@dataclass
+class ParallelContext:
+    """Where this process stands: global ``rank`` of ``world_size``, ``local_rank`` on its host, its ``device``,
+    the ``backend`` and the process group of the embedding exchanges (``embedding_group``; None with one rank)."""
+
+    rank: int
+    world_size: int
+    local_rank: int
+    device: torch.device
+    backend: str
+    embedding_group: Any = None
+
+    @property
+    def is_main(self) -> bool:
+        return self.rank == 0
+
+
+def init_from_env(backend: str | None = None, timeout_s: float = 600.0) -> ParallelContext:
+    """Join the process group described by torchrun's variables (``RANK``, ``WORLD_SIZE``, ``LOCAL_RANK``,
+    ``MASTER_ADDR``, ``MASTER_PORT``). Without them (a plain ``python`` run): a one-rank context, no process group.
+
+    ``backend``: ``nccl`` when CUDA is available, else ``gloo``. Each process uses ``cuda:LOCAL_RANK`` with NCCL.
+    ``timeout_s`` bounds every collective. Sets NCCL_NVLS_ENABLE=0 and TORCH_SYMM_MEM_DISABLE_MULTICAST=1 (unless
+    already set). Raises ``ValueError`` for inconsistent variables or an unknown backend.
+    """
+    for key, value in MULTICAST_OFF.items():
+        os.environ.setdefault(key, value)
+    if "WORLD_SIZE" not in os.environ:
+        device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+        return ParallelContext(0, 1, 0, device, backend or "none")
+    world, rank = int(os.environ["WORLD_SIZE"]), int(os.environ.get("RANK", "0"))
+    local_rank = int(os.environ.get("LOCAL_RANK", "0"))
+    if not 0 <= rank < world:
+        raise ValueError(f"RANK={rank} is outside WORLD_SIZE={world}")
+    backend = backend or ("nccl" if torch.cuda.is_available() else "gloo")
+    if backend not in ("nccl", "gloo"):
+        raise ValueError(f"backend must be 'nccl' or 'gloo', got {backend!r}")
+    if backend == "nccl":
+        device = torch.device("cuda", local_rank)
+        torch.cuda.set_device(device)
+    else:
+        device = torch.device("cpu")
+    timeout = timedelta(seconds=timeout_s)
+    if not dist.is_initialized():
+        dist.init_process_group(backend, timeout=timeout, device_id=device if backend == "nccl" else None)
+    group = dist.new_group(backend=backend, timeout=timeout) if world > 1 else None
+    return ParallelContext(rank, world, local_rank, device, backend, group)
+
+
+def shutdown() -> None:
+    """Leave the process group (no-op without one)."""
+    if dist.is_initialized():
+        dist.destroy_process_group()
+
+
+def local_slice(global_batch_size: int, rank: int, world: int) -> slice:
+    """Rows of a global batch that ``rank`` reads: contiguous, rank-major, the first ``global % world`` ranks one
+    row more (the order of :class:`.embedding.ShardedEmbeddingCollection`'s global batch).
+    Raises ``ValueError`` when rank/world are out of range or the batch has fewer rows than ranks."""
+    if world <= 0 or not 0 <= rank < world:
+        raise ValueError(f"rank {rank} must be in [0, world={world})")
+    if global_batch_size < world:
+        raise ValueError(f"global batch {global_batch_size} has fewer rows than the {world} ranks")
+    base, extra = divmod(global_batch_size, world)
+    start = rank * base + min(rank, extra)
+    return slice(start, start + base + (rank < extra))
+
+
+def local_rows(batch_index: int, global_batch_size: int, rank: int, world: int, num_rows: int) -> tuple[int, int]:
+    """Dataset rows ``[start, stop)`` that ``rank`` reads for the contiguous global batch ``batch_index`` (the last
+    batch may be short): what a loader reads so that no rank reads the whole batch."""
+    first = batch_index * global_batch_size
+    size = min(global_batch_size, num_rows - first)
+    if size <= 0:
+        raise ValueError(f"batch {batch_index} starts at row {first}, past the {num_rows} rows")
+    part = local_slice(size, rank, world)
+    return first + part.start, first + part.stop
+
+
+def slice_batch(batch: Any, rank: int, world: int) -> Any:
+    """This rank's part of a global batch: a tensor (dim 0), a tuple/list/dict of them, or a dataclass of them
+    (``fuselab.dlrm``'s Batch). Bags (flat ids + offsets) must be split with :func:`slice_bags`."""
+    if isinstance(batch, Tensor):
+        return batch[local_slice(batch.shape[0], rank, world)]
+    if dataclasses.is_dataclass(batch):
+        return dataclasses.replace(batch, **{f.name: slice_batch(getattr(batch, f.name), rank, world)
+                                            for f in dataclasses.fields(batch)})
+    if isinstance(batch, dict):
+        return {k: slice_batch(v, rank, world) for k, v in batch.items()}
+    if isinstance(batch, (tuple, list)):
+        return type(batch)(slice_batch(v, rank, world) for v in batch)
+    raise TypeError(f"slice_batch: cannot slice {type(batch).__name__}")
+
+
+def slice_bags(ids: Tensor, offsets: Tensor, num_features: int, rank: int, world: int) -> tuple[Tensor, Tensor]:
+    """This rank's samples of bags (flat ``ids``, ``offsets`` (B*F + 1,)): -> (ids, offsets starting at 0)."""
+    part = local_slice((offsets.shape[0] - 1) // num_features, rank, world)
+    lo, hi = offsets[part.start * num_features], offsets[part.stop * num_features]
+    return ids[lo:hi], offsets[part.start * num_features: part.stop * num_features + 1] - lo
+
+
+def gather_rows(tensor: Tensor, group=None) -> Tensor:
+    """Every rank's ``tensor`` (any rows, same trailing shape and dtype) concatenated along dim 0 in rank order, on
+    every rank (evaluation: predictions and labels of the whole global batch for the AUC). Collective; without a
+    process group, ``tensor`` itself."""
+    if not (dist.is_initialized() and dist.get_world_size(group) > 1):
+        return tensor
+    world = dist.get_world_size(group)
+    rows = torch.tensor([tensor.shape[0]], device=tensor.device)
+    counts = [torch.empty_like(rows) for _ in range(world)]
+    dist.all_gather(counts, rows, group=group)
+    sizes = [int(c) for c in counts]
+    padded = tensor.new_zeros((max(sizes), *tensor.shape[1:]))
+    padded[: tensor.shape[0]] = tensor
+    parts = [torch.empty_like(padded) for _ in range(world)]
+    dist.all_gather(parts, padded, group=group)
+    return torch.cat([p[:n] for p, n in zip(parts, sizes)])
+
+
+class DenseParts(nn.Module):
+    """Everything of a DLRM after the lookup, without its tables: ``forward(dense (B, I), emb (B, F, D)) ->
+    logits (B,)`` = ``over_arch(interaction_arch(dense_arch(dense), emb)).squeeze(1)``, sharing the modules of
+    ``model`` (any object with those three attributes, e.g. :class:`fuselab.dlrm.model.DLRM`). DDP wraps this, so
+    the embedding tables never enter DDP. Raises ``TypeError`` when an attribute is missing."""
+
+    def __init__(self, model: nn.Module):
+        super().__init__()
+        for name in ("dense_arch", "interaction_arch", "over_arch"):
+            if not isinstance(getattr(model, name, None), nn.Module):
+                raise TypeError(f"DenseParts: the model has no module {name!r}")
+        self.dense_arch, self.interaction_arch, self.over_arch = model.dense_arch, model.interaction_arch, \
+            model.over_arch
+
+    def forward(self, dense: Tensor, emb: Tensor) -> Tensor:
+        return self.over_arch(self.interaction_arch(self.dense_arch(dense), emb)).squeeze(1)
+
+
+class DistributedDLRM(nn.Module):
+    """Hybrid-parallel DLRM: ``forward(dense (B, I), ids (B, F) | (N,), offsets=None) -> dense_arch(dense,
+    emb (B, F, D))``, the embeddings from ``sparse`` (model-parallel), ``dense_arch`` (every module after the
+    lookup: bottom MLP, interaction, top MLP; ``forward(dense, emb) -> logits``) replicated and wrapped in DDP when
+    a process group with more than one rank exists (``find_unused_parameters=False``; ``bucket_cap_mb`` passed on).
+
+    The dense optimizer steps on :meth:`dense_parameters`; the embeddings update themselves in the backward.
+    """
+
+    def __init__(self, sparse: ShardedEmbeddingCollection, dense_arch: nn.Module, *,
+                 device: torch.device | None = None, bucket_cap_mb: float = 25.0):
+        super().__init__()
+        self.sparse = sparse
+        self.dense_module = dense_arch
+        if dist.is_initialized() and dist.get_world_size() > 1:
+            ids = [device] if device is not None and device.type == "cuda" else None
+            self.dense = DistributedDataParallel(dense_arch, device_ids=ids, find_unused_parameters=False,
+                                                 bucket_cap_mb=bucket_cap_mb, gradient_as_bucket_view=True)
+        else:
+            self.dense = dense_arch
+
+    def forward(self, dense: Tensor, ids: Tensor, offsets: Tensor | None = None) -> Tensor:
+        return self.dense(dense, self.sparse(ids, offsets))
+
+    def dense_parameters(self) -> list[nn.Parameter]:
+        return list(self.dense_module.parameters())

@@ -1,0 +1,197 @@
+"""Functions run in every rank of the distributed tests (importable by spawned processes), and the data and tiny
+models they share with the single-process references."""
+
+from __future__ import annotations
+
+import os
+
+import torch
+import torch.distributed as dist
+from torch import Tensor, nn
+
+from fuselab.dlrm.dcn import InteractionDCNArch
+from fuselab.dlrm.distributed import (
+    DistributedDLRM,
+    ShardedEmbeddingCollection,
+    fused_factory,
+    init_from_env,
+    local_slice,
+    plan_sharding,
+    shutdown,
+    slice_bags,
+    torch_factory,
+)
+
+SIZES = [50, 7, 300, 13, 1]  # table 2 is split row-wise (row_wise_share below)
+DIM = 4
+BATCH = 16
+TIMEOUT_S = 60.0
+
+
+def make_bags(gen: torch.Generator, batch: int, sizes: list[int], max_bag: int) -> tuple[Tensor, Tensor]:
+    """Random bags (0..max_bag ids, some empty), raw ids in [-1000, 1000) (the modulus picks the row)."""
+    lengths = torch.randint(0, max_bag + 1, (batch * len(sizes),), generator=gen)
+    ids = torch.randint(-1000, 1000, (int(lengths.sum()),), generator=gen)
+    return ids, torch.cat([torch.zeros(1, dtype=torch.int64), lengths.cumsum(0)])
+
+
+def make_plan(world: int, sizes: list[int] = SIZES):
+    return plan_sharding(sizes, DIM, world, pooling_factors=[2.0] * len(sizes), row_wise_share=0.5)
+
+
+def _context(timeout_s: float = TIMEOUT_S):
+    ctx = init_from_env(timeout_s=timeout_s)
+    torch.set_num_threads(1)
+    return ctx
+
+
+def embedding_cases(cfgs: list[dict], ctx=None) -> list[dict]:
+    """:func:`embedding_steps` for each config, in one process group."""
+    ctx = ctx or _context()
+    results = [embedding_steps(cfg, ctx) for cfg in cfgs]
+    if ctx.world_size > 1:
+        shutdown()
+    return results
+
+
+def embedding_steps(cfg: dict, ctx) -> dict:
+    """Two forward/backward steps of the sharded collection on this rank's slice of fixed global batches; returns
+    the outputs of each step and the final local shard rows."""
+    plan = make_plan(ctx.world_size)
+    factory = fused_factory if cfg.get("factory") == "fused" else torch_factory
+    emb = ShardedEmbeddingCollection(plan, ctx.rank, factory=factory, optimizer=cfg["optimizer"], lr=0.3,
+                                     pooling=cfg["pooling"], seed=5, grad_divisor=1.0, group=ctx.embedding_group,
+                                     comm_dtype=cfg.get("comm_dtype"))
+    gen = torch.Generator().manual_seed(11)
+    outs = []
+    for _ in range(2):
+        ids, offsets = make_bags(gen, cfg["batch"], SIZES, 3)
+        weight = torch.randn(cfg["batch"], len(SIZES), DIM, generator=gen)
+        ids_r, off_r = slice_bags(ids, offsets, len(SIZES), ctx.rank, ctx.world_size)
+        out = emb(ids_r, off_r)
+        (out * weight[local_slice(cfg["batch"], ctx.rank, ctx.world_size)]).sum().backward()
+        outs.append(out.detach())
+    shards = [(s.table, s.row_start, s.row_end, w.clone(), None if m is None else m.clone())
+              for s, w, m in emb.shard_states()]
+    return {"outs": outs, "shards": shards}
+
+
+class TinyDense(nn.Module):
+    """Bottom MLP 13 -> 8 -> D, interaction (``dot``: dense + lower-triangle dot products; ``dcn``: DCNv2 rank 3,
+    2 layers), top MLP -> 8 -> 1: forward(dense (B, 13), emb (B, F, D)) -> logits (B,)."""
+
+    def __init__(self, num_sparse: int, interaction: str, seed: int):
+        super().__init__()
+        gen = torch.Generator().manual_seed(seed)
+        self.bottom = nn.Sequential(nn.Linear(13, 8), nn.ReLU(), nn.Linear(8, DIM), nn.ReLU())
+        if interaction == "dcn":
+            self.inter = InteractionDCNArch(num_sparse, DIM, num_layers=2, low_rank=3, generator=gen)
+            width = self.inter.out_features
+        else:
+            self.inter = None
+            n = num_sparse + 1
+            self.register_buffer("rows", torch.tril_indices(n, n, -1)[0], persistent=False)
+            self.register_buffer("cols", torch.tril_indices(n, n, -1)[1], persistent=False)
+            width = DIM + n * (n - 1) // 2
+        self.top = nn.Sequential(nn.Linear(width, 8), nn.ReLU(), nn.Linear(8, 1))
+        with torch.no_grad():
+            for p in [*self.bottom.parameters(), *self.top.parameters()]:
+                p.normal_(0.0, 0.3, generator=gen)
+
+    def forward(self, dense: Tensor, emb: Tensor) -> Tensor:
+        x = self.bottom(dense)
+        if self.inter is not None:
+            z = self.inter(x, emb)
+        else:
+            v = torch.cat([x.unsqueeze(1), emb], dim=1)
+            z = torch.cat([x, torch.bmm(v, v.transpose(1, 2))[:, self.rows, self.cols]], dim=1)
+        return self.top(z).squeeze(1)
+
+
+def global_batch(step: int, batch: int, seed: int = 3) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+    """The global batch of a step: dense (B, 13), ids (N,), offsets (B*F + 1,), labels (B,), from (seed, step)."""
+    gen = torch.Generator().manual_seed(seed * 100_003 + step)
+    dense = torch.rand(batch, 13, generator=gen)
+    ids, offsets = make_bags(gen, batch, SIZES, 3)
+    labels = (dense[:, 0] + 0.3 * torch.rand(batch, generator=gen) < 0.5).float()  # learnable
+    return dense, ids, offsets, labels
+
+
+def build(ctx, cfg: dict) -> tuple[DistributedDLRM, torch.optim.Optimizer]:
+    plan = make_plan(ctx.world_size)
+    sparse = ShardedEmbeddingCollection(plan, ctx.rank, factory=torch_factory, optimizer="rowwise_adagrad",
+                                        lr=0.1, seed=7, group=ctx.embedding_group)
+    model = DistributedDLRM(sparse, TinyDense(len(SIZES), cfg.get("interaction", "dot"), seed=1))
+    opt = torch.optim.SGD(model.dense_parameters(), lr=0.3, momentum=0.5)
+    return model, opt
+
+
+def train_steps(ctx, model, opt, first: int, last: int, batch: int, die_at: int | None = None) -> list[float]:
+    """Steps ``[first, last)`` on this rank's slice; returns the global mean loss of each step."""
+    losses = []
+    for step in range(first, last):
+        dense, ids, offsets, labels = global_batch(step, batch)
+        part = local_slice(batch, ctx.rank, ctx.world_size)
+        ids_r, off_r = slice_bags(ids, offsets, len(SIZES), ctx.rank, ctx.world_size)
+        if die_at == step and ctx.rank == ctx.world_size - 1:
+            os._exit(17)  # a rank dies mid-step: after the others entered the step's first exchange
+        logits = model(dense[part], ids_r, off_r)
+        loss = nn.functional.binary_cross_entropy_with_logits(logits, labels[part])
+        loss.backward()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        total = loss.detach() * (part.stop - part.start) / batch
+        if ctx.world_size > 1:
+            dist.all_reduce(total, group=ctx.embedding_group)
+        losses.append(float(total))
+    return losses
+
+
+def train(cfg: dict, ctx=None) -> list[float]:
+    ctx = ctx or _context()
+    model, opt = build(ctx, cfg)
+    losses = train_steps(ctx, model, opt, 0, cfg["steps"], cfg["batch"])
+    if ctx.world_size > 1:
+        shutdown()
+    return losses
+
+
+def train_and_checkpoint(cfg: dict, ctx=None) -> list[float]:
+    """Train steps [0, cfg['save_at']), save a checkpoint, go on to cfg['steps'] (dying at cfg['die_at'])."""
+    from fuselab.dlrm.distributed.checkpoint import save_checkpoint
+
+    ctx = ctx or _context()
+    model, opt = build(ctx, cfg)
+    losses = train_steps(ctx, model, opt, 0, cfg["save_at"], cfg["batch"])
+    save_checkpoint(cfg["root"], cfg["save_at"], model.sparse, model.dense_module, opt, extra={"note": "test"})
+    losses += train_steps(ctx, model, opt, cfg["save_at"], cfg["steps"], cfg["batch"], cfg.get("die_at"))
+    if ctx.world_size > 1:
+        shutdown()
+    return losses
+
+
+def resume(cfg: dict, ctx=None) -> list[float]:
+    """Load the latest checkpoint under cfg['root'] at this world size and train to cfg['steps']."""
+    from fuselab.dlrm.distributed.checkpoint import load_checkpoint
+
+    ctx = ctx or _context()
+    model, opt = build(ctx, cfg)
+    meta = load_checkpoint(cfg["root"], model.sparse, model.dense_module, opt)
+    losses = train_steps(ctx, model, opt, meta["step"], cfg["steps"], cfg["batch"])
+    if ctx.world_size > 1:
+        shutdown()
+    return losses
+
+
+def hang_in_exchange(cfg: dict) -> None:
+    """The last rank stalls (never reaches the step's exchange); the others must fail on the process group's
+    timeout instead of waiting forever."""
+    import time
+
+    ctx = _context(timeout_s=cfg["timeout_s"])
+    model, opt = build(ctx, cfg)
+    train_steps(ctx, model, opt, 0, 1, cfg["batch"])
+    if ctx.rank == ctx.world_size - 1:
+        time.sleep(cfg["stall_s"])
+        os._exit(0)
+    train_steps(ctx, model, opt, 1, 2, cfg["batch"])

@@ -1,0 +1,137 @@
+"""ShardedEmbeddingCollection at 1, 2 and 4 ranks (gloo), with the torch and the fused local module, against a
+float64 single-process reference written here: outputs of two steps and the updated rows and optimizer state,
+multi-hot bags (empty ones too), raw ids taken modulo the table sizes, table-wise and row-wise shards."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from dist_workers import DIM, SIZES, embedding_cases, make_bags, make_plan
+
+from fuselab.dlrm.distributed import ShardedEmbeddingCollection, init_rows, torch_factory
+from fuselab.dlrm.distributed.launch import spawn_local
+
+CASES = [{"optimizer": "adagrad", "pooling": "mean", "batch": 8},
+         {"optimizer": "rowwise_adagrad", "pooling": "sum", "batch": 10},
+         {"optimizer": "sgd", "pooling": "sum", "batch": 4},
+         {"optimizer": "sgd", "pooling": "sum", "batch": 6, "comm_dtype": torch.bfloat16}]
+#: per case: (atol, rtol) of outputs and rows; bf16 on the wire rounds outputs and gradients to 8 bits
+TOLERANCE = {None: (1e-6, 1e-5), torch.bfloat16: (2e-2, 1e-2)}
+
+
+def reference(cfg: dict) -> tuple[list[torch.Tensor], list[torch.Tensor], list[torch.Tensor]]:
+    """(outputs of each step, final tables, final optimizer state) in float64, one loop per id."""
+    tables = [init_rows(5, t, n, 0, n, DIM).double() for t, n in enumerate(SIZES)]
+    rowwise = cfg["optimizer"] == "rowwise_adagrad"
+    state = [torch.zeros(n, dtype=torch.float64) if rowwise else torch.zeros(n, DIM, dtype=torch.float64)
+             for n in SIZES]
+    gen = torch.Generator().manual_seed(11)
+    outs, f_count, lr, eps = [], len(SIZES), 0.3, 1e-8
+    for _ in range(2):
+        ids, offsets = make_bags(gen, cfg["batch"], SIZES, 3)
+        weight = torch.randn(cfg["batch"], f_count, DIM, generator=gen).double()
+        out = torch.zeros(cfg["batch"], f_count, DIM, dtype=torch.float64)
+        grads = [torch.zeros_like(t) for t in tables]
+        for bag in range(cfg["batch"] * f_count):
+            b, f = divmod(bag, f_count)
+            rows = [int(v) % SIZES[f] for v in ids[int(offsets[bag]): int(offsets[bag + 1])]]
+            scale = 1.0 / len(rows) if cfg["pooling"] == "mean" and rows else 1.0
+            for row in rows:
+                out[b, f] += tables[f][row] * scale
+                grads[f][row] += weight[b, f] * scale
+        outs.append(out)
+        for t, g in enumerate(grads):
+            if cfg["optimizer"] == "sgd":
+                tables[t] -= lr * g
+                continue
+            state[t] += (g * g).mean(dim=1) if rowwise else g * g
+            denom = state[t].sqrt()[:, None] + eps if rowwise else state[t].sqrt() + eps
+            tables[t] -= lr * g / denom
+    return outs, tables, state
+
+
+def _compare(results: list[list[dict]], world: int) -> None:
+    plan = make_plan(world)
+    for c, cfg in enumerate(CASES):  # FUSED: the same cases
+        ref_outs, ref_tables, ref_state = reference(cfg)
+        atol, rtol = TOLERANCE[cfg.get("comm_dtype") if world > 1 else None]
+        for step in range(2):
+            got = torch.cat([results[r][c]["outs"][step] for r in range(world)]).double()
+            torch.testing.assert_close(got, ref_outs[step], atol=atol, rtol=rtol)
+            if cfg.get("comm_dtype") is not None and world > 1:  # the wire's rounding shows, within its bounds
+                assert not torch.allclose(got, ref_outs[step], atol=1e-6, rtol=1e-5)
+        seen = 0
+        for r in range(world):
+            for table, lo, hi, w, m in results[r][c]["shards"]:
+                assert any(s.rank == r and s.table == table and (s.row_start, s.row_end) == (lo, hi)
+                           for s in plan.shards)
+                torch.testing.assert_close(w.double(), ref_tables[table][lo:hi], atol=atol, rtol=rtol)
+                if cfg["optimizer"] == "sgd":
+                    assert m is None
+                else:
+                    torch.testing.assert_close(m.double(), ref_state[table][lo:hi], atol=1e-6, rtol=1e-5)
+                seen += hi - lo
+        assert seen == sum(SIZES)
+
+
+def test_init_rows_independent_of_sharding():
+    full = init_rows(3, 2, 10_000, 0, 10_000, 5, block=512)
+    for lo, hi in [(0, 1), (511, 513), (600, 9000), (9999, 10_000)]:
+        assert torch.equal(init_rows(3, 2, 10_000, lo, hi, 5, block=512), full[lo:hi])
+    bound = 10_000 ** -0.5
+    assert full.abs().max() <= bound and full.std() > bound / 3
+    assert not torch.equal(init_rows(3, 1, 10_000, 0, 10_000, 5, block=512), full)
+
+
+def test_one_rank_equals_reference():
+    results = embedding_cases(CASES, ctx=_single())
+    _compare([results], 1)
+
+
+def _single():
+    from fuselab.dlrm.distributed import ParallelContext
+
+    return ParallelContext(0, 1, 0, torch.device("cpu"), "none")
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("world", [2, 4])
+def test_sharded_equals_reference(world):
+    plan = make_plan(world)
+    assert plan.kinds[2] == "row" and len(plan.shards_of_table(2)) == world
+    results = spawn_local(world, embedding_cases, (CASES,))
+    _compare(results, world)
+
+
+def test_bad_inputs():
+    emb = ShardedEmbeddingCollection(make_plan(1), 0, factory=torch_factory)
+    with pytest.raises(ValueError, match="ids must be"):
+        emb(torch.zeros(3, 2, dtype=torch.int64))
+    with pytest.raises(ValueError, match="offsets"):
+        emb(torch.zeros(3, dtype=torch.int64), torch.tensor([0, 1, 2]))
+    with pytest.raises(ValueError, match="offsets must start"):
+        emb(torch.zeros(3, dtype=torch.int64), torch.tensor([0, 1, 0, 2, 3, 3]))
+    with pytest.raises(TypeError, match="ids must be an integer"):
+        emb(torch.zeros(3, len(SIZES)))
+    with pytest.raises(ValueError, match="rank"):
+        ShardedEmbeddingCollection(make_plan(2), 2, factory=torch_factory)
+    with pytest.raises(ValueError, match="pooling"):
+        ShardedEmbeddingCollection(make_plan(1), 0, factory=torch_factory, pooling="max")
+    with pytest.raises(ValueError, match="comm_dtype"):
+        ShardedEmbeddingCollection(make_plan(1), 0, factory=torch_factory, comm_dtype=torch.int8)
+    ids, offsets = make_bags(torch.Generator().manual_seed(0), 2, SIZES, 2)
+    assert emb(ids, offsets).shape == (2, len(SIZES), DIM)
+
+
+FUSED = [dict(case, factory="fused") for case in CASES]
+
+
+def test_one_rank_fused_local_module_equals_reference():
+    pytest.importorskip("fuselab.ops.embedding")
+    _compare([embedding_cases(FUSED, ctx=_single())], 1)
+
+
+@pytest.mark.slow
+def test_two_ranks_fused_local_module_equals_reference():
+    pytest.importorskip("fuselab.ops.embedding")
+    _compare(spawn_local(2, embedding_cases, (FUSED,)), 2)

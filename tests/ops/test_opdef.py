@@ -1,0 +1,208 @@
+"""The op-definition helper (``fuselab.ops.opdef``): one eager forward/backward pair -> the dispatcher-free eager
+path, the custom op with its fake and autograd, one bounded launch cache per op and one ``clear()``; the tuning
+context; ``torch.library.opcheck`` of every fuselab custom op (Triton kernels under the interpreter on CPU)."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+import torch
+
+import fuselab
+from fuselab.core.rope_math import rope_frequencies
+from fuselab.ops import opdef
+from fuselab.ops.bias_act import op as bias_act_op
+from fuselab.ops.bias_act.launch import BiasActTuning
+from fuselab.ops.opdef import LaunchCache, Op
+from fuselab.ops.reduce.op import REDUCE
+from fuselab.ops.rope.op import ROPE, ROPE_
+from fuselab.ops.tuning import current, override
+
+# ---------------------------------------------------------------------------------------------- a toy op
+CALLS: list[tuple] = []
+
+
+def _scale(x, factor, *, prepared=None):
+    """y = factor * x; the "record" is the factor (what a kept launch would repeat)."""
+    CALLS.append(("eager", prepared))
+    return x * factor, ("record", factor)
+
+
+def _scale_fake(x: torch.Tensor, factor: float) -> torch.Tensor:
+    return torch.empty_like(x)
+
+
+def _setup(ctx, inputs, output):
+    ctx.factor = inputs[1]
+
+
+def _scale_backward(ctx, grad):
+    CALLS.append(("backward", getattr(ctx, "key", None)))
+    return grad * ctx.factor, None
+
+
+SCALE = Op("fuselab_test::scale", eager=_scale, fake=_scale_fake, setup_context=_setup, backward=_scale_backward)
+
+
+@pytest.fixture(autouse=True)
+def _fresh():
+    CALLS.clear()
+    fuselab.ops.clear()
+    yield
+    fuselab.ops.clear()
+
+
+def test_eager_path_skips_the_dispatcher_and_keeps_the_record():
+    x = torch.randn(5)
+    y = SCALE.run((x, 3.0), key="k")
+    assert torch.equal(y, 3 * x) and CALLS == [("eager", None)]
+    assert SCALE.kept("k") == ("record", 3.0) and SCALE.kept(["unhashable"]) is None and SCALE.kept(None) is None
+    SCALE.run((x, 3.0), "k", SCALE.kept("k"))
+    assert CALLS[-1] == ("eager", ("record", 3.0))  # the kept record handed back
+
+
+def test_eager_autograd_and_custom_op_share_one_backward():
+    x = torch.randn(5, requires_grad=True)
+    y = SCALE.run((x, 2.5), key="k2")
+    assert type(y.grad_fn).__name__ == "ScaleFunctionBackward"  # the eager node, not the dispatcher's
+    y.sum().backward()
+    assert torch.equal(x.grad, torch.full((5,), 2.5)) and CALLS[-1] == ("backward", "k2")
+    assert SCALE.kept("k2") == ("record", 2.5)
+    x2 = torch.randn(5, requires_grad=True)
+    torch.ops.fuselab_test.scale(x2, 2.5).sum().backward()  # the registered autograd: same formula, no key
+    assert torch.equal(x2.grad, torch.full((5,), 2.5)) and CALLS[-1] == ("backward", None)
+
+
+def test_compile_traces_the_custom_op():
+    x = torch.randn(4, requires_grad=True)
+    compiled = torch.compile(lambda t: SCALE(t, 4.0).sum(), fullgraph=True)
+    compiled(x).backward()
+    assert torch.equal(x.grad, torch.full((4,), 4.0))
+
+
+def test_opcheck_toy():
+    torch.library.opcheck(SCALE.custom, (torch.randn(3, requires_grad=True), 2.0))
+
+
+# ---------------------------------------------------------------------------------------------- caches, tuning
+def test_launch_cache_is_bounded_and_cleared_together():
+    cache = LaunchCache("test", limit=3)
+    for i in range(3):
+        cache.keep(i, i)
+    assert len(cache) == 3
+    cache.keep(3, 3)  # full: emptied first
+    assert len(cache) == 1 and cache.get(3) == 3
+    opdef.clear()
+    assert len(cache) == 0
+
+
+def test_override_sets_and_restores_tuning_and_empties_caches():
+    default = current(BiasActTuning)
+    assert current(BiasActTuning) is default  # one default object: plan caches keyed on it hit
+    cache = LaunchCache("test2")
+    cache.keep("a", 1)
+    changed = dataclasses.replace(default, fwd_tile_bytes=8192)
+    with override(changed):
+        assert current(BiasActTuning) is changed and len(cache) == 0
+        cache.keep("b", 2)
+    assert current(BiasActTuning) is default and len(cache) == 0
+    with pytest.raises(TypeError, match="tuning dataclasses"), override(object()):
+        pass
+
+
+def test_tuning_is_read_by_the_planner(triton_backend, device):
+    """A knob changed by override reaches the launch (the forward's flat runs)."""
+    from fuselab.ops.bias_act import launch
+
+    x, y = torch.randn(4, 64, device=device), torch.empty(4, 64, device=device)
+    for flat in (True, False):
+        with override(BiasActTuning(fwd_flat=flat)):
+            record = launch.bias_act_fwd_(x, None, None, y, None, 1.0, "relu")
+        if record[0][2] is None:  # interpreter records keep their constexprs
+            assert dict(record[0][1])["FLAT"] is flat
+
+
+# ---------------------------------------------------------------------------------------------- opcheck, fuselab ops
+def _rope_args(k: bool, tables: bool, dtype=torch.float32):
+    q = torch.randn(2, 3, 2, 8, dtype=dtype)
+    kk = torch.randn(2, 3, 1, 8, dtype=dtype) if k else None
+    cos, sin = fuselab.rope_cos_sin(3, 8) if tables else (None, None)
+    inv_freq, mscale = (None, 1.0) if tables else rope_frequencies(8)
+    return (q, kk, cos, sin, inv_freq, None, None, None, "bshd", 4, False, False, 0, mscale)
+
+
+@pytest.mark.parametrize("k", [True, False], ids=["qk", "q"])
+@pytest.mark.parametrize("tables", [True, False], ids=["tables", "angles"])
+def test_opcheck_rope(triton_backend, k, tables):
+    args = _rope_args(k, tables)
+    args[0].requires_grad_(True)
+    torch.library.opcheck(ROPE.custom, args)
+    torch.library.opcheck(ROPE_.custom, _rope_args(k, tables),
+                          test_utils=("test_schema", "test_faketensor", "test_aot_dispatch_dynamic"))
+
+
+@pytest.mark.parametrize("residual", [True, False])
+@pytest.mark.parametrize("activation", ["relu", "gelu_tanh"])
+def test_opcheck_bias_act(triton_backend, residual, activation):
+    x = torch.randn(3, 20, requires_grad=True)
+    r = torch.randn(3, 20, requires_grad=True) if residual else None
+    b = torch.randn(20, requires_grad=True)
+    save_pre = residual and activation == "gelu_tanh"
+    torch.library.opcheck(bias_act_op.FORWARD.custom, (x, b, r, 0.5, activation, save_pre))
+    g, saved = torch.randn(3, 20), torch.randn(3, 20)
+    torch.library.opcheck(bias_act_op.BACKWARD.custom,
+                          (g, saved, None, 0.5, activation, torch.float32, torch.float32, torch.float32, True,
+                           residual, True))
+    torch.library.opcheck(bias_act_op.INPLACE.custom,
+                          (torch.randn(3, 20), b.detach(), None if r is None else r.detach(), 0.5, activation),
+                          test_utils=("test_schema", "test_faketensor", "test_aot_dispatch_dynamic"))
+
+
+def test_compile_fullgraph_bias_act_and_inplace_ops(triton_backend):
+    """One compiled graph: bias_act forward and backward (save_pre), then the in-place ops of rope and bias_act."""
+    x = torch.randn(4, 24, requires_grad=True)
+    r, b = torch.randn(4, 24, requires_grad=True), torch.randn(24, requires_grad=True)
+
+    def train(x, r, b):
+        return fuselab.bias_act(x, b, residual=r, alpha=0.5, activation="gelu_tanh").square().sum()
+
+    compiled = torch.compile(train, fullgraph=True)
+    compiled(x, r, b).backward()
+    grads = [t.grad.clone() for t in (x, r, b)]
+    for t in (x, r, b):
+        t.grad = None
+    train(x, r, b).backward()
+    for got, want in zip(grads, (x.grad, r.grad, b.grad), strict=True):
+        torch.testing.assert_close(got, want)
+
+    def infer(q, k, cos, sin, h, bias):
+        fuselab.apply_rope(q, k, cos, sin, inplace=True)
+        return fuselab.bias_act(h, bias, inplace=True)
+
+    q, k = torch.randn(2, 3, 2, 8), torch.randn(2, 3, 1, 8)
+    cos, sin = fuselab.rope_cos_sin(3, 8)
+    h, bias = torch.randn(4, 24), torch.randn(24)
+    q2, k2, h2 = q.clone(), k.clone(), h.clone()
+    with torch.no_grad():
+        torch.compile(infer, fullgraph=True)(q, k, cos, sin, h, bias)
+        infer(q2, k2, cos, sin, h2, bias)
+    for got, want in ((q, q2), (k, k2), (h, h2)):
+        torch.testing.assert_close(got, want)
+
+
+@pytest.mark.parametrize("dims,keepdim", [([1], False), ([0, 1], True)])
+def test_opcheck_reduce_all_utils(triton_backend, dims, keepdim):
+    """Every opcheck test of ``fuselab::reduce``, AOT dispatch (the registered autograd under tracing) included."""
+    x = torch.randn(6, 9, requires_grad=True)
+    torch.library.opcheck(REDUCE.custom, (x, dims, keepdim, True, torch.float32))
+
+
+def test_unhashable_key_keeps_nothing(triton_backend):
+    """A key holding an argument the checks accept but a dict cannot (a list of axes) runs and keeps nothing."""
+    x = torch.randn(4, 5)
+    for _ in range(2):
+        torch.testing.assert_close(fuselab.sum(x, [0, 1]), x.sum())
+    y = fuselab.sum(x.requires_grad_(True), [0, 1])
+    y.backward()
+    assert torch.equal(x.grad, torch.ones(4, 5))
