@@ -120,8 +120,8 @@ def test_measure_runs_both_providers(bench, synth_dir):
     device = torch.device("cpu")
     hasher = Hasher(ds.cardinalities)
     model = DLRM.from_config(cfg, ds.cardinalities)
-    steps = {"fuselab": harness.fuselab_step(model, hasher, Optimizers(model, optimizer=cfg.optimizer, lr_dense=cfg.lr_dense,
-                                                                    lr_sparse=cfg.lr_sparse), cfg, device),
+    opts = Optimizers(model, optimizer=cfg.optimizer, lr_dense=cfg.lr_dense, lr_sparse=cfg.lr_sparse)
+    steps = {"fuselab": harness.fuselab_step(model, hasher, opts, cfg, device),
              "baseline": harness.baseline_step(base.ReferenceTrainer(base.ReferenceDLRM.from_config(
                  cfg, ds.cardinalities)), hasher)}
     for step in steps.values():
