@@ -80,6 +80,8 @@ class Trainer:
         self._check_outputs()
         self.device = resolve_device(cfg.device)
         self.kernels = resolve_kernels(cfg.kernels, self.device)
+        if cfg.cuda_graph and self.device.type != "cuda":
+            raise ValueError(f"cuda_graph needs a CUDA device, this run is on {self.device}")
         self.data = data
         self.step_count = 0
         self.first_step = 0
