@@ -216,12 +216,14 @@ def _add_train_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--checkpoint-dir", default=None, metavar="DIR",
                    help="write checkpoints here (at the end, every --checkpoint-every steps, on Ctrl-C)")
     p.add_argument("--checkpoint-every", type=int, default=None, metavar="STEPS",
-                   help="checkpoint every N steps (needs --checkpoint-dir; default: from config)")
+                   help="checkpoint every N steps, to --checkpoint-dir or else RUN_DIR/checkpoints "
+                        "(default: from config)")
     p.add_argument("--run-dir", default=DEFAULT_RUN_DIR, metavar="DIR",
                    help="run record (run.json) and, without --checkpoint-dir, the checkpoint of an interrupted run "
                         f"(default: {DEFAULT_RUN_DIR})")
     p.add_argument("--resume", nargs="?", const="latest", default=None, metavar="FILE",
-                   help="resume from FILE, or from the latest checkpoint in --checkpoint-dir")
+                   help="resume from FILE (or folder), or from the latest checkpoint in --checkpoint-dir "
+                        "(without it: in RUN_DIR/checkpoints)")
     p.add_argument("--loader-only", action="store_true",
                    help="measure the data loader's throughput alone (no model) and exit")
     p.add_argument("--json", default=None, metavar="FILE", help="write the run summary as JSON")

@@ -53,7 +53,7 @@ class TrainingInterrupted(Exception):
 class RunOptions:
     """Everything of a run that is not the model's config: outputs, resume, logging."""
 
-    checkpoint_dir: str | Path | None = None
+    checkpoint_dir: str | Path | None = None  # None: <run_dir>/checkpoints when cfg.checkpoint_every (and run_dir)
     resume: str | Path | None = None
     run_dir: str | Path | None = None  # interrupt checkpoints go to <run_dir>/checkpoints without checkpoint_dir
     json_path: str | Path | None = None  # checked before training (the caller writes it)
@@ -77,6 +77,10 @@ class Trainer:
         self.cfg = cfg.validate()
         self.opts = options or RunOptions()
         self.log = log
+        run_checkpoints = Path(self.opts.run_dir) / "checkpoints" if self.opts.run_dir is not None else None
+        #: where periodic and final checkpoints go: checkpoint_dir, else <run_dir>/checkpoints when checkpoint_every
+        self.checkpoint_dir = (Path(self.opts.checkpoint_dir) if self.opts.checkpoint_dir is not None
+                               else run_checkpoints if cfg.checkpoint_every else None)
         self._check_outputs()
         self.device = resolve_device(cfg.device)
         self.kernels = resolve_kernels(cfg.kernels, self.device)
@@ -92,8 +96,8 @@ class Trainer:
     # ------------------------------------------------------------------------------------------------ build
     def _check_outputs(self) -> None:
         o = self.opts
-        if o.checkpoint_dir is not None:
-            ckpt.check_checkpoint_dir(o.checkpoint_dir)
+        if self.checkpoint_dir is not None:
+            ckpt.check_checkpoint_dir(self.checkpoint_dir)
         if o.run_dir is not None:
             writable_dir(o.run_dir, "run folder")
         if o.json_path is not None:
@@ -141,7 +145,8 @@ class Trainer:
 
     def restore(self, resume: str | Path) -> int:
         """Load model, optimizer state, RNG states and schedule of a checkpoint; returns its step."""
-        path = ckpt.resolve_checkpoint(resume, self.opts.checkpoint_dir)
+        path = ckpt.resolve_checkpoint(resume, self.checkpoint_dir if self.checkpoint_dir is not None
+                                       else self.interrupt_dir() if self.opts.run_dir is not None else None)
         state = ckpt.load_checkpoint(path, map_location=self.device)
         if list(state["table_sizes"]) != self.sizes:
             raise ValueError(f"checkpoint {path} has other table sizes than this dataset/config")
@@ -180,7 +185,7 @@ class Trainer:
 
     def checkpoint(self, directory: str | Path | None = None) -> Path:
         """Write a checkpoint of the current step to ``directory`` (default: the run's checkpoint folder)."""
-        directory = directory if directory is not None else self.opts.checkpoint_dir
+        directory = directory if directory is not None else self.checkpoint_dir
         if directory is None:
             raise ValueError("no checkpoint folder")
         step = self.step_count
@@ -192,8 +197,8 @@ class Trainer:
 
     def interrupt_dir(self) -> Path:
         """Where a checkpoint goes on SIGINT/SIGTERM: the checkpoint folder, else ``<run_dir>/checkpoints``."""
-        if self.opts.checkpoint_dir is not None:
-            return Path(self.opts.checkpoint_dir)
+        if self.checkpoint_dir is not None:
+            return self.checkpoint_dir
         return Path(self.opts.run_dir if self.opts.run_dir is not None else DEFAULT_RUN_DIR) / "checkpoints"
 
     # ------------------------------------------------------------------------------------------------ run
@@ -235,8 +240,8 @@ class Trainer:
                 self._loop(writer)
                 if self._signal is not None:
                     self._stop_for_signal()
-            cfg, opts = self.cfg, self.opts
-            if opts.checkpoint_dir is not None and (not cfg.checkpoint_every
+            cfg = self.cfg
+            if self.checkpoint_dir is not None and (not cfg.checkpoint_every
                                                     or self.step_count % cfg.checkpoint_every):
                 self.checkpoint()
             self.evaluate(writer)
@@ -282,7 +287,7 @@ class Trainer:
 
     def _periodic(self, now: float) -> None:
         cfg, step = self.cfg, self.step_count
-        if cfg.checkpoint_every and step % cfg.checkpoint_every == 0 and self.opts.checkpoint_dir is not None:
+        if cfg.checkpoint_every and step % cfg.checkpoint_every == 0 and self.checkpoint_dir is not None:
             self.checkpoint()
         if cfg.eval_every and step % cfg.eval_every == 0 and step < self.total_steps:
             self.evaluate()
