@@ -141,6 +141,9 @@ class Trainer:
                                        prefetch=cfg.prefetch)
         self.per_epoch = len(self.train_batches)
         self.total_steps = cfg.steps if cfg.steps is not None else max(1, math.ceil(cfg.epochs * self.per_epoch))
+        if self.schedule.decay_steps and self.total_steps > self.schedule.decay_end:
+            self.log(f"note: the learning rate is 0 from step {self.schedule.decay_end} (decay_start_step + "
+                     f"decay_steps) of this run's {self.total_steps}; set decay_start_step/decay_steps to change it")
         return self
 
     def restore(self, resume: str | Path) -> int:
