@@ -201,3 +201,6 @@ def test_checkpoint_every_without_a_folder_uses_the_run_dir(synth_dir, tmp_path,
     assert main([*argv[:4], "8", *argv[5:], "--resume"]) == 0  # --resume finds RUN_DIR/checkpoints
     out = capsys.readouterr().out
     assert "trained 2 steps (steps 7-8 of the run; 8 in total)" in out and "nan" not in out
+    assert main([*argv[:4], "8", *argv[5:], "--resume"]) == 0  # already at the end: evaluates, no rate
+    out = capsys.readouterr().out
+    assert "trained 0 steps" in out and "too few steps to measure" in out and "nan" not in out
