@@ -255,6 +255,7 @@ class Trainer:
 
     def _loop(self, writer) -> None:
         opts = self.opts
+        self._writer = writer
         prof = profiler(Path(opts.profile_dir), self.device, self.log) if opts.profile_dir is not None else None
         self.timer = timer = PhaseTimer(self.device, opts.breakdown)
         meter = _RateMeter(self.device, warmup=min(5, max(1, (self.total_steps - self.step_count) // 4)))
@@ -293,7 +294,7 @@ class Trainer:
         if cfg.checkpoint_every and step % cfg.checkpoint_every == 0 and self.checkpoint_dir is not None:
             self.checkpoint()
         if cfg.eval_every and step % cfg.eval_every == 0 and step < self.total_steps:
-            self.evaluate()
+            self.evaluate(self._writer)
         if self.opts.time_budget is not None and now - self._started > self.opts.time_budget:
             self.total_steps = step
 
