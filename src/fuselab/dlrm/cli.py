@@ -195,8 +195,10 @@ def _add_train_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--eval-batches", type=int, default=None, help="cap on batches per evaluation (0: all)")
     p.add_argument("--optimizer", choices=OPTIMIZERS, default=None,
                    help="rowwise_adagrad: row-wise for the tables, element-wise for the MLPs (default: from config)")
-    p.add_argument("--lr-dense", type=float, default=None, help="learning rate of the MLPs")
-    p.add_argument("--lr-sparse", type=float, default=None, help="learning rate of the embedding tables")
+    p.add_argument("--lr-dense", type=float, default=None,
+                   help="peak learning rate of the MLPs (default: the config's learning_rates[optimizer][0])")
+    p.add_argument("--lr-sparse", type=float, default=None,
+                   help="peak learning rate of the embedding tables (default: learning_rates[optimizer][1])")
     p.add_argument("--precision", choices=("fp32", "tf32", "bf16"), default=None,
                    help="fp32, TF32 matmuls, or bf16 autocast (default: from config)")
     p.add_argument("--bf16", action="store_true", default=None, help="the same as --precision bf16")
@@ -265,7 +267,11 @@ def configure_parser(parser: argparse.ArgumentParser) -> None:
     p.add_argument("--quiet", action="store_true")
     p.set_defaults(func=_guard(_cmd_preprocess))
 
-    p = sub.add_parser("train", help="train DLRM (no arguments: tiny config on a small synthetic set)")
+    p = sub.add_parser("train", help="train DLRM (no arguments: tiny config on a small synthetic set)",
+                       description="Train a DLRM and evaluate it. Writes RUN_DIR/run.json (config and summary); "
+                                   "without --data, a 1M-row synthetic set (about 270 MB) in "
+                                   f"{DEFAULT_SYNTH_DIR}. Ctrl-C (or SIGTERM) finishes the current step, writes a "
+                                   "checkpoint (to --checkpoint-dir, else RUN_DIR/checkpoints) and exits 130 (143).")
     _add_train_args(p)
     p.set_defaults(func=_guard(_cmd_train))
 

@@ -41,7 +41,7 @@ def default_dataset(log) -> Path:
 
     root = Path(DEFAULT_SYNTH_DIR)
     if not (root / "metadata.json").is_file():
-        log(f"no --data given: writing a small synthetic dataset to {root} (about 150 MB) ...")
+        log(f"no --data given: writing a small synthetic dataset (1M rows, about 270 MB) to {root} ...")
         write_synthetic(root, SynthSpec(rows=1_000_000, scale=1e-4, seed=0), shard_rows=1 << 18)
     return root
 
