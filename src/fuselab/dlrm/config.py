@@ -34,8 +34,8 @@ DEFAULT_SYNTH_DIR = "runs/dlrm/synth-tiny"
 #: run directory of ``fuselab dlrm train`` (run.json; the checkpoint of an interrupted run without --checkpoint-dir)
 DEFAULT_RUN_DIR = "runs/dlrm/train"
 OPTIMIZERS = ("sgd", "adagrad", "rowwise_adagrad")
-#: learning rates [dense, sparse] per optimizer when a config gives none (batch 1024 scale; presets override)
-DEFAULT_LEARNING_RATES = {"sgd": [0.5, 0.5], "adagrad": [0.05, 0.05], "rowwise_adagrad": [0.05, 0.05]}
+#: learning rates [dense, sparse] per optimizer when a config gives none (the tiny preset's, batch 1024)
+DEFAULT_LEARNING_RATES = {"sgd": [1.0, 16.0], "adagrad": [0.02, 0.05], "rowwise_adagrad": [0.02, 0.05]}
 
 
 @dataclass
@@ -57,7 +57,8 @@ class DLRMConfig:
     optimizer: str = "adagrad"  # sgd | adagrad | rowwise_adagrad (row-wise for the tables, element-wise for MLPs)
     lr_dense: float | None = None  # None: learning_rates[optimizer][0]
     lr_sparse: float | None = None  # None: learning_rates[optimizer][1]
-    learning_rates: dict[str, list[float]] = field(default_factory=lambda: dict(DEFAULT_LEARNING_RATES))
+    learning_rates: dict[str, list[float]] = field(
+        default_factory=lambda: {k: list(v) for k, v in DEFAULT_LEARNING_RATES.items()})
     adagrad_eps: float = 1e-8
     warmup_steps: int = 0  # linear warm-up from 0 over these steps
     decay_start_step: int = 0  # polynomial decay from here ...
