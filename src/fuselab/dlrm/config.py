@@ -3,7 +3,9 @@
 Presets (``src/fuselab/dlrm/configs/*.json``):
 
 * ``kaggle``: D=16, bottom 13-512-256-64-16, top 512-256-1 (facebookresearch/dlrm's Kaggle run), batch 65536,
-  row-wise Adagrad, warm-up then polynomial decay; learning rates for every optimizer in ``learning_rates``.
+  row-wise Adagrad; learning rates for every optimizer in ``learning_rates``. Schedule after NVIDIA's and MLPerf's
+  recipe, scaled to one epoch of the Kaggle train split (599 steps of 65536): linear warm-up over 40 steps, constant,
+  then quadratic decay from step 400 to 0 at step 600.
 * ``mlperf-v1``: D=128, bottom 13-512-256-128, top 1024-1024-512-256-1, tables capped at 40M rows.
 * ``tiny``: D=8, bottom 13-32-8, top 32-1, for tests and the CPU default run.
 
