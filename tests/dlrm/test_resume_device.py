@@ -89,3 +89,15 @@ def test_data_on_device_trains_like_streaming_and_resumes(synth_dir, tmp_path):
     resumed = train(load_config("tiny", row), synth_dir, checkpoint_dir=ckpt, resume="latest", progress=False,
                     log=_quiet)
     assert resumed["losses"] == straight["losses"][7:]
+
+
+def test_resume_keeps_the_checkpoints_schedule(synth_dir, tmp_path):
+    over = ["optimizer=sgd", "batch_size=8192", "steps=14", "eval_batches=1", *SCHEDULE]
+    straight = train(load_config("tiny", over), synth_dir, progress=False, log=_quiet)
+    ckpt = tmp_path / "ckpt"
+    train(load_config("tiny", [*over, "steps=6"]), synth_dir, checkpoint_dir=ckpt, progress=False, log=_quiet)
+    logs: list[str] = []
+    changed = load_config("tiny", [*over, "warmup_steps=0", "decay_steps=0"])
+    resumed = train(changed, synth_dir, checkpoint_dir=ckpt, resume="latest", progress=False, log=logs.append)
+    assert any("keeping the learning-rate schedule" in line for line in logs)
+    assert resumed["losses"] == straight["losses"][6:]
