@@ -41,6 +41,9 @@ class DeviceBatches:
     gives no batch, for an unknown ``shuffle``, or (CUDA) when the split does not fit in the free device memory.
     """
 
+    #: rows read, copied and hashed at a time while loading
+    LOAD_ROWS = 1 << 22
+
     def __init__(self, ds: CriteoDataset, start: int, stop: int, batch_size: int, device: torch.device | str,
                  shuffle: str = "none", seed: int = 0, drop_last: bool = False,
                  transform: Callable[[Tensor], Tensor] | None = None, max_id: int | None = None):
@@ -63,12 +66,16 @@ class DeviceBatches:
                 raise ValueError(f"--data-on-device: the split needs {need / 1e9:.1f} GB, {self.device} has "
                                  f"{free / 1e9:.1f} GB free; train without --data-on-device (streaming)")
         self.nbytes = need
-        self.dense = torch.from_numpy(ds.read_column("dense", start, stop)).to(self.device)
-        self.labels = torch.from_numpy(ds.read_column("labels", start, stop)).to(self.device)
-        sparse = torch.from_numpy(ds.read_column("sparse", start, stop)).to(self.device)
-        if transform is not None:
-            sparse = transform(sparse)
-        self.sparse = sparse.to(torch.int32) if narrow else sparse
+        self.dense = torch.empty((rows, 13), dtype=torch.float32, device=self.device)
+        self.labels = torch.empty((rows,), dtype=torch.float32, device=self.device)
+        self.sparse = torch.empty((rows, ds.num_sparse), dtype=torch.int32 if narrow else torch.int64,
+                                  device=self.device)
+        for a in range(0, rows, self.LOAD_ROWS):  # in blocks: bounded host memory and hashing temporaries
+            z = min(rows, a + self.LOAD_ROWS)
+            self.dense[a:z] = torch.from_numpy(ds.read_column("dense", start + a, start + z))
+            self.labels[a:z] = torch.from_numpy(ds.read_column("labels", start + a, start + z))
+            ids = torch.from_numpy(ds.read_column("sparse", start + a, start + z)).to(self.device)
+            self.sparse[a:z] = transform(ids) if transform is not None else ids
 
     def __len__(self) -> int:
         return self.num_batches
