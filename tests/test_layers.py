@@ -23,12 +23,6 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
     ("cli", ("fuselab.cli", "fuselab.__main__")),
 ]
 
-#: known import loops being removed on another branch (the DLRM's CLI <-> trainer and the loader <-> parquet reader):
-#: the lead deletes these two pairs when that branch is merged. No other pair may be added.
-KNOWN_LOOPS: set[frozenset[str]] = {
-    frozenset(("fuselab.dlrm.cli", "fuselab.dlrm.train")),  # allow-listed until the dlrm branch merges
-    frozenset(("fuselab.dlrm.data.loader", "fuselab.dlrm.data.parquet")),  # allow-listed until the dlrm branch merges
-}
 
 
 def _modules() -> dict[str, Path]:
@@ -125,7 +119,7 @@ def test_every_module_has_a_layer():
 
 
 def test_no_import_cycles():
-    graph = {name: sorted({t for t, _ in edges if frozenset((name, t)) not in KNOWN_LOOPS})
+    graph = {name: sorted({t for t, _ in edges})
              for name, edges in GRAPH.items()}
     assert _cycles(graph) == []
 
@@ -135,17 +129,6 @@ def test_no_upward_imports():
               f"({LAYERS[layer_of(target)][0]})"
               for name, edges in GRAPH.items() for target, line in edges if layer_of(target) > layer_of(name)]
     assert upward == []
-
-
-def test_known_loops_still_listed_exist():
-    """An allow-listed loop that no longer exists is removed from KNOWN_LOOPS (so the list only shrinks)."""
-    for pair in KNOWN_LOOPS:
-        a, b = sorted(pair)
-        if a not in MODULES or b not in MODULES:
-            continue  # the modules were renamed or removed: the pair is stale
-        both = any(t == b for t, _ in GRAPH[a]) and any(t == a for t, _ in GRAPH[b])
-        if not both:
-            pytest.skip(f"{a} <-> {b} is no longer a loop: delete it from KNOWN_LOOPS")
 
 
 @pytest.mark.parametrize(("source", "expect"), [

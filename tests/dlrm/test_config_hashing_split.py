@@ -24,7 +24,8 @@ def test_presets_match_the_issue():
 
 def test_overrides_files_and_errors(tmp_path):
     cfg = load_config("tiny", ["lr_dense=0.5", "bottom_mlp=[16,8]", "optimizer=sgd", "bf16=true"], batch_size=64)
-    assert (cfg.lr_dense, cfg.bottom_mlp, cfg.optimizer, cfg.bf16, cfg.batch_size) == (0.5, [16, 8], "sgd", True, 64)
+    got = (cfg.lr_dense, cfg.bottom_mlp, cfg.optimizer, cfg.precision, cfg.batch_size)
+    assert got == (0.5, [16, 8], "sgd", "bf16", 64)
     assert parse_override("max-rows-per-table=100") == ("max_rows_per_table", 100)
     path = tmp_path / "c.json"
     path.write_text(json.dumps({"name": "mine", "embedding_dim": 4, "bottom_mlp": [4], "top_mlp": [1]}))

@@ -47,7 +47,8 @@ def test_cli_synth_train_export_info(tmp_path, capsys):
     assert main(["info", str(data)]) == 0
     assert json.loads(capsys.readouterr().out)["num_rows"] == 30000
     assert main(["train", "--data", str(data), "--steps", "6", "--batch-size", "512", "--checkpoint-dir",
-                 str(ckpt), "--quiet", "--json", str(tmp_path / "s.json"), "--set", "eval_batches=1"]) == 0
+                 str(ckpt), "--quiet", "--json", str(tmp_path / "s.json"), "--set", "eval_batches=1", "--run-dir",
+                 str(tmp_path / "run")]) == 0
     out = capsys.readouterr().out
     assert "generator's best AUC" in out and "samples/s" in out
     summary = json.loads((tmp_path / "s.json").read_text())
@@ -76,7 +77,7 @@ def test_cli_synth_train_export_info(tmp_path, capsys):
 
 
 def test_cli_errors_are_one_line(tmp_path, capsys):
-    assert main(["train", "--data", str(tmp_path / "nope"), "--steps", "1"]) == 2
+    assert main(["train", "--data", str(tmp_path / "nope"), "--steps", "1", "--run-dir", str(tmp_path / "run")]) == 2
     err = capsys.readouterr().err
     assert err.startswith("fuselab dlrm: error:") and "Traceback" not in err
     bad = tmp_path / "bad.tsv"

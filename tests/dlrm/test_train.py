@@ -1,4 +1,4 @@
-"""Training: tiny reaches the generator's best AUC, checkpoint + resume replays the same losses, options."""
+"""Training: tiny reaches the generator's best AUC, checkpoints, options (resume: test_resume_device.py)."""
 
 from __future__ import annotations
 
@@ -30,28 +30,6 @@ def test_tiny_reaches_generator_best_auc(tmp_path):
     assert math.isfinite(summary["samples_per_s"])
 
 
-@pytest.mark.parametrize("optimizer", ["adagrad", "sgd"])
-def test_resume_reproduces_the_loss_curve(synth_dir, tmp_path, optimizer):
-    # batch 8192: 12 steps per epoch, so the run crosses an epoch boundary after resuming at step 10
-    over = [f"optimizer={optimizer}", "batch_size=8192", "steps=20", "eval_batches=1", "shuffle=batch"]
-    straight = train(load_config("tiny", over), synth_dir, progress=False, log=_quiet)
-    ckpt_dir = tmp_path / "ckpt"
-    first = train(load_config("tiny", [*over, "steps=10"]), synth_dir, checkpoint_dir=ckpt_dir, progress=False,
-                  log=_quiet)
-    assert (ckpt_dir / "latest.json").is_file()
-    assert json.loads((ckpt_dir / "latest.json").read_text())["step"] == 10
-    resumed = train(load_config("tiny", over), synth_dir, checkpoint_dir=ckpt_dir, resume="latest",
-                    progress=False, log=_quiet)
-    assert resumed["first_step"] == 10 and len(resumed["losses"]) == 10
-    # bitwise, except SGD on CUDA: its update with an uncoalesced sparse gradient adds the rows of repeated ids with
-    # float atomics, so the last bits differ from run to run, straight or resumed alike (Adagrad coalesces first)
-    atomic = optimizer == "sgd" and torch.cuda.is_available()
-    same = (lambda a, b: a == pytest.approx(b, rel=1e-4, abs=1e-6)) if atomic else (lambda a, b: a == b)
-    assert same(first["losses"], straight["losses"][:10])
-    assert same(resumed["losses"], straight["losses"][10:])
-    assert same(resumed["final"]["auc"], straight["final"]["auc"])
-
-
 def test_periodic_checkpoints_are_atomic_and_pruned(synth_dir, tmp_path):
     cfg = load_config("tiny", ["steps=9", "checkpoint_every=3", "batch_size=4096", "eval_batches=1"])
     train(cfg, synth_dir, checkpoint_dir=tmp_path, progress=False, log=_quiet)
@@ -62,14 +40,14 @@ def test_periodic_checkpoints_are_atomic_and_pruned(synth_dir, tmp_path):
 
 
 def test_bf16_breakdown_tensorboard_profile_and_eval_every(synth_dir, tmp_path):
-    cfg = load_config("tiny", ["steps=12", "bf16=true", "eval_every=6", "eval_batches=2", "batch_size=2048"])
+    cfg = load_config("tiny", ["steps=12", "precision=bf16", "eval_every=6", "eval_batches=2", "batch_size=2048"])
     logs = []
     summary = train(cfg, synth_dir, breakdown=True, tensorboard_dir=tmp_path / "tb", profile_dir=tmp_path / "prof",
                     progress=False, log=logs.append)
     assert all(math.isfinite(x) for x in summary["losses"])
     assert [e["step"] for e in summary["evals"]] == [6, 12]
-    assert set(summary["breakdown_ms"]) == {"data", "forward", "backward", "optimizer"}
-    assert all(v >= 0 for v in summary["breakdown_ms"].values()) and summary["breakdown_ms"]["forward"] > 0
+    assert set(summary["breakdown_ms"]) == {"data", "step"}
+    assert all(v >= 0 for v in summary["breakdown_ms"].values()) and summary["breakdown_ms"]["step"] > 0
     assert list((tmp_path / "tb").glob("events.out.tfevents.*"))
     assert (tmp_path / "prof" / "trace.json").stat().st_size > 0
     assert (tmp_path / "prof" / "kernels.txt").read_text().strip()
@@ -90,7 +68,6 @@ def test_vocab_hashing_and_per_table_layout(tmp_path):
 
 
 def test_train_rejects_a_cuda_device_without_cuda(synth_dir):
-    import torch
 
     if torch.cuda.is_available():
         pytest.skip("CUDA present")

@@ -1,4 +1,4 @@
-"""``fuselab dlrm ...``: synth, preprocess, train, export, info.
+"""``fuselab dlrm ...``: synth, preprocess, train, evaluate, export, info.
 
 The top-level CLI calls :func:`configure_parser` with the ``dlrm`` sub-parser. Every
 sub-subcommand sets ``func(args) -> int``. Imports of torch / numpy / pyarrow happen inside
@@ -14,8 +14,7 @@ import argparse
 import sys
 from collections.abc import Callable
 
-#: default directory of the synthetic dataset `fuselab dlrm train` makes when given no data
-DEFAULT_SYNTH_DIR = "runs/dlrm/synth-tiny"
+from .config import DEFAULT_RUN_DIR, DEFAULT_SYNTH_DIR, OPTIMIZERS
 
 
 class UserError(Exception):
@@ -26,7 +25,7 @@ def _guard(fn: Callable[[argparse.Namespace], int]) -> Callable[[argparse.Namesp
     def run(args: argparse.Namespace) -> int:
         try:
             return fn(args)
-        except (UserError, ValueError, FileNotFoundError, NotADirectoryError, TypeError) as exc:
+        except (UserError, ValueError, OSError, TypeError) as exc:
             print(f"fuselab dlrm: error: {exc}", file=sys.stderr)
             return 2
         except KeyboardInterrupt:
@@ -64,10 +63,92 @@ def _cmd_preprocess(args: argparse.Namespace) -> int:
     return 0
 
 
-def _cmd_train(args: argparse.Namespace) -> int:
-    from .train import main_from_args
+def _train_config(args: argparse.Namespace):
+    """The config of ``train``'s flags: preset or file, then ``--set``, then named flags (None: from the config)."""
+    from .config import load_config
 
-    return main_from_args(args)
+    precision = args.precision
+    if args.bf16:
+        if precision not in (None, "bf16"):
+            raise UserError(f"--bf16 and --precision {precision} disagree (--bf16 means --precision bf16)")
+        precision = "bf16"
+    return load_config(args.config, args.overrides, device=args.device, compile=args.compile, epochs=args.epochs,
+                       steps=args.steps, batch_size=args.batch_size, eval_every=args.eval_every,
+                       eval_batches=args.eval_batches, optimizer=args.optimizer, lr_dense=args.lr_dense,
+                       lr_sparse=args.lr_sparse, precision=precision, hashing=args.hashing, seed=args.seed,
+                       kernels=args.kernels, cuda_graph=args.cuda_graph, data_on_device=args.data_on_device,
+                       checkpoint_every=args.checkpoint_every)
+
+
+def _loader_only(args: argparse.Namespace, cfg) -> int:
+    from fuselab._io import atomic_write_json, writable_file
+
+    from .data.loader import loader_throughput, open_dataset
+    from .runtime import default_dataset, resolve_device
+
+    if args.json:
+        writable_file(args.json, "--json file")
+    device = resolve_device(cfg.device)
+    ds = open_dataset(args.data if args.data is not None else default_dataset(print))
+    result = loader_throughput(ds, cfg.batch_size, device, batches=args.steps or 50, prefetch=cfg.prefetch)
+    print(f"loader alone ({device}, batch {cfg.batch_size}): {result['samples_per_s']:,.0f} samples/s, "
+          f"{result['GB_per_s']:.2f} GB/s")
+    if args.json:
+        atomic_write_json(args.json, result, "--json file")
+    return 0
+
+
+def _cmd_train(args: argparse.Namespace) -> int:
+    from fuselab._io import atomic_write_json, writable_dir
+
+    from .train import TrainingInterrupted, format_summary, json_summary, train
+
+    cfg = _train_config(args)
+    if args.loader_only:
+        return _loader_only(args, cfg)
+    run_dir = writable_dir(args.run_dir, "run folder (--run-dir)")
+    run = {"config": cfg.to_dict(), "data": args.data, "checkpoint_dir": args.checkpoint_dir,
+           "resume": args.resume, "argv": sys.argv[1:]}
+    atomic_write_json(run_dir / "run.json", run, "run record")
+    try:
+        summary = train(cfg, args.data, breakdown=args.breakdown, profile_dir=args.profile,
+                        tensorboard_dir=args.tensorboard, checkpoint_dir=args.checkpoint_dir, resume=args.resume,
+                        time_budget=args.time_budget, progress=not args.quiet, run_dir=run_dir, json_path=args.json)
+    except TrainingInterrupted as stop:
+        import signal
+
+        print(f"fuselab dlrm: {signal.Signals(stop.signum).name} at step {stop.step}: checkpoint written to "
+              f"{stop.checkpoint}", file=sys.stderr)
+        print(f"fuselab dlrm: to continue, run the same command with --resume {stop.checkpoint}", file=sys.stderr)
+        return stop.exit_code
+    for line in format_summary(summary):
+        print(line)
+    record = json_summary(summary)
+    atomic_write_json(run_dir / "run.json", {**run, "summary": {k: v for k, v in record.items() if k != "losses"}},
+                      "run record")
+    if args.json:
+        atomic_write_json(args.json, record, "--json file")
+    return 0
+
+
+def _cmd_evaluate(args: argparse.Namespace) -> int:
+    from fuselab._io import atomic_write_json, writable_file
+
+    from .evaluation import evaluate_checkpoint
+
+    if args.json:
+        writable_file(args.json, "--json file")
+    result = evaluate_checkpoint(args.checkpoint, args.data, split=args.split, batch_size=args.batch_size,
+                                 device=args.device, max_batches=args.max_batches)
+    best = result["best_auc"]
+    print(f"{result['checkpoint']} (step {result['step']}) on {result['data']} [{result['split']}, "
+          f"{result['samples']:,} rows]")
+    print(f"logloss {result['logloss']:.5f}   AUC {result['auc']:.5f}   accuracy {result['accuracy']:.5f}   "
+          f"calibration {result['calibration']:.4f} (mean prediction {result['mean_prediction']:.4f} / "
+          f"mean label {result['positive_rate']:.4f})" + (f"   generator's best AUC {best:.5f}" if best else ""))
+    if args.json:
+        atomic_write_json(args.json, result, "--json file")
+    return 0
 
 
 def _cmd_export(args: argparse.Namespace) -> int:
@@ -112,10 +193,21 @@ def _add_train_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--batch-size", type=int, default=None)
     p.add_argument("--eval-every", type=int, default=None, metavar="STEPS", help="evaluate every N steps (0: end)")
     p.add_argument("--eval-batches", type=int, default=None, help="cap on batches per evaluation (0: all)")
-    p.add_argument("--optimizer", choices=("sgd", "adagrad"), default=None)
-    p.add_argument("--lr-dense", type=float, default=None, help="learning rate of the MLPs")
-    p.add_argument("--lr-sparse", type=float, default=None, help="learning rate of the embedding tables")
-    p.add_argument("--bf16", action="store_true", default=None, help="bf16 autocast for the MLPs")
+    p.add_argument("--optimizer", choices=OPTIMIZERS, default=None,
+                   help="rowwise_adagrad: row-wise for the tables, element-wise for the MLPs (default: from config)")
+    p.add_argument("--lr-dense", type=float, default=None,
+                   help="peak learning rate of the MLPs (default: the config's learning_rates[optimizer][0])")
+    p.add_argument("--lr-sparse", type=float, default=None,
+                   help="peak learning rate of the embedding tables (default: learning_rates[optimizer][1])")
+    p.add_argument("--precision", choices=("fp32", "tf32", "bf16"), default=None,
+                   help="fp32, TF32 matmuls, or bf16 autocast (default: from config)")
+    p.add_argument("--bf16", action="store_true", default=None, help="the same as --precision bf16")
+    p.add_argument("--kernels", choices=("auto", "fuselab", "torch"), default=None,
+                   help="fuselab's fused kernels or the PyTorch reference (auto: fuselab on CUDA, torch on CPU)")
+    p.add_argument("--cuda-graph", action="store_true", default=None,
+                   help="capture the whole training step in a CUDA graph")
+    p.add_argument("--data-on-device", action="store_true", default=None,
+                   help="load the train split onto the device once; shuffle and batch there")
     p.add_argument("--hashing", choices=("modulus", "vocab"), default=None)
     p.add_argument("--seed", type=int, default=None)
     p.add_argument("--breakdown", action="store_true",
@@ -123,10 +215,17 @@ def _add_train_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--profile", default=None, metavar="DIR",
                    help="profile a window of steps: Chrome trace, TensorBoard trace, per-kernel table in DIR")
     p.add_argument("--tensorboard", default=None, metavar="DIR", help="write TensorBoard scalars to DIR")
-    p.add_argument("--checkpoint-dir", default=None, metavar="DIR")
-    p.add_argument("--checkpoint-every", type=int, default=None, metavar="STEPS")
+    p.add_argument("--checkpoint-dir", default=None, metavar="DIR",
+                   help="write checkpoints here (at the end, every --checkpoint-every steps, on Ctrl-C)")
+    p.add_argument("--checkpoint-every", type=int, default=None, metavar="STEPS",
+                   help="checkpoint every N steps, to --checkpoint-dir or else RUN_DIR/checkpoints "
+                        "(default: from config)")
+    p.add_argument("--run-dir", default=DEFAULT_RUN_DIR, metavar="DIR",
+                   help="run record (run.json) and, without --checkpoint-dir, the checkpoint of an interrupted run "
+                        f"(default: {DEFAULT_RUN_DIR})")
     p.add_argument("--resume", nargs="?", const="latest", default=None, metavar="FILE",
-                   help="resume from FILE, or from the latest checkpoint in --checkpoint-dir")
+                   help="resume from FILE (or folder), or from the latest checkpoint in --checkpoint-dir "
+                        "(without it: in RUN_DIR/checkpoints)")
     p.add_argument("--loader-only", action="store_true",
                    help="measure the data loader's throughput alone (no model) and exit")
     p.add_argument("--json", default=None, metavar="FILE", help="write the run summary as JSON")
@@ -135,7 +234,7 @@ def _add_train_args(p: argparse.ArgumentParser) -> None:
 
 def configure_parser(parser: argparse.ArgumentParser) -> None:
     """Add the ``dlrm`` sub-subcommands to ``parser`` (each sets ``func(args) -> int``)."""
-    sub = parser.add_subparsers(dest="dlrm_command", metavar="{synth,preprocess,train,export,info}")
+    sub = parser.add_subparsers(dest="dlrm_command", metavar="{synth,preprocess,train,evaluate,export,info}")
     sub.required = True
 
     p = sub.add_parser("synth", help="write a synthetic Criteo-format dataset with a known best AUC",
@@ -168,9 +267,23 @@ def configure_parser(parser: argparse.ArgumentParser) -> None:
     p.add_argument("--quiet", action="store_true")
     p.set_defaults(func=_guard(_cmd_preprocess))
 
-    p = sub.add_parser("train", help="train DLRM (no arguments: tiny config on a small synthetic set)")
+    p = sub.add_parser("train", help="train DLRM (no arguments: tiny config on a small synthetic set)",
+                       description="Train a DLRM and evaluate it. Writes RUN_DIR/run.json (config and summary); "
+                                   "without --data, a 1M-row synthetic set (about 270 MB) in "
+                                   f"{DEFAULT_SYNTH_DIR}. Ctrl-C (or SIGTERM) finishes the current step, writes a "
+                                   "checkpoint (to --checkpoint-dir, else RUN_DIR/checkpoints) and exits 130 (143).")
     _add_train_args(p)
     p.set_defaults(func=_guard(_cmd_train))
+
+    p = sub.add_parser("evaluate", help="logloss, AUC, accuracy and calibration of a checkpoint on a dataset")
+    p.add_argument("checkpoint", help="checkpoint file, or checkpoint folder (its latest)")
+    p.add_argument("--data", required=True, help="dataset directory")
+    p.add_argument("--split", choices=("test", "val", "train", "all"), default="test")
+    p.add_argument("--batch-size", type=int, default=65536)
+    p.add_argument("--max-batches", type=int, default=0, help="evaluate only the first N batches (0: all)")
+    p.add_argument("--device", default=None, help="cpu, cuda, cuda:1 (default: cuda when present, else cpu)")
+    p.add_argument("--json", default=None, metavar="FILE", help="write the metrics as JSON")
+    p.set_defaults(func=_guard(_cmd_evaluate))
 
     p = sub.add_parser("export", help="export a checkpoint's model to ONNX")
     p.add_argument("--checkpoint", required=True, help="checkpoint file written by train")

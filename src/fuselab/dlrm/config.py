@@ -2,13 +2,22 @@
 
 Presets (``src/fuselab/dlrm/configs/*.json``):
 
-* ``kaggle``: D=16, bottom 13-512-256-64-16, top 512-256-1 (facebookresearch/dlrm's Kaggle run).
+* ``kaggle``: D=16, bottom 13-512-256-64-16, top 512-256-1 (facebookresearch/dlrm's Kaggle run), batch 65536,
+  row-wise Adagrad; learning rates for every optimizer in ``learning_rates``. Schedule after NVIDIA's and MLPerf's
+  recipe, scaled to one epoch of the Kaggle train split (599 steps of 65536): linear warm-up over 40 steps, constant,
+  then quadratic decay from step 400 to 0 at step 600.
 * ``mlperf-v1``: D=128, bottom 13-512-256-128, top 1024-1024-512-256-1, tables capped at 40M rows.
 * ``tiny``: D=8, bottom 13-32-8, top 32-1, for tests and the CPU default run.
 
 Table sizes are not part of the config: they come from the dataset's metadata
 (:func:`table_sizes`). Any field can be overridden with ``key=value`` strings
 (``--set lr_dense=0.1``; values parse as JSON, else as plain strings).
+
+Learning rates: ``lr_dense`` / ``lr_sparse`` left unset (null) take the preset's ``learning_rates[optimizer]``
+(``[dense, sparse]``), so ``--optimizer sgd`` gets SGD's rates, not Adagrad's. The learning-rate schedule
+(:mod:`fuselab.dlrm.schedule`) is ``warmup_steps``, ``decay_start_step``, ``decay_steps``, ``decay_power``.
+
+``bf16=true`` (the older flag) is read as ``precision="bf16"``.
 """
 
 from __future__ import annotations
@@ -22,7 +31,13 @@ from typing import Any
 CONFIG_DIR = Path(__file__).with_name("configs")
 PRESETS = ("tiny", "kaggle", "mlperf-v1")
 NUM_DENSE = 13
-NUM_SPARSE = 26
+#: directory of the synthetic dataset ``fuselab dlrm train`` makes when given no data
+DEFAULT_SYNTH_DIR = "runs/dlrm/synth-tiny"
+#: run directory of ``fuselab dlrm train`` (run.json; the checkpoint of an interrupted run without --checkpoint-dir)
+DEFAULT_RUN_DIR = "runs/dlrm/train"
+OPTIMIZERS = ("sgd", "adagrad", "rowwise_adagrad")
+#: learning rates [dense, sparse] per optimizer when a config gives none (the tiny preset's, batch 1024)
+DEFAULT_LEARNING_RATES = {"sgd": [1.0, 16.0], "adagrad": [0.02, 0.05], "rowwise_adagrad": [0.02, 0.05]}
 
 
 @dataclass
@@ -40,22 +55,40 @@ class DLRMConfig:
     max_rows_per_table: int | None = None
     embedding_layout: str = "fused"  # fused (one weight, row offsets per table) | per_table (nn.EmbeddingBag each)
     sparse_grad: bool = True
-    optimizer: str = "adagrad"  # sgd | adagrad
-    lr_dense: float = 0.02
-    lr_sparse: float = 0.05
+    kernels: str = "auto"  # auto (fuselab on CUDA, torch on CPU) | fuselab | torch
+    optimizer: str = "adagrad"  # sgd | adagrad | rowwise_adagrad (row-wise for the tables, element-wise for MLPs)
+    lr_dense: float | None = None  # None: learning_rates[optimizer][0]
+    lr_sparse: float | None = None  # None: learning_rates[optimizer][1]
+    learning_rates: dict[str, list[float]] = field(
+        default_factory=lambda: {k: list(v) for k, v in DEFAULT_LEARNING_RATES.items()})
+    adagrad_eps: float = 1e-8
+    warmup_steps: int = 0  # linear warm-up from 0 over these steps
+    decay_start_step: int = 0  # polynomial decay from here ...
+    decay_steps: int = 0  # ... to 0 at decay_start_step + decay_steps (0: no decay)
+    decay_power: float = 2.0
     batch_size: int = 8192
     eval_batch_size: int = 65536
     epochs: float = 1.0
     steps: int | None = None
     eval_every: int = 0
     eval_batches: int = 0
-    bf16: bool = False
+    precision: str = "fp32"  # fp32 | tf32 (TF32 matmuls) | bf16 (bf16 autocast)
     compile: bool = False
+    cuda_graph: bool = False  # capture the whole step in a CUDA graph (exclusive with compile)
+    data_on_device: bool = False  # hold the train split on the device, shuffle and batch there
     seed: int = 0
     shuffle: str = "batch"  # batch (contiguous batches, order permuted) | row (full permutation) | none
     prefetch: int = 3
     checkpoint_every: int = 0
     device: str | None = None
+
+    def __post_init__(self) -> None:
+        rates = self.learning_rates.get(self.optimizer) if isinstance(self.learning_rates, dict) else None
+        if rates is not None and len(rates) == 2:
+            if self.lr_dense is None:
+                self.lr_dense = float(rates[0])
+            if self.lr_sparse is None:
+                self.lr_sparse = float(rates[1])
 
     def validate(self) -> DLRMConfig:
         def bad(what: str) -> ValueError:
@@ -70,8 +103,9 @@ class DLRMConfig:
                       f"got {self.bottom_mlp}")
         if not self.top_mlp or self.top_mlp[-1] != 1 or any(int(w) <= 0 for w in self.top_mlp):
             raise bad(f"top_mlp must be positive widths ending in 1, got {self.top_mlp}")
-        choices = {"interaction": ("dot", "cat"), "hashing": ("modulus", "vocab"), "optimizer": ("sgd", "adagrad"),
-                   "embedding_layout": ("fused", "per_table"), "shuffle": ("batch", "row", "none")}
+        choices = {"interaction": ("dot", "cat"), "hashing": ("modulus", "vocab"), "optimizer": OPTIMIZERS,
+                   "embedding_layout": ("fused", "per_table"), "shuffle": ("batch", "row", "none"),
+                   "kernels": ("auto", "fuselab", "torch"), "precision": ("fp32", "tf32", "bf16")}
         for key, allowed in choices.items():
             if getattr(self, key) not in allowed:
                 raise bad(f"{key} must be one of {allowed}, got {getattr(self, key)!r}")
@@ -82,9 +116,32 @@ class DLRMConfig:
             raise bad(f"max_rows_per_table must be positive or null, got {self.max_rows_per_table}")
         if self.steps is not None and self.steps < 0:
             raise bad(f"steps must be >= 0, got {self.steps}")
+        self._validate_learning(bad)
+        if self.compile and self.cuda_graph:
+            raise bad("compile and cuda_graph are exclusive (the CUDA-graph step is captured eagerly)")
+        if self.checkpoint_every < 0 or self.eval_every < 0 or self.eval_batches < 0:
+            raise bad("checkpoint_every, eval_every and eval_batches must be >= 0")
+        return self
+
+    def _validate_learning(self, bad) -> None:
+        if not isinstance(self.learning_rates, dict) or any(
+                not isinstance(v, list) or len(v) != 2 for v in self.learning_rates.values()):
+            raise bad(f"learning_rates must map optimizer names to [lr_dense, lr_sparse], got {self.learning_rates}")
+        if self.lr_dense is None or self.lr_sparse is None:
+            raise bad(f"no learning rates for optimizer {self.optimizer!r}: set lr_dense and lr_sparse or "
+                      f"learning_rates.{self.optimizer}")
         if self.epochs < 0 or self.lr_dense < 0 or self.lr_sparse < 0:
             raise bad("epochs and learning rates must be >= 0")
-        return self
+        if not self.adagrad_eps > 0:
+            raise bad(f"adagrad_eps must be positive, got {self.adagrad_eps}")
+        for key in ("warmup_steps", "decay_start_step", "decay_steps"):
+            if getattr(self, key) < 0:
+                raise bad(f"{key} must be >= 0, got {getattr(self, key)}")
+        if not self.decay_power > 0:
+            raise bad(f"decay_power must be positive, got {self.decay_power}")
+        if self.decay_steps and self.decay_start_step < self.warmup_steps:
+            raise bad(f"decay_start_step ({self.decay_start_step}) must not come before the end of the warm-up "
+                      f"(warmup_steps={self.warmup_steps})")
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -93,28 +150,53 @@ class DLRMConfig:
 _FIELDS = {f.name: f for f in dataclasses.fields(DLRMConfig)}
 
 
+#: older field names still read: name -> function of the value giving (field, value)
+_ALIASES = {"bf16": lambda v: ("precision", "bf16" if _coerce_bool("bf16", v) else "fp32")}
+
+
+def _coerce_bool(key: str, value: Any) -> bool:
+    if isinstance(value, str):
+        if value.lower() not in ("true", "false", "1", "0"):
+            raise ValueError(f"config field {key!r} expects true/false, got {value!r}")
+        return value.lower() in ("true", "1")
+    return bool(value)
+
+
+def _coerce_item(key: str, value: Any) -> tuple[str, Any]:
+    """(field, value) of a config entry: aliases resolved, the value coerced to the field's type."""
+    if key in _ALIASES:
+        key, value = _ALIASES[key](value)
+    return key, _coerce(key, value)
+
+
 def _coerce(key: str, value: Any) -> Any:
     if key not in _FIELDS:
         raise ValueError(f"unknown config field {key!r}; known: {', '.join(sorted(_FIELDS))}")
     kind = str(_FIELDS[key].type)
     if value is None:
         return None
+    if kind.startswith("dict"):
+        if not isinstance(value, dict):
+            raise ValueError(f"config field {key!r} expects a mapping, got {value!r}")
+        try:
+            return {str(k): [float(x) for x in v] for k, v in value.items()}
+        except (TypeError, ValueError):
+            raise ValueError(f"config field {key!r} expects {{optimizer: [lr_dense, lr_sparse]}}, got {value!r}"
+                             ) from None
     if kind.startswith("list"):
         if not isinstance(value, (list, tuple)):
             raise ValueError(f"config field {key!r} expects a list of ints, got {value!r}")
         return [int(v) for v in value]
     if kind.startswith("bool"):
-        if isinstance(value, str):
-            if value.lower() not in ("true", "false", "1", "0"):
-                raise ValueError(f"config field {key!r} expects true/false, got {value!r}")
-            return value.lower() in ("true", "1")
-        return bool(value)
+        return _coerce_bool(key, value)
     try:
         if kind.startswith("int"):
             if isinstance(value, float) and not value.is_integer():
                 raise ValueError
             return int(value)
         if kind.startswith("float"):
+            if isinstance(value, bool) or (isinstance(value, str) and not value.strip()):
+                raise ValueError
             return float(value)
     except (TypeError, ValueError):
         raise ValueError(f"config field {key!r} expects {kind}, got {value!r}") from None
@@ -131,7 +213,7 @@ def parse_override(text: str) -> tuple[str, Any]:
         value = json.loads(raw)
     except json.JSONDecodeError:
         value = raw
-    return key, _coerce(key, value)
+    return _coerce_item(key, value)
 
 
 def _read_file(path: Path) -> dict[str, Any]:
@@ -161,14 +243,20 @@ def load_config(source: str | Path | None = None, overrides: list[str] | None = 
         data = _read_file(path)
     else:
         raise ValueError(f"config must be one of {PRESETS} or a .json/.toml file, got {source!r}")
-    values = {key: _coerce(key, value) for key, value in data.items()}
+    values = dict(_coerce_item(key, value) for key, value in data.items())
     for text in overrides or []:
         key, value = parse_override(text)
         values[key] = value
     for key, value in named.items():
         if value is not None:
-            values[key] = _coerce(key, value)
+            key, value = _coerce_item(key, value)
+            values[key] = value
     return DLRMConfig(**values).validate()
+
+
+def config_from_dict(data: dict[str, Any]) -> DLRMConfig:
+    """The config saved in a checkpoint or run.json (``to_dict()``), with older field names read as aliases."""
+    return DLRMConfig(**dict(_coerce_item(key, value) for key, value in data.items())).validate()
 
 
 def table_sizes(cfg: DLRMConfig, meta: dict[str, Any]) -> list[int]:

@@ -27,8 +27,9 @@ from torch import Tensor, nn
 from fuselab._io import PathError, writable_file
 
 from .checkpoint import load_checkpoint, resolve_checkpoint
-from .config import DLRMConfig
+from .config import DLRMConfig, config_from_dict
 from .data.textin import os_errors_as_path_errors
+from .layout import torch_model_from_state
 from .model import DLRM
 
 
@@ -49,9 +50,8 @@ class ExportedDLRM(nn.Module):
 def model_from_checkpoint(path: str | Path) -> tuple[ExportedDLRM, DLRMConfig]:
     """Rebuild the model of a checkpoint file (or checkpoint directory: its latest), in eval mode."""
     state = load_checkpoint(resolve_checkpoint(path, None))
-    cfg = DLRMConfig(**state["config"])
-    model = DLRM.from_config(cfg, state["table_sizes"])
-    model.load_state_dict(state["model"])
+    cfg = config_from_dict(state["config"])
+    model = torch_model_from_state(cfg, list(state["table_sizes"]), state)
     return ExportedDLRM(model.eval(), state["table_sizes"], cfg.hashing).eval(), cfg
 
 

@@ -17,6 +17,7 @@ from collections.abc import Iterator
 import torch
 from torch import Tensor, nn
 
+from .config import DLRMConfig
 from .model import DLRM, LinearAct
 
 
@@ -66,3 +67,19 @@ def load_reference_state_dict(model: DLRM, state: dict[str, Tensor]) -> None:
     weight = get("sparse_arch.weight", (sum(t.shape[0] for t in tables), tables[0].shape[1]))
     for t, part in zip(tables, weight.split([t.shape[0] for t in tables])):
         t.copy_(part)
+
+
+def torch_model_from_state(cfg: DLRMConfig, table_sizes: list[int], state: dict) -> DLRM:
+    """The ``kernels="torch"`` model of a checkpoint's ``state`` (its ``model`` state_dict, and ``kernels``: the
+    path it was trained on; a config's ``"auto"`` is read from the state_dict's keys when a checkpoint lacks it).
+    A fuselab-trained model is rebuilt on its own path, then copied through :func:`reference_state_dict`."""
+    kernels = state.get("kernels") or ("fuselab" if any(k.startswith("sparse_arch.momentum") or
+                                                        k == "sparse_arch.grad_anchor" for k in state["model"])
+                                       else "torch")
+    trained = DLRM.from_config(cfg, table_sizes, kernels=kernels)
+    trained.load_state_dict(state["model"])
+    if kernels == "torch":
+        return trained
+    model = DLRM.from_config(cfg, table_sizes, kernels="torch")
+    load_reference_state_dict(model, reference_state_dict(trained))
+    return model

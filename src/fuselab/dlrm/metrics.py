@@ -42,15 +42,21 @@ def roc_auc(scores: Tensor, labels: Tensor) -> float:
 
 
 def evaluate_predictions(logits: Tensor, labels: Tensor) -> dict[str, float]:
-    """``{"auc", "logloss", "accuracy", "positive_rate", "samples"}`` from logits (not probabilities)."""
+    """``{"auc", "logloss", "accuracy", "calibration", "mean_prediction", "positive_rate", "samples"}`` from
+    logits (not probabilities). ``calibration`` is mean predicted probability / mean label (1 is calibrated;
+    NaN when there is no positive label)."""
     logits, labels = _check(logits, labels)
     labels = labels.float()
     logloss = torch.nn.functional.binary_cross_entropy_with_logits(logits.double(), labels.double()).item()
     accuracy = ((logits > 0).float() == labels).double().mean().item()
+    mean_prediction = torch.sigmoid(logits.double()).mean().item()
+    positive_rate = labels.double().mean().item()
     return {
         "auc": roc_auc(logits, labels),
         "logloss": logloss,
         "accuracy": accuracy,
-        "positive_rate": labels.double().mean().item(),
+        "calibration": mean_prediction / positive_rate if positive_rate > 0 else float("nan"),
+        "mean_prediction": mean_prediction,
+        "positive_rate": positive_rate,
         "samples": int(labels.numel()),
     }

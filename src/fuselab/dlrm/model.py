@@ -32,7 +32,6 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
@@ -46,27 +45,6 @@ KERNELS = ("torch", "fuselab")
 #: LinearAct implementations: F.linear + relu, cuBLASLt's bias+ReLU epilogue, fuselab's Triton epilogue
 MLP_IMPLS = ("torch", "addmm", "fused_linear")
 OPTIMIZERS = ("sgd", "adagrad", "rowwise_adagrad")
-
-
-@dataclass
-class Batch:
-    """One mini-batch: ``dense`` [B, 13] float32 (log-transformed), ``sparse`` [B, F] int64 (raw or hashed ids),
-    ``labels`` [B] float32 in {0, 1}."""
-
-    dense: Tensor
-    sparse: Tensor
-    labels: Tensor
-
-    def __len__(self) -> int:
-        return int(self.labels.shape[0])
-
-    def to(self, device: torch.device | str, non_blocking: bool = False) -> Batch:
-        return Batch(self.dense.to(device, non_blocking=non_blocking),
-                     self.sparse.to(device, non_blocking=non_blocking),
-                     self.labels.to(device, non_blocking=non_blocking))
-
-    def pin_memory(self) -> Batch:
-        return Batch(self.dense.pin_memory(), self.sparse.pin_memory(), self.labels.pin_memory())
 
 
 def _init_values(fan_in: int, fan_out: int, gen: torch.Generator | None) -> tuple[Tensor, Tensor]:

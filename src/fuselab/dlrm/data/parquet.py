@@ -13,14 +13,14 @@ fits; convert larger sets with ``preprocess``).
 
 from __future__ import annotations
 
-import json
 import re
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from .loader import CriteoDataset, _Chunk
+from fuselab._io import read_json
+
 from .shards import dense_transform
 
 
@@ -29,8 +29,13 @@ def _ordered(names: list[str], prefix: str) -> list[str]:
     return [n for _, n in sorted(found)]
 
 
-def open_parquet(path: str | Path) -> CriteoDataset:
-    """Open a parquet dataset directory (or one ``.parquet`` file) as a :class:`CriteoDataset`."""
+def read_parquet(path: str | Path) -> tuple[list[dict[str, np.ndarray]], dict[str, Any]]:
+    """Columns of a parquet dataset directory (or of one ``.parquet`` file) and its metadata.
+
+    Returns one ``{"dense", "sparse", "labels"}`` dict of arrays per file (name order) and the metadata
+    (``cardinalities``, ``num_rows``, ``shards``, ...). Raises ``FileNotFoundError`` when there are no parquet files,
+    ``ValueError`` for missing columns, negative ids or a cardinality list of the wrong length.
+    """
     import pyarrow.parquet as pq
 
     root = Path(path)
@@ -40,7 +45,7 @@ def open_parquet(path: str | Path) -> CriteoDataset:
     folder = root if root.is_dir() else root.parent
     meta: dict[str, Any] = {}
     if (folder / "metadata.json").is_file():
-        meta = json.loads((folder / "metadata.json").read_text())
+        meta = read_json(folder / "metadata.json", "parquet metadata")
     chunks = []
     maxima: np.ndarray | None = None
     for file in files:
@@ -60,15 +65,15 @@ def open_parquet(path: str | Path) -> CriteoDataset:
             raise ValueError(f"{file}: sparse ids must be non-negative")
         col_max = sparse.max(axis=0) if len(sparse) else np.zeros(sparse.shape[1], np.int64)
         maxima = col_max if maxima is None else np.maximum(maxima, col_max)
-        chunks.append(_Chunk({"dense": np.ascontiguousarray(dense), "sparse": sparse, "labels": labels}))
+        chunks.append({"dense": np.ascontiguousarray(dense), "sparse": sparse, "labels": labels})
     cards = meta.get("cardinalities", meta.get("table_sizes"))
     if cards is None:
         cards = [int(m) + 1 for m in maxima]
-    if len(cards) != chunks[0].arrays["sparse"].shape[1]:
-        raise ValueError(f"metadata lists {len(cards)} cardinalities for {chunks[0].arrays['sparse'].shape[1]} "
+    if len(cards) != chunks[0]["sparse"].shape[1]:
+        raise ValueError(f"metadata lists {len(cards)} cardinalities for {chunks[0]['sparse'].shape[1]} "
                          "sparse columns")
-    rows = sum(c.rows for c in chunks)
+    rows = sum(len(c["labels"]) for c in chunks)
     full = {**meta, "format": "parquet", "root": str(folder), "num_rows": rows,
             "cardinalities": [int(c) for c in cards],
-            "shards": [{"name": f.name, "rows": c.rows} for f, c in zip(files, chunks)]}
-    return CriteoDataset(chunks, full)
+            "shards": [{"name": f.name, "rows": len(c["labels"])} for f, c in zip(files, chunks)]}
+    return chunks, full

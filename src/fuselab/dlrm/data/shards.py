@@ -16,11 +16,12 @@ temporary name and renamed, so a shard that exists is complete.
 from __future__ import annotations
 
 import json
-import os
 from pathlib import Path
 from typing import Any
 
 import numpy as np
+
+from fuselab._io import atomic_write, atomic_write_text, json_safe, read_json
 
 FORMAT = "fuselab-dlrm-npy"
 METADATA = "metadata.json"
@@ -34,26 +35,23 @@ KAGGLE_CARDINALITIES = (
 
 
 def save_npy_atomic(path: Path, array: np.ndarray) -> None:
-    """Write ``array`` to ``path`` via a temporary file and ``os.replace`` (never a half-written file)."""
-    tmp = path.with_name(path.name + ".tmp")
-    with open(tmp, "wb") as f:
-        np.save(f, array)
-    os.replace(tmp, path)
+    """Write ``array`` to ``path`` atomically (:func:`fuselab._io.atomic_write`: never a half-written file)."""
+    atomic_write(path, lambda f: np.save(f, array), "shard file")
 
 
 def write_json_atomic(path: Path, data: dict[str, Any]) -> None:
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(json.dumps(data, indent=1, default=_json_default))
-    os.replace(tmp, path)
+    """Write ``data`` as strict JSON (NaN as null; numpy scalars and arrays as numbers and lists), atomically."""
+    text = json.dumps(json_safe(data), indent=1, default=_json_default, allow_nan=False) + "\n"
+    atomic_write_text(path, text, "metadata file")
 
 
 def _json_default(obj: Any) -> Any:
     if isinstance(obj, np.integer):
         return int(obj)
     if isinstance(obj, np.floating):
-        return float(obj)
+        return json_safe(float(obj))
     if isinstance(obj, np.ndarray):
-        return obj.tolist()
+        return json_safe(obj.tolist())
     raise TypeError(f"not JSON serialisable: {type(obj)}")
 
 
@@ -73,22 +71,18 @@ def write_shard(root: Path, name: str, dense: np.ndarray, sparse: np.ndarray, la
     return {"name": name, "rows": int(n)}
 
 
-def shard_complete(root: Path, name: str) -> bool:
-    return all((root / "shards" / f"{name}.{col}.npy").is_file() for col in COLUMNS)
-
-
 def read_metadata(root: str | Path) -> dict[str, Any]:
     root = Path(root)
     path = root / METADATA
+    if root.is_file():
+        raise NotADirectoryError(f"{root} is a file, not a dataset directory (make one with `fuselab dlrm "
+                                 "preprocess` or `fuselab dlrm synth`)")
     if not root.is_dir():
         raise NotADirectoryError(f"dataset directory {root} does not exist")
     if not path.is_file():
         raise FileNotFoundError(f"{path} not found: not a dataset directory (run `fuselab dlrm preprocess` or "
                                 "`fuselab dlrm synth` first)")
-    try:
-        return json.loads(path.read_text())
-    except json.JSONDecodeError as exc:
-        raise ValueError(f"{path} is not valid JSON: {exc}") from None
+    return read_json(path, "dataset metadata")
 
 
 def dense_transform(values: np.ndarray) -> np.ndarray:

@@ -1,0 +1,379 @@
+"""The DLRM trainer: build, restore, step, evaluate, log, checkpoint; exact resume; safe interruption.
+
+Determinism: the model's initial weights depend on ``cfg.seed``; the batch order on (seed, epoch); the learning
+rate on the step (:mod:`.schedule`); so a run resumed from a checkpoint at step k replays exactly the losses of an
+uninterrupted run from step k on (bitwise on CPU; on CUDA up to the non-determinism of atomics in the embedding
+backward).
+
+Interruption: while :meth:`Trainer.run` trains, SIGINT and SIGTERM (main thread only) are caught; the current step
+finishes, a checkpoint is written (to ``checkpoint_dir``, else ``<run_dir>/checkpoints``) and
+:class:`TrainingInterrupted` is raised with its path. A second signal interrupts at once.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import math
+import signal
+import threading
+import time
+import warnings
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from fuselab._io import writable_dir, writable_file
+
+from . import checkpoint as ckpt
+from .config import DEFAULT_RUN_DIR, DLRMConfig, table_sizes
+from .data.batch import Batch
+from .data.device import DeviceBatches
+from .data.loader import BatchLoader, CriteoDataset, Hasher, kaggle_split, load_vocabs, open_dataset
+from .evaluation import best_auc, evaluate
+from .model import DLRM
+from .optim import Optimizers
+from .runtime import PhaseTimer, default_dataset, profiler, resolve_device, resolve_kernels
+from .schedule import LRSchedule
+from .step import TrainStep
+
+
+class TrainingInterrupted(Exception):
+    """Training stopped by a signal after a checkpoint was written; ``exit_code`` is 128 + the signal number."""
+
+    def __init__(self, signum: int, step: int, checkpoint: Path):
+        self.signum, self.step, self.checkpoint = signum, step, checkpoint
+        self.exit_code = 128 + signum
+        super().__init__(f"interrupted by {signal.Signals(signum).name} at step {step}; checkpoint {checkpoint}")
+
+
+@dataclass
+class RunOptions:
+    """Everything of a run that is not the model's config: outputs, resume, logging."""
+
+    checkpoint_dir: str | Path | None = None  # None: <run_dir>/checkpoints when cfg.checkpoint_every (and run_dir)
+    resume: str | Path | None = None
+    run_dir: str | Path | None = None  # interrupt checkpoints go to <run_dir>/checkpoints without checkpoint_dir
+    json_path: str | Path | None = None  # checked before training (the caller writes it)
+    tensorboard_dir: str | Path | None = None
+    profile_dir: str | Path | None = None
+    breakdown: bool = False
+    time_budget: float | None = None
+    eval_split: str = "test"
+    progress: bool = True
+
+
+class Trainer:
+    """One training run of ``cfg`` on ``data`` (a dataset directory or object; None: a small synthetic set).
+
+    ``Trainer(cfg, data, options).run()`` returns the summary (see :meth:`summary`). Every output path of
+    ``options`` is checked when the trainer is created, before the data is opened (``PathError`` naming it).
+    """
+
+    def __init__(self, cfg: DLRMConfig, data: str | Path | CriteoDataset | None = None,
+                 options: RunOptions | None = None, log=print):
+        self.cfg = cfg.validate()
+        self.opts = options or RunOptions()
+        self.log = log
+        run_checkpoints = Path(self.opts.run_dir) / "checkpoints" if self.opts.run_dir is not None else None
+        #: where periodic and final checkpoints go: checkpoint_dir, else <run_dir>/checkpoints when checkpoint_every
+        self.checkpoint_dir = (Path(self.opts.checkpoint_dir) if self.opts.checkpoint_dir is not None
+                               else run_checkpoints if cfg.checkpoint_every else None)
+        self._check_outputs()
+        self.device = resolve_device(cfg.device)
+        self.kernels = resolve_kernels(cfg.kernels, self.device)
+        if cfg.cuda_graph and self.device.type != "cuda":
+            raise ValueError(f"cuda_graph needs a CUDA device, this run is on {self.device}")
+        self.data = data
+        self.step_count = 0
+        self.first_step = 0
+        self.losses: list[torch.Tensor] = []
+        self.evals: list[dict[str, Any]] = []
+        self._signal: int | None = None
+
+    # ------------------------------------------------------------------------------------------------ build
+    def _check_outputs(self) -> None:
+        o = self.opts
+        if self.checkpoint_dir is not None:
+            ckpt.check_checkpoint_dir(self.checkpoint_dir)
+        if o.run_dir is not None:
+            writable_dir(o.run_dir, "run folder")
+        if o.json_path is not None:
+            writable_file(o.json_path, "--json file")
+        if o.tensorboard_dir is not None:
+            writable_dir(o.tensorboard_dir, "TensorBoard folder")
+        if o.profile_dir is not None:
+            writable_dir(o.profile_dir, "profile folder")
+
+    def build(self) -> Trainer:
+        """Open the data, build hasher, model, optimizers, step, schedule and loaders."""
+        cfg, device = self.cfg, self.device
+        warnings.filterwarnings("ignore", message="Sparse invariant checks")
+        torch.manual_seed(cfg.seed)
+        data = self.data
+        ds = data if isinstance(data, CriteoDataset) else open_dataset(data if data is not None
+                                                                        else default_dataset(self.log))
+        self.ds, self.split = ds, kaggle_split(len(ds))
+        self.sizes = table_sizes(cfg, ds.meta)
+        if len(self.sizes) != ds.num_sparse:
+            raise ValueError(f"metadata lists {len(self.sizes)} cardinalities, data has {ds.num_sparse} sparse "
+                             "columns")
+        vocabs = load_vocabs(ds.meta["root"], ds.num_sparse) if cfg.hashing == "vocab" else None
+        self.hasher = Hasher(self.sizes, cfg.hashing, vocabs).to(device)
+        model_cfg = dataclasses.replace(cfg, kernels=self.kernels)
+        self.model = DLRM.from_config(model_cfg, self.sizes).to(device)
+        self.optimizers = Optimizers(self.model, optimizer=cfg.optimizer, lr_dense=cfg.lr_dense,
+                                     lr_sparse=cfg.lr_sparse, eps=cfg.adagrad_eps)
+        mode = "cuda_graph" if cfg.cuda_graph else "compile" if cfg.compile else "eager"
+        self.train_step = TrainStep(self.model, self.optimizers, precision=cfg.precision, mode=mode)
+        self.schedule = LRSchedule.from_config(cfg)
+        start, stop = self.split["train"]
+        if cfg.data_on_device:
+            self.train_batches: BatchLoader | DeviceBatches = DeviceBatches(
+                ds, start, stop, cfg.batch_size, device, cfg.shuffle, cfg.seed, drop_last=True,
+                transform=self.hasher, max_id=max(self.sizes))
+        else:
+            self.train_batches = BatchLoader(ds, start, stop, cfg.batch_size, device, cfg.shuffle, cfg.seed,
+                                             drop_last=True, prefetch=cfg.prefetch)
+        self.eval_loader = BatchLoader(ds, *self.split[self.opts.eval_split], cfg.eval_batch_size, device, "none",
+                                       prefetch=cfg.prefetch)
+        self.per_epoch = len(self.train_batches)
+        self.total_steps = cfg.steps if cfg.steps is not None else max(1, math.ceil(cfg.epochs * self.per_epoch))
+        if self.schedule.decay_steps and self.total_steps > self.schedule.decay_end:
+            self.log(f"note: the learning rate is 0 from step {self.schedule.decay_end} (decay_start_step + "
+                     f"decay_steps) of this run's {self.total_steps}; set decay_start_step/decay_steps to change it")
+        return self
+
+    def restore(self, resume: str | Path) -> int:
+        """Load model, optimizer state, RNG states and schedule of a checkpoint; returns its step."""
+        path = ckpt.resolve_checkpoint(resume, self.checkpoint_dir if self.checkpoint_dir is not None
+                                       else self.interrupt_dir() if self.opts.run_dir is not None else None)
+        state = ckpt.load_checkpoint(path, map_location=self.device)
+        if list(state["table_sizes"]) != self.sizes:
+            raise ValueError(f"checkpoint {path} has other table sizes than this dataset/config")
+        self.model.load_state_dict(state["model"])
+        self.optimizers.load_state_dict(state["optimizers"])
+        ckpt.set_rng_state(state["rng"])
+        saved = state.get("schedule")
+        if saved is not None and LRSchedule(**saved) != self.schedule:
+            self.log(f"note: keeping the learning-rate schedule of {path} ({saved}); this run's config differs")
+            self.schedule = LRSchedule(**saved)
+        self.step_count = self.first_step = int(state["step"])
+        self.log(f"resumed from {path} at step {self.step_count}")
+        return self.step_count
+
+    # ------------------------------------------------------------------------------------------------ step
+    def step(self, batch: Batch) -> torch.Tensor:
+        """One update on ``batch`` at the scheduled learning rates; returns the loss (on the device)."""
+        self.optimizers.set_lr(*self.schedule(self.step_count))
+        sparse = batch.sparse if self.cfg.data_on_device else self.hasher(batch.sparse)
+        loss = self.train_step(batch.dense, sparse, batch.labels)
+        self.step_count += 1
+        return loss
+
+    def evaluate(self, writer=None) -> dict[str, Any]:
+        """Metrics on the evaluation split at the current step (appended to ``evals``, logged)."""
+        metrics = evaluate(self.model, self.hasher, self.eval_loader.epoch(0), self.cfg.precision,
+                           self.cfg.eval_batches)
+        metrics["step"] = self.step_count
+        self.evals.append(metrics)
+        if writer is not None:
+            for key in ("auc", "logloss", "accuracy"):
+                writer.add_scalar(f"eval/{key}", metrics[key], self.step_count)
+        self.log(f"step {self.step_count}: {self.opts.eval_split} AUC {metrics['auc']:.4f}  "
+                 f"logloss {metrics['logloss']:.4f}  accuracy {metrics['accuracy']:.4f}")
+        return metrics
+
+    def checkpoint(self, directory: str | Path | None = None) -> Path:
+        """Write a checkpoint of the current step to ``directory`` (default: the run's checkpoint folder)."""
+        directory = directory if directory is not None else self.checkpoint_dir
+        if directory is None:
+            raise ValueError("no checkpoint folder")
+        step = self.step_count
+        return ckpt.save_checkpoint(directory, step, {
+            "model": self.model.state_dict(), "optimizers": self.optimizers.state_dict(),
+            "config": self.cfg.to_dict(), "kernels": self.kernels, "table_sizes": self.sizes,
+            "epoch": step // self.per_epoch,
+            "batch_in_epoch": step % self.per_epoch, "hashing": self.cfg.hashing,
+            "schedule": self.schedule.to_dict()})
+
+    def interrupt_dir(self) -> Path:
+        """Where a checkpoint goes on SIGINT/SIGTERM: the checkpoint folder, else ``<run_dir>/checkpoints``."""
+        if self.checkpoint_dir is not None:
+            return self.checkpoint_dir
+        return Path(self.opts.run_dir if self.opts.run_dir is not None else DEFAULT_RUN_DIR) / "checkpoints"
+
+    # ------------------------------------------------------------------------------------------------ run
+    @contextlib.contextmanager
+    def _catch_signals(self):
+        if threading.current_thread() is not threading.main_thread():
+            yield
+            return
+
+        def on_signal(signum, frame):
+            if self._signal is not None:  # a second signal: stop now
+                raise KeyboardInterrupt
+            self._signal = signum
+
+        old = {s: signal.signal(s, on_signal) for s in (signal.SIGINT, signal.SIGTERM)}
+        try:
+            yield
+        finally:
+            for s, handler in old.items():
+                signal.signal(s, handler)
+
+    def _stop_for_signal(self) -> None:
+        signum = self._signal if self._signal is not None else signal.SIGINT
+        path = self.checkpoint(self.interrupt_dir())
+        raise TrainingInterrupted(signum, self.step_count, path)
+
+    def run(self) -> dict[str, Any]:
+        """Build, restore (``options.resume``), train to ``total_steps``, evaluate; returns :meth:`summary`."""
+        self.build()
+        if self.opts.resume is not None:
+            self.restore(self.opts.resume)
+        writer = None
+        if self.opts.tensorboard_dir is not None:
+            from torch.utils.tensorboard import SummaryWriter
+
+            writer = SummaryWriter(str(self.opts.tensorboard_dir))
+        try:
+            with self._catch_signals():
+                self._loop(writer)
+                if self._signal is not None:
+                    self._stop_for_signal()
+            cfg = self.cfg
+            if self.checkpoint_dir is not None and (not cfg.checkpoint_every
+                                                    or self.step_count % cfg.checkpoint_every):
+                self.checkpoint()
+            self.evaluate(writer)
+        finally:
+            if writer is not None:
+                writer.close()
+        return self.summary()
+
+    def _loop(self, writer) -> None:
+        opts = self.opts
+        self._writer = writer
+        prof = profiler(Path(opts.profile_dir), self.device, self.log) if opts.profile_dir is not None else None
+        self.timer = timer = PhaseTimer(self.device, opts.breakdown)
+        meter = _RateMeter(self.device, warmup=min(5, max(1, (self.total_steps - self.step_count) // 4)))
+        bar = _progress_bar(opts.progress)
+        last_log = self._started = time.perf_counter()
+        with bar, (prof or contextlib.nullcontext()):
+            task = bar.add_task("train", total=self.total_steps, completed=self.step_count, info="")
+            self.model.train()
+            while self.step_count < self.total_steps and self._signal is None:
+                epoch, pos = divmod(self.step_count, self.per_epoch)
+                batches = self.train_batches.epoch(epoch, pos)
+                try:
+                    while self.step_count < self.total_steps and self._signal is None:
+                        with timer.phase("data"):
+                            batch = next(batches, None)
+                        if batch is None:
+                            break
+                        with timer.phase("step"):
+                            self.losses.append(self.step(batch))
+                        timer.steps += 1
+                        meter.count(len(batch))
+                        if prof is not None:
+                            prof.step()
+                        now = time.perf_counter()
+                        if now - last_log > 0.5 or self.step_count == self.total_steps:
+                            self._log_progress(bar, task, meter, writer)
+                            last_log = now
+                        self._periodic(now)
+                finally:
+                    batches.close()
+        meter.finish()
+        self.meter = meter
+
+    def _periodic(self, now: float) -> None:
+        cfg, step = self.cfg, self.step_count
+        if cfg.checkpoint_every and step % cfg.checkpoint_every == 0 and self.checkpoint_dir is not None:
+            self.checkpoint()
+        if cfg.eval_every and step % cfg.eval_every == 0 and step < self.total_steps:
+            self.evaluate(self._writer)
+        if self.opts.time_budget is not None and now - self._started > self.opts.time_budget:
+            self.total_steps = step
+
+    def _log_progress(self, bar, task, meter: _RateMeter, writer) -> None:
+        """Progress bar and TensorBoard scalars (one host sync for the latest loss)."""
+        rate = meter.rate()
+        current = self.losses[-1].item()
+        bar.update(task, completed=self.step_count, info=f"loss {current:.4f}  {rate or 0:,.0f} samples/s")
+        if writer is not None:
+            writer.add_scalar("train/loss", current, self.step_count)
+            writer.add_scalar("train/samples_per_s", rate or 0.0, self.step_count)
+            lr_dense, lr_sparse = self.schedule(max(0, self.step_count - 1))
+            writer.add_scalar("train/lr_dense", lr_dense, self.step_count)
+            writer.add_scalar("train/lr_sparse", lr_sparse, self.step_count)
+
+    def summary(self) -> dict[str, Any]:
+        """``losses`` (every step of this invocation, from ``first_step``), ``steps`` (the run's total),
+        ``steps_this_run``, ``evals``, ``final``, ``samples_per_s`` (None when too few steps to measure),
+        ``breakdown_ms`` (with ``breakdown``), ``best_auc`` (synthetic data), ``model``, ``hasher``."""
+        start, stop = self.eval_loader.start, self.eval_loader.stop
+        if self.cfg.eval_batches:
+            stop = min(stop, start + self.cfg.eval_batches * self.eval_loader.batch_size)
+        meter = getattr(self, "meter", None)
+        summary: dict[str, Any] = {
+            "config": self.cfg.to_dict(), "device": str(self.device), "kernels": self.kernels,
+            "table_sizes": self.sizes, "embedding_rows": sum(self.sizes),
+            "train_rows": self.split["train"][1] - self.split["train"][0], "first_step": self.first_step,
+            "steps": self.step_count, "steps_this_run": self.step_count - self.first_step,
+            "losses": torch.stack(self.losses).float().cpu().tolist() if self.losses else [],
+            "evals": self.evals, "final": self.evals[-1],
+            "samples_per_s": meter.rate() if meter is not None else None,
+            "train_seconds": meter.seconds if meter is not None else 0.0, "eval_split": self.opts.eval_split,
+            "best_auc": best_auc(self.ds, start, stop), "model": self.model, "hasher": self.hasher,
+        }
+        if self.opts.breakdown:
+            summary["breakdown_ms"] = self.timer.report()
+        return summary
+
+
+class _RateMeter:
+    """Samples per second after ``warmup`` steps of this invocation (compilation and first-touch excluded)."""
+
+    def __init__(self, device: torch.device, warmup: int):
+        self.device, self.warmup = device, warmup
+        self.t_begin = time.perf_counter()
+        self.steps, self.samples = 0, 0
+        self.t_measure: float | None = None
+        self.seconds = 0.0
+        self._final: float | None = None
+
+    def count(self, samples: int) -> None:
+        self.steps += 1
+        if self.steps == self.warmup:
+            self._sync()
+            self.t_measure = time.perf_counter()
+        elif self.t_measure is not None:
+            self.samples += samples
+
+    def _sync(self) -> None:
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+
+    def rate(self) -> float | None:
+        if self._final is not None or self.t_measure is None or not self.samples:
+            return self._final
+        return self.samples / (time.perf_counter() - self.t_measure)
+
+    def finish(self) -> None:
+        self._sync()
+        now = time.perf_counter()
+        self.seconds = now - self.t_begin
+        if self.t_measure is not None and self.samples:
+            self._final = self.samples / (now - self.t_measure)
+
+
+def _progress_bar(enabled: bool):
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
+
+    columns = (TextColumn("train"), BarColumn(), MofNCompleteColumn(), TextColumn("{task.fields[info]}"),
+               TimeRemainingColumn())
+    return Progress(*columns, disable=not enabled, transient=True)
