@@ -25,6 +25,7 @@ _API: dict[str, str] = {
     "ACTIVATIONS": "fuselab.ops.bias_act",
     "sum": "fuselab.ops.reduce",
     "mean": "fuselab.ops.reduce",
+    "dot_interaction": "fuselab.ops.interaction",
 }
 _SUBMODULES = ("backend", "bench", "cuda", "dlrm", "hf", "nn", "ops", "reference", "testing")
 
