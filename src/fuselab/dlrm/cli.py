@@ -40,6 +40,11 @@ def _guard(fn: Callable[[argparse.Namespace], int]) -> Callable[[argparse.Namesp
 # ---------------------------------------------------------------------------------------- handlers
 
 
+def _auc_text(auc: float | None) -> str:
+    """An AUC for the terminal; None or NaN (data of one class) reads as unknown."""
+    return "unknown (one class only)" if auc is None or auc != auc else f"{auc:.4f}"
+
+
 def _cmd_synth(args: argparse.Namespace) -> int:
     from .data.synth import SynthSpec, write_synthetic
 
@@ -48,8 +53,8 @@ def _cmd_synth(args: argparse.Namespace) -> int:
     meta = write_synthetic(args.out, spec, fmt=args.format, shard_rows=args.shard_rows, workers=args.workers,
                            progress=not args.quiet)
     print(f"wrote {meta['num_rows']:,} rows ({args.format}) to {args.out}; positive rate "
-          f"{meta['positive_rate']:.4f}; best achievable AUC {meta['best_auc']:.4f} "
-          f"(test split {meta['best_auc_test']:.4f}); embedding rows {sum(meta['cardinalities']):,}")
+          f"{meta['positive_rate']:.4f}; best achievable AUC {_auc_text(meta['best_auc'])} "
+          f"(test split {_auc_text(meta['best_auc_test'])}); embedding rows {sum(meta['cardinalities']):,}")
     return 0
 
 
@@ -259,7 +264,8 @@ def configure_parser(parser: argparse.ArgumentParser) -> None:
     p.add_argument("--out", required=True, help="output directory")
     p.add_argument("--shard-rows", type=int, default=1 << 20)
     p.add_argument("--on-error", choices=("skip", "fail"), default="skip",
-                   help="malformed rows: skip and report (default) or stop at the first")
+                   help="malformed rows and a truncated .gz: skip and report (default), or stop with exit 2 "
+                        "(rows before a gzip break are kept either way)")
     p.add_argument("--min-count", type=int, default=1,
                    help="vocab hashing: ids seen fewer times share row 0 (vocabulary saved in the output)")
     p.add_argument("--block-size", type=int, default=16 << 20, help="bytes parsed per block (bounds memory)")
