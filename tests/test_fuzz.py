@@ -358,9 +358,6 @@ def test_bias_act_empty_last_dim(triton_backend):
     assert y.shape == (3, 0)
 
 
-@pytest.mark.xfail(strict=True, raises=RuntimeError,
-                   reason="FusedLinear with x of the wrong in_features raises torch's matmul RuntimeError, not a "
-                          "ValueError naming x")
 def test_fused_linear_wrong_in_features(triton_backend):
     with pytest.raises((ValueError, TypeError)):
         FusedLinear(4, 3)(torch.randn(2, 5))
