@@ -244,6 +244,9 @@ class FusedLinear(nn.Module):
         return layer
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """Raises ValueError when ``x``'s last dim is not ``in_features``."""
+        if x.ndim == 0 or x.shape[-1] != self.in_features:
+            raise ValueError(f"x must have shape (..., {self.in_features}), got {tuple(x.shape)}")
         if self.backend == "cuda":
             return _cuda_fused_linear()(x, self.weight, self.bias, self.activation)
         return fused_linear(x, self.weight, self.bias, self.activation)

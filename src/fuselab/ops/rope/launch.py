@@ -166,7 +166,7 @@ def _make_plan(q, k, kk, q_out, ko, cos, sin, positions, offsets, cu_seqlens, *,
                inplace, tuning: RopeTuning) -> tuple:
     batch, seqlen, hq, d = in_layout_order(q.shape, layout, 1)
     n_tokens = batch * seqlen
-    if n_tokens == 0 or q.numel() == 0:
+    if n_tokens == 0 or (q.numel() == 0 and (k is None or k.numel() == 0)):
         return None, (), {}, {}, 0
     has_k = k is not None
     hk = (k.shape[1] if layout == "bhsd" else k.shape[-2]) if has_k else 0
