@@ -42,9 +42,12 @@ def device() -> torch.device:
 
 @pytest.fixture
 def triton_backend(monkeypatch):
-    """Route every op through the Triton kernels (interpreter on CPU, compiled on GPU)."""
+    """Route every op through the Triton kernels (interpreter on CPU, compiled on GPU). Tensors a test makes without
+    naming a device go to :data:`DEVICE`, where the kernels run (the CPU tensors of a test written for the
+    interpreter become CUDA tensors on a GPU machine)."""
     monkeypatch.setenv("FUSELAB_BACKEND", "triton")
-    yield
+    with torch.device(DEVICE):
+        yield
 
 
 @pytest.fixture
