@@ -27,6 +27,8 @@ ROOT = Path(__file__).resolve().parents[1]
 IND = "tests/ops/test_independent_refs.py"
 ROPE = "tests/ops/test_rope.py"
 BIAS = "tests/ops/test_bias_act.py"
+INTER = "tests/ops/test_interaction.py"
+EMB = "tests/ops/test_embedding.py"
 REDUCE = "tests/ops/test_reduce.py"
 NN = "tests/test_nn.py"
 
@@ -83,8 +85,8 @@ FAULTS: tuple[Fault, ...] = (
           IND, "-k", "bias_act_vs_functional and relu2"),
     fault("bias_act: silu gradient formula", "d = sig * (1.0 + s * (1.0 - sig))", "d = sig * (1.0 + s * sig)",
           IND, "-k", "bias_act_vs_functional and silu"),
-    fault("bias_act: residual gradient not scaled by alpha", "tl.store(DR + offs, (alpha * dz).to(",
-          "tl.store(DR + offs, (dz).to(", IND, "-k", "bias_act_vs_functional and relu"),
+    fault("bias_act: residual gradient not scaled by alpha", "tl.store(DR + offs, rounded(alpha * dz,",
+          "tl.store(DR + offs, rounded(dz,", IND, "-k", "bias_act_vs_functional and relu"),
     fault("bias_act: bias column off by one (flat path)", "B + (offs % N) * stride_b",
           "B + ((offs + 1) % N) * stride_b", IND, "-k", "bias_act_vs_functional and none"),
     fault("bias_act: relu turns NaN into 0", "y = tl.where(z < 0.0, 0.0, z)", "y = tl.maximum(z, 0.0)",
@@ -93,6 +95,19 @@ FAULTS: tuple[Fault, ...] = (
           IND, "-k", "bias_act_bias_only"),
     fault("bias_act: bias gradient sums the wrong sign", "acc += tl.where(mask, dz, 0.0)",
           "acc += tl.where(mask, -dz, 0.0)", IND, "-k", "bias_act_vs_functional and none"),
+    # ---------------------------------------------------------------- dot interaction
+    fault("interaction: pair column off by one", "        col = dim + i * (i - 1) // 2 + j\n",
+          "        col = dim + i * (i - 1) // 2 + j + 1\n", INTER, "-k", "forward_backward and triton and strict"),
+    fault("interaction: backward pair index transposed", "                pair = hi * (hi - 1) // 2 + lo\n",
+          "                pair = lo * (lo - 1) // 2 + hi\n", INTER, "-k", "forward_backward and triton and strict"),
+    # ---------------------------------------------------------------- embedding collection
+    fault("embedding: negative ids not wrapped into the table", "return base + tl.where(r < 0, r + n, r)",
+          "return base + tl.where(r < 0, r, r)", EMB, "-k", "lookup_one_id and triton"),
+    fault("embedding: row-wise Adagrad state not averaged over D", "tl.div_rn(sq, tl.zeros_like(sq) + D)",
+          "tl.div_rn(sq, tl.zeros_like(sq) + 1)", EMB, "-k", "fused_update and triton and rowwise"),
+    fault("embedding: duplicate rows not summed (segmented scan restarts every position)",
+          "return tl.where(f2 != 0, v2, v1 + v2), f1 | f2", "return v2, f1 | f2", EMB, "-k",
+          "fused_update and triton and sgd"),
     # ---------------------------------------------------------------- reduce
     fault("reduce: mean divides by n + 1", "total = total / n_reduced", "total = total / (n_reduced + 1)",
           IND, "-k", "reduce_vs_torch and mean and float32"),

@@ -33,23 +33,14 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-
-@triton.jit
-def round_to_bf16_rtne(v):
-    """fp32 ``v`` rounded to nearest-even bfloat16 with integer ops: the interpreter truncates fp32 -> bf16
-    casts where the GPU rounds, so this gives the same bits on both (the reduce kernel's store does the same)."""
-    bits = v.to(tl.float32).to(tl.uint32, bitcast=True)
-    bits = bits + 0x7FFF + ((bits >> 16) & 1)
-    return (bits >> 16).to(tl.uint16).to(tl.bfloat16, bitcast=True)
+from fuselab.ops._rounding import rounded
 
 
 @triton.jit
 def _cast_out(v, out_ptr, OUT_BF16: tl.constexpr):
-    """fp32 ``v`` in ``out_ptr``'s element type (bf16 through :func:`round_to_bf16_rtne`)."""
-    if OUT_BF16:
-        return round_to_bf16_rtne(v)
-    else:
-        return v.to(out_ptr.dtype.element_ty)
+    """fp32 ``v`` in ``out_ptr``'s element type, rounded to nearest even (the shared store helper; ``OUT_BF16``
+    only keys the compiled variant)."""
+    return rounded(v, out_ptr.dtype.element_ty)
 
 
 @triton.jit

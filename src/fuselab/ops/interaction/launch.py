@@ -88,7 +88,7 @@ class InteractionPlan:
     lowp_dot: bool  # 16-bit operands straight to tl.dot (GPU); fp32 copies under the interpreter
     outer: bool  # CUDA-core outer products over D instead of tl.dot (kernels' OUTER)
     outer4: bool  # forward outer products four elements of D per step (kernels' OUTER4)
-    out_bf16: bool  # round bf16 stores to nearest even with integer ops (see kernels.round_to_bf16_rtne)
+    out_bf16: bool  # bf16 output (stores round through fuselab.ops._rounding.rounded)
 
 
 @functools.cache
