@@ -11,9 +11,9 @@ import pytest
 import torch
 
 import fuselab
-from fuselab.ops import _bias_act_triton as bias_kernels
-from fuselab.ops import _reduce_plan as planner
-from fuselab.ops import bias_act as bias_mod
+from fuselab.ops import opdef
+from fuselab.ops.bias_act import launch as bias_kernels
+from fuselab.ops.reduce import plan as planner
 from fuselab.reference import bias_act as ref
 from fuselab.testing import assert_close
 
@@ -32,10 +32,9 @@ def launches(monkeypatch):
 
     monkeypatch.setattr(bias_kernels, "needs_int64", lambda *tensors: True)
     monkeypatch.setattr(bias_kernels, "launch", spy)
-    for name in ("_FORWARDS", "_PREPARED"):
-        if hasattr(bias_mod, name):
-            monkeypatch.setattr(bias_mod, name, {})
+    opdef.clear()  # no launch kept from an earlier test: every call plans (and so reaches the spy)
     yield seen
+    opdef.clear()  # nor a kept 64-bit launch for later tests
 
 
 @pytest.mark.parametrize("activation", ["gelu_tanh", "sigmoid"])

@@ -73,7 +73,8 @@ def test_killed_rank_stops_job_and_checkpoint_survives(tmp_path, uninterrupted):
     cfg = {"batch": BATCH, "steps": STEPS, "save_at": SAVE_AT, "root": str(tmp_path), "die_at": SAVE_AT + 2}
     with pytest.raises(ChildFailedError) as info:
         spawn_local(2, train_and_checkpoint, (cfg,))
-    assert "exitcode  : 17" in str(info.value) and "rank      : 1" in str(info.value)
+    # the dead rank is among the failures (the survivor may be reported first: its collective broke)
+    assert any(f.exitcode == 17 for f in info.value.failures.values()), str(info.value)
     _check_resumed(resume(cfg, _single()), uninterrupted)
 
 
