@@ -49,7 +49,7 @@ from fuselab._io import atomic_write_json, writable_dir  # noqa: E402
 from fuselab.dlrm.data.shards import KAGGLE_CARDINALITIES  # noqa: E402
 from fuselab.dlrm.model import DLRM, MLP_IMPLS  # noqa: E402
 from fuselab.dlrm.optim import OPTIMIZERS, Optimizers  # noqa: E402
-from fuselab.dlrm.step import PRECISIONS, TrainStep  # noqa: E402
+from fuselab.dlrm.step import PRECISIONS, TrainStep, float32_matmul_precision  # noqa: E402
 
 PROVIDERS = ("fb-eager", "fb-compile", "torch-eager", "torch-compile", "fuselab-eager", "fuselab-compile",
              "fuselab-graph")
@@ -136,17 +136,7 @@ class FbStep:
 def _matmul_precision(precision: str):
     if precision == "bf16":
         return contextlib.nullcontext()
-    return _set_precision("highest" if precision == "fp32" else "high")
-
-
-@contextlib.contextmanager
-def _set_precision(value: str):
-    old = torch.get_float32_matmul_precision()
-    torch.set_float32_matmul_precision(value)
-    try:
-        yield
-    finally:
-        torch.set_float32_matmul_precision(old)
+    return float32_matmul_precision("highest" if precision == "fp32" else "high")
 
 
 # -- inputs, clocks ----------------------------------------------------------------------------------------

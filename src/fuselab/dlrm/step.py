@@ -98,7 +98,7 @@ class TrainStep:
     def _matmul_precision(self):
         if self.precision == "bf16":
             return contextlib.nullcontext()
-        return _float32_matmul_precision("highest" if self.precision == "fp32" else "high")
+        return float32_matmul_precision("highest" if self.precision == "fp32" else "high")
 
     def _update(self) -> None:
         self._dense_step()
@@ -161,7 +161,8 @@ class TrainStep:
 
 
 @contextlib.contextmanager
-def _float32_matmul_precision(value: str):
+def float32_matmul_precision(value: str):
+    """``torch.set_float32_matmul_precision(value)`` for the block, restored after it."""
     old = torch.get_float32_matmul_precision()
     torch.set_float32_matmul_precision(value)
     try:
