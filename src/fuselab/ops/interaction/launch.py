@@ -14,6 +14,7 @@ import torch
 from fuselab.core.checks import FLOAT_DTYPES, require_ndim, require_tensor
 from fuselab.core.device import cdiv, needs_int64, next_power_of_2
 from fuselab.ops._launch import launch
+from fuselab.ops.interaction.kernels import dot_interaction_bwd_kernel, dot_interaction_fwd_kernel
 from fuselab.reference.interaction import MAX_DIM, MAX_FEATURES, num_pairs, output_width
 
 
@@ -187,8 +188,6 @@ def launch_fwd(dense: torch.Tensor, emb: torch.Tensor, out: torch.Tensor, self_i
     """:func:`dot_interaction_fwd_` without its checks (but the dtype's), for callers that made them (the op):
     one launch through :func:`fuselab.ops._launch.launch` (the compiled kernel's own launcher after the first call
     of a signature)."""
-    from fuselab.ops.interaction.kernels import dot_interaction_fwd_kernel
-
     _triton_dtype_ok(dense)
     b, f, d = emb.shape
     if b == 0:
@@ -227,8 +226,6 @@ def launch_bwd(grad: torch.Tensor, dense: torch.Tensor, emb: torch.Tensor, grad_
     """:func:`dot_interaction_bwd_` without its checks (but the dtype's), for callers that made them (the op's
     backward, on the autograd engine's thread, where every Python step costs several times its main-thread
     time)."""
-    from fuselab.ops.interaction.kernels import dot_interaction_bwd_kernel
-
     _triton_dtype_ok(dense)
     b, f, d = emb.shape
     if b == 0:

@@ -17,7 +17,7 @@ import torch
 from torch.autograd.function import once_differentiable
 
 from fuselab.backend import triton_for
-from fuselab.ops.interaction.launch import check_inputs
+from fuselab.ops.interaction.launch import check_inputs, dot_interaction_bwd_, launch_bwd, launch_fwd
 from fuselab.reference import interaction as ref
 
 
@@ -27,8 +27,6 @@ def _forward(dense: torch.Tensor, emb: torch.Tensor, self_interaction: bool, pad
     if not triton_for(dense):
         with torch.no_grad():
             return ref.dot_interaction(dense, emb, self_interaction, pad_to)
-    from fuselab.ops.interaction.launch import launch_fwd
-
     out = torch.empty((b, ref.output_width(f, d, self_interaction, pad_to)), dtype=dense.dtype, device=dense.device)
     launch_fwd(dense, emb, out, self_interaction)  # dense and emb checked by the caller
     return out
@@ -42,8 +40,6 @@ def _backward(grad: torch.Tensor, dense: torch.Tensor, emb: torch.Tensor,
     if not triton_for(dense):
         with torch.no_grad():
             return ref.dot_interaction_backward(grad, dense, emb, self_interaction)
-    from fuselab.ops.interaction.launch import dot_interaction_bwd_, launch_bwd
-
     grad_dense = torch.empty(dense.shape, dtype=dense.dtype, device=dense.device)
     grad_emb = torch.empty(emb.shape, dtype=emb.dtype, device=emb.device)
     b, f, d = emb.shape
