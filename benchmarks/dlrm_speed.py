@@ -46,6 +46,7 @@ from fuselab import envinfo
 envinfo.enable_interpreter_if_no_cuda()  # before anything imports triton: the fuselab kernels on a CPU
 
 from fuselab._io import atomic_write_json, writable_dir  # noqa: E402
+from fuselab.dlrm.data.random import ID_DISTRIBUTIONS, random_batches  # noqa: E402
 from fuselab.dlrm.data.shards import KAGGLE_CARDINALITIES  # noqa: E402
 from fuselab.dlrm.model import DLRM, MLP_IMPLS  # noqa: E402
 from fuselab.dlrm.optim import OPTIMIZERS, Optimizers  # noqa: E402
@@ -53,9 +54,8 @@ from fuselab.dlrm.step import PRECISIONS, TrainStep, float32_matmul_precision  #
 
 PROVIDERS = ("fb-eager", "fb-compile", "torch-eager", "torch-compile", "fuselab-eager", "fuselab-compile",
              "fuselab-graph")
-IDS = ("powerlaw", "uniform")
+IDS = ID_DISTRIBUTIONS
 DIM, BOTTOM, TOP = 16, [512, 256, 64, 16], [512, 256, 1]
-_SCRAMBLE = 2654435761  # a prime above every cardinality: id -> id * P mod n is a bijection
 
 
 @dataclass(frozen=True)
@@ -141,21 +141,8 @@ def _matmul_precision(precision: str):
 
 # -- inputs, clocks ----------------------------------------------------------------------------------------
 def make_batches(case: Case, sizes: list[int], device: torch.device, count: int = 4) -> list[tuple[Tensor, ...]]:
-    """``count`` random batches on the device: ids uniform, or power-law (rank r with probability ~ 1/r,
-    ranks scattered over the table by a bijection)."""
-    gen = torch.Generator(device=device).manual_seed(1234)
-    n = torch.tensor(sizes, device=device)
-    out = []
-    for _ in range(count):
-        u = torch.rand(case.batch, len(sizes), device=device, generator=gen, dtype=torch.float64)
-        if case.ids == "uniform":
-            ids = (u * n).long().clamp_max(n - 1)
-        else:
-            ids = ((n.double() ** u).floor().long() - 1).clamp(0, None).minimum(n - 1) * _SCRAMBLE % n
-        dense = torch.rand(case.batch, 13, device=device, generator=gen)
-        labels = (torch.rand(case.batch, device=device, generator=gen) < 0.25).float()
-        out.append((dense, ids, labels))
-    return out
+    """``count`` random batches of the case on the device (:func:`fuselab.dlrm.data.random.random_batches`)."""
+    return random_batches(case.batch, sizes, device, case.ids, count)
 
 
 class Clock:

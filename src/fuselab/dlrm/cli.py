@@ -11,6 +11,7 @@ Errors that are the user's (a missing file, a bad flag value, a malformed row wi
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from collections.abc import Callable
 
@@ -103,29 +104,64 @@ def _loader_only(args: argparse.Namespace, cfg) -> int:
     return 0
 
 
+def _without_nproc(argv: list[str]) -> list[str]:
+    """``argv`` minus ``--nproc N`` / ``--nproc=N``."""
+    out, skip = [], False
+    for arg in argv:
+        if skip:
+            skip = False
+        elif arg == "--nproc":
+            skip = True
+        elif not arg.startswith("--nproc="):
+            out.append(arg)
+    return out
+
+
+def _launch_ranks(args: argparse.Namespace) -> int:
+    """``--nproc N``: this process starts N ranks running the same command (minus ``--nproc``) and waits."""
+    from .distributed.launch import run_module
+
+    if args.nproc < 1:
+        raise UserError(f"--nproc must be >= 1, got {args.nproc}")
+    return run_module(args.nproc, _without_nproc(list(getattr(args, "argv", sys.argv[1:]))))
+
+
 def _cmd_train(args: argparse.Namespace) -> int:
     from fuselab._io import atomic_write_json, writable_dir
 
     from .train import TrainingInterrupted, format_summary, json_summary, train
 
+    distributed = "WORLD_SIZE" in os.environ  # a rank of a job started by torchrun or --nproc
+    if args.nproc is not None:
+        if distributed:
+            raise UserError("--nproc starts the ranks itself: drop it when running under torchrun")
+        return _launch_ranks(args)
+    main = os.environ.get("RANK", "0") == "0"
     cfg = _train_config(args)
     if args.loader_only:
         return _loader_only(args, cfg)
     run_dir = writable_dir(args.run_dir, "run folder (--run-dir)")
     run = {"config": cfg.to_dict(), "data": args.data, "checkpoint_dir": args.checkpoint_dir,
-           "resume": args.resume, "argv": sys.argv[1:]}
-    atomic_write_json(run_dir / "run.json", run, "run record")
+           "resume": args.resume, "argv": list(getattr(args, "argv", sys.argv[1:])),
+           "world_size": int(os.environ.get("WORLD_SIZE", "1"))}
+    if main:
+        atomic_write_json(run_dir / "run.json", run, "run record")
     try:
         summary = train(cfg, args.data, breakdown=args.breakdown, profile_dir=args.profile,
                         tensorboard_dir=args.tensorboard, checkpoint_dir=args.checkpoint_dir, resume=args.resume,
-                        time_budget=args.time_budget, progress=not args.quiet, run_dir=run_dir, json_path=args.json)
+                        time_budget=args.time_budget, progress=not args.quiet, run_dir=run_dir, json_path=args.json,
+                        distributed=distributed)
     except TrainingInterrupted as stop:
         import signal
 
-        print(f"fuselab dlrm: {signal.Signals(stop.signum).name} at step {stop.step}: checkpoint written to "
-              f"{stop.checkpoint}", file=sys.stderr)
-        print(f"fuselab dlrm: to continue, run the same command with --resume {stop.checkpoint}", file=sys.stderr)
+        if main:
+            print(f"fuselab dlrm: {signal.Signals(stop.signum).name} at step {stop.step}: checkpoint written to "
+                  f"{stop.checkpoint}", file=sys.stderr)
+            print(f"fuselab dlrm: to continue, run the same command with --resume {stop.checkpoint}",
+                  file=sys.stderr)
         return stop.exit_code
+    if not main:
+        return 0
     for line in format_summary(summary):
         print(line)
     record = json_summary(summary)
@@ -235,6 +271,10 @@ def _add_train_args(p: argparse.ArgumentParser) -> None:
                    help="measure the data loader's throughput alone (no model) and exit")
     p.add_argument("--json", default=None, metavar="FILE", help="write the run summary as JSON")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
+    p.add_argument("--nproc", type=int, default=None, metavar="N",
+                   help="train on N processes of this host (one per GPU; gloo on CPU): sharded tables, "
+                        "data-parallel MLPs; --batch-size is the global batch (a multiple of N); the same as "
+                        "`torchrun --standalone --nproc-per-node N -m fuselab dlrm train ...`")
 
 
 def configure_parser(parser: argparse.ArgumentParser) -> None:

@@ -81,6 +81,9 @@ class DLRMConfig:
     prefetch: int = 3
     checkpoint_every: int = 0
     device: str | None = None
+    #: several ranks: split a table row-wise when it holds more than this share of the tables' bytes per rank
+    #: (None: only when it does not fit a rank's memory; whole tables keep the embedding exchange static)
+    row_wise_share: float | None = None
 
     def __post_init__(self) -> None:
         rates = self.learning_rates.get(self.optimizer) if isinstance(self.learning_rates, dict) else None
@@ -119,6 +122,8 @@ class DLRMConfig:
         self._validate_learning(bad)
         if self.compile and self.cuda_graph:
             raise bad("compile and cuda_graph are exclusive (the CUDA-graph step is captured eagerly)")
+        if self.row_wise_share is not None and not self.row_wise_share > 0:
+            raise bad(f"row_wise_share must be positive or null, got {self.row_wise_share}")
         if self.checkpoint_every < 0 or self.eval_every < 0 or self.eval_batches < 0:
             raise bad("checkpoint_every, eval_every and eval_batches must be >= 0")
         return self

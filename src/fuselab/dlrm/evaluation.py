@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 
 import torch
-from torch import nn
+from torch import Tensor, nn
 
 from .checkpoint import load_checkpoint, resolve_checkpoint
 from .config import config_from_dict
@@ -22,9 +22,11 @@ SPLIT_NAMES = ("train", "test", "val", "all")
 
 @torch.no_grad()
 def evaluate(model: nn.Module, hasher: Hasher, batches: Iterable[Batch], precision: str = "fp32",
-             max_batches: int = 0) -> dict[str, float]:
+             max_batches: int = 0, gather: Callable[[Tensor], Tensor] | None = None) -> dict[str, float]:
     """Metrics (:func:`~fuselab.dlrm.metrics.evaluate_predictions`) of ``model`` on ``batches`` (raw ids;
-    all batches, or the first ``max_batches``). ``ValueError`` when there is no batch."""
+    all batches, or the first ``max_batches``). ``gather`` (distributed: every rank's rows, e.g.
+    :func:`fuselab.dlrm.distributed.gather_rows`) collects the logits and labels of all ranks before the metrics.
+    ``ValueError`` when there is no batch."""
     was_training = model.training
     model.eval()
     logits, labels = [], []
@@ -39,7 +41,10 @@ def evaluate(model: nn.Module, hasher: Hasher, batches: Iterable[Batch], precisi
         model.train(was_training)
     if not logits:
         raise ValueError("evaluation got no batch")
-    return evaluate_predictions(torch.cat(logits), torch.cat(labels))
+    logits_all, labels_all = torch.cat(logits), torch.cat(labels)
+    if gather is not None:
+        logits_all, labels_all = gather(logits_all), gather(labels_all)
+    return evaluate_predictions(logits_all, labels_all)
 
 
 def best_auc(ds: CriteoDataset, start: int, stop: int) -> float | None:

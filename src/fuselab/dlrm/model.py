@@ -304,7 +304,10 @@ class DLRM(nn.Module):
     :class:`fuselab.dlrm.data.loader.Hasher`) or ``"fuselab"`` (the fused embedding collection applies
     ``id % rows`` itself; ``optimizer``, ``lr_sparse``, ``adagrad_eps``, ``deterministic`` configure its fused
     update; ``pad_to`` pads the interaction output and, with fused MLPs, the dense input; ``mlp`` picks the
-    :class:`LinearAct` implementation, default ``"addmm"``). The torch path's embedding optimizer lives in
+    :class:`LinearAct` implementation, default ``"addmm"``). ``embeddings=False`` builds no tables
+    (``sparse_arch`` is None: they live elsewhere, e.g. sharded over ranks by :mod:`fuselab.dlrm.distributed`; only
+    :meth:`dense_forward` works; the top MLP's initial values then differ from a model with tables, whose
+    initialisation draws the tables in between). The torch path's embedding optimizer lives in
     :class:`fuselab.dlrm.optim.Optimizers` (``optimizer`` etc. are only recorded). Build from a config with
     :meth:`from_config`; the seed makes initialisation reproducible and equal across the two paths.
     Raises ValueError for an unknown kernels/optimizer/mlp or a ``pad_to`` below 1, ImportError when
@@ -315,7 +318,8 @@ class DLRM(nn.Module):
                  top_mlp: Sequence[int], interaction: str = "dot", self_interaction: bool = False,
                  embedding_layout: str = "fused", sparse_grad: bool = True, seed: int = 0, *,
                  kernels: str = "torch", optimizer: str = "adagrad", lr_sparse: float = 0.05,
-                 adagrad_eps: float = 1e-8, mlp: str | None = None, pad_to: int = 8, deterministic: bool = True):
+                 adagrad_eps: float = 1e-8, mlp: str | None = None, pad_to: int = 8, deterministic: bool = True,
+                 embeddings: bool = True):
         super().__init__()
         if kernels not in KERNELS:
             raise ValueError(f"kernels must be one of {KERNELS}, got {kernels!r}")
@@ -331,13 +335,16 @@ class DLRM(nn.Module):
         gen = torch.Generator().manual_seed(seed)
         dense_pad = -NUM_DENSE % pad_to if fused and mlp != "torch" else 0
         self.dense_arch = DenseArch(NUM_DENSE, bottom_mlp, gen, mlp, dense_pad)
+        self.sparse_arch: nn.Module | None = None
         if fused:
             collection, dot_fn = _fuselab_ops()
-            self.sparse_arch = collection(list(table_sizes), embedding_dim, optimizer=optimizer, lr=lr_sparse,
-                                          eps=adagrad_eps, deterministic=deterministic, generator=gen)
+            if embeddings:
+                self.sparse_arch = collection(list(table_sizes), embedding_dim, optimizer=optimizer, lr=lr_sparse,
+                                              eps=adagrad_eps, deterministic=deterministic, generator=gen)
         else:
             dot_fn, pad_to = None, 1
-            self.sparse_arch = SparseArch(table_sizes, embedding_dim, embedding_layout, sparse_grad, gen)
+            if embeddings:
+                self.sparse_arch = SparseArch(table_sizes, embedding_dim, embedding_layout, sparse_grad, gen)
         if interaction != "dot":
             pad_to = 1
         self.interaction_arch = InteractionArch(len(table_sizes), embedding_dim, interaction, self_interaction,

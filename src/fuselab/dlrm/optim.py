@@ -10,8 +10,10 @@
   ``s_row += mean_D(g²); w -= lr g / (sqrt(s_row) + eps)`` on the touched rows only (torch ops; ``coalesce``
   synchronizes with the host, so this path is not graph-capturable). A dense gradient (``sparse_grad=False``)
   gets the same update on every row.
-* **Embeddings, ``kernels="fuselab"``**: the update is fused into the embedding collection's backward; this class
-  only sets its learning rate (``model.sparse_arch.set_lr``). Its optimizer state is in the model's state_dict.
+* **Embeddings, ``kernels="fuselab"``** (or any model with ``embedding_update_in_backward = True``, such as the
+  hybrid-parallel :class:`fuselab.dlrm.distributed.DistributedDLRM`): the update is applied in the embedding
+  collection's backward; this class only sets its learning rate (``model.sparse_arch.set_lr``). Its optimizer state
+  is in the model's state_dict.
 
 Adagrad state starts at zero (``initial_accumulator_value=0``) and the update matches ``torch.optim.Adagrad``
 with ``lr_decay=0``, ``weight_decay=0``.
@@ -49,7 +51,7 @@ class Optimizers:
         if not (float(eps) > 0 and math.isfinite(float(eps))):
             raise ValueError(f"eps must be a finite number > 0, got {eps!r}")
         self.optimizer, self.eps = optimizer, float(eps)
-        self.fused = getattr(model, "kernels", "torch") == "fuselab"
+        self.fused = getattr(model, "embedding_update_in_backward", getattr(model, "kernels", "torch") == "fuselab")
         if self.fused and getattr(model, "optimizer", optimizer) != optimizer:
             raise ValueError(f"optimizer={optimizer!r}, but the model's fused embedding update was built for "
                              f"{model.optimizer!r}")

@@ -112,3 +112,47 @@ def profiler(directory: Path, device: torch.device, log, active_steps: int = 5):
     activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.type == "cuda" else [])
     return profile(activities=activities, schedule=schedule(wait=2, warmup=2, active=active_steps, repeat=1),
                    on_trace_ready=on_ready, record_shapes=True)
+
+
+class RateMeter:
+    """Samples per second after ``warmup`` steps of this invocation (compilation and first-touch excluded)."""
+
+    def __init__(self, device: torch.device, warmup: int):
+        self.device, self.warmup = device, warmup
+        self.t_begin = time.perf_counter()
+        self.steps, self.samples = 0, 0
+        self.t_measure: float | None = None
+        self.seconds = 0.0
+        self._final: float | None = None
+
+    def count(self, samples: int) -> None:
+        self.steps += 1
+        if self.steps == self.warmup:
+            self._sync()
+            self.t_measure = time.perf_counter()
+        elif self.t_measure is not None:
+            self.samples += samples
+
+    def _sync(self) -> None:
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+
+    def rate(self) -> float | None:
+        if self._final is not None or self.t_measure is None or not self.samples:
+            return self._final
+        return self.samples / (time.perf_counter() - self.t_measure)
+
+    def finish(self) -> None:
+        self._sync()
+        now = time.perf_counter()
+        self.seconds = now - self.t_begin
+        if self.t_measure is not None and self.samples:
+            self._final = self.samples / (now - self.t_measure)
+
+
+def progress_bar(enabled: bool):
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
+
+    columns = (TextColumn("train"), BarColumn(), MofNCompleteColumn(), TextColumn("{task.fields[info]}"),
+               TimeRemainingColumn())
+    return Progress(*columns, disable=not enabled, transient=True)

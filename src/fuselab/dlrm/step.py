@@ -21,6 +21,9 @@ Modes:
   :attr:`TrainStep.static_inputs` directly to avoid the copy) and replays. Shapes and dtypes are fixed by the
   first call: another shape raises ValueError. Learning rates changed with ``optimizers.set_lr`` reach the graph.
 
+``grad_sync`` (optional): called after every backward, before the updates (in the captured graph too): the
+hybrid-parallel model's :meth:`~fuselab.dlrm.distributed.DistributedDLRM.reduce_gradients`.
+
 The returned loss is a fresh tensor (in graph mode a copy of the static one), so keeping it is safe.
 Raises ValueError for an unknown precision or mode, and for ``"cuda_graph"`` on a CPU model or the torch path.
 """
@@ -28,6 +31,7 @@ Raises ValueError for an unknown precision or mode, and for ``"cuda_graph"`` on 
 from __future__ import annotations
 
 import contextlib
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -45,7 +49,8 @@ class TrainStep:
 
     def __init__(self, model: nn.Module, optimizers: Optimizers, *, precision: str = "fp32", mode: str = "eager",
                  compile_options: dict[str, Any] | None = None, compile_embedding: bool = True,
-                 compile_optimizer: bool = True, warmup_steps: int = 3):
+                 compile_optimizer: bool = True, warmup_steps: int = 3,
+                 grad_sync: Callable[[], None] | None = None):
         if precision not in PRECISIONS:
             raise ValueError(f"precision must be one of {PRECISIONS}, got {precision!r}")
         if mode not in MODES:
@@ -62,6 +67,7 @@ class TrainStep:
         if warmup_steps < 1:
             raise ValueError(f"warmup_steps must be >= 1, got {warmup_steps}")
         self.warmup_steps = warmup_steps
+        self._grad_sync = grad_sync
         self._whole = self.fused and compile_embedding  # forward + loss as one function of (dense, sparse, labels)
         self._loss_fn = self._forward_loss if self._whole else self._dense_loss
         self._dense_step = optimizers.dense_step
@@ -101,6 +107,8 @@ class TrainStep:
         return float32_matmul_precision("highest" if self.precision == "fp32" else "high")
 
     def _update(self) -> None:
+        if self._grad_sync is not None:
+            self._grad_sync()
         self._dense_step()
         self.optimizers.sparse_step()
 

@@ -13,6 +13,7 @@ from typing import Any
 
 from .config import DLRMConfig
 from .data.datasets import CriteoDataset
+from .distributed.trainer import DistributedTrainer
 from .trainer import RunOptions, Trainer, TrainingInterrupted
 
 __all__ = ["RunOptions", "Trainer", "TrainingInterrupted", "format_summary", "json_summary", "train"]
@@ -22,15 +23,20 @@ def train(cfg: DLRMConfig, data: str | Path | CriteoDataset | None = None, *, br
           profile_dir: str | Path | None = None, tensorboard_dir: str | Path | None = None,
           checkpoint_dir: str | Path | None = None, resume: str | Path | None = None,
           time_budget: float | None = None, eval_split: str = "test", progress: bool = True,
-          run_dir: str | Path | None = None, json_path: str | Path | None = None, log=print) -> dict[str, Any]:
+          run_dir: str | Path | None = None, json_path: str | Path | None = None, log=print,
+          distributed: bool = False) -> dict[str, Any]:
     """Train ``cfg`` on ``data`` (a dataset directory or object; None: a small synthetic set) and evaluate.
 
+    ``distributed``: this process is one rank of a job started by torchrun (or ``--nproc``): a
+    :class:`~fuselab.dlrm.distributed.trainer.DistributedTrainer` (sharded tables, data-parallel MLPs).
     Returns :meth:`Trainer.summary`. Output paths are checked before the data is opened (``PathError``);
     SIGINT/SIGTERM during training raise :class:`TrainingInterrupted` after writing a checkpoint.
     """
     options = RunOptions(checkpoint_dir=checkpoint_dir, resume=resume, run_dir=run_dir, json_path=json_path,
                          tensorboard_dir=tensorboard_dir, profile_dir=profile_dir, breakdown=breakdown,
                          time_budget=time_budget, eval_split=eval_split, progress=progress)
+    if distributed:
+        return DistributedTrainer(cfg, data, options, log=log).run()
     return Trainer(cfg, data, options, log=log).run()
 
 
@@ -39,6 +45,8 @@ def format_summary(summary: dict[str, Any]) -> list[str]:
     cfg, final = summary["config"], summary["final"]
     ran, total = summary["steps_this_run"], summary["steps"]
     where = f"{cfg['name']}, batch {cfg['batch_size']}, {cfg['optimizer']}, {summary['device']}"
+    if summary.get("world_size", 1) > 1:
+        where += f" x {summary['world_size']} ranks"
     if summary["first_step"]:
         steps = f"trained {ran} steps (steps {summary['first_step'] + 1}-{total} of the run; {total} in total)"
     else:

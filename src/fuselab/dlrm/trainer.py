@@ -7,7 +7,7 @@ backward).
 
 Interruption: while :meth:`Trainer.run` trains, SIGINT and SIGTERM (main thread only) are caught; the current step
 finishes, a checkpoint is written (to ``checkpoint_dir``, else ``<run_dir>/checkpoints``) and
-:class:`TrainingInterrupted` is raised with its path. A second signal interrupts at once.
+:class:`TrainingInterrupted` is raised with its path. A second signal a second or more later interrupts at once.
 """
 
 from __future__ import annotations
@@ -35,7 +35,7 @@ from .data.loader import BatchLoader, CriteoDataset, Hasher, kaggle_split, load_
 from .evaluation import best_auc, evaluate
 from .model import DLRM
 from .optim import Optimizers
-from .runtime import PhaseTimer, default_dataset, profiler, resolve_device, resolve_kernels
+from .runtime import PhaseTimer, RateMeter, default_dataset, profiler, progress_bar, resolve_device, resolve_kernels
 from .schedule import LRSchedule
 from .step import TrainStep
 
@@ -72,6 +72,10 @@ class Trainer:
     ``options`` is checked when the trainer is created, before the data is opened (``PathError`` naming it).
     """
 
+    #: a second signal at least this long after the first stops at once (sooner: the same one, delivered by the
+    #: terminal and by a launcher such as torchrun)
+    SIGNAL_REPEAT_S = 1.0
+
     def __init__(self, cfg: DLRMConfig, data: str | Path | CriteoDataset | None = None,
                  options: RunOptions | None = None, log=print):
         self.cfg = cfg.validate()
@@ -92,6 +96,7 @@ class Trainer:
         self.losses: list[torch.Tensor] = []
         self.evals: list[dict[str, Any]] = []
         self._signal: int | None = None
+        self._out_of_time = False
 
     # ------------------------------------------------------------------------------------------------ build
     def _check_outputs(self) -> None:
@@ -109,10 +114,22 @@ class Trainer:
 
     def build(self) -> Trainer:
         """Open the data, build hasher, model, optimizers, step, schedule and loaders."""
-        cfg, device = self.cfg, self.device
         warnings.filterwarnings("ignore", message="Sparse invariant checks")
-        torch.manual_seed(cfg.seed)
-        data = self.data
+        torch.manual_seed(self.cfg.seed)
+        self._open_data()
+        self._build_model()
+        self.schedule = LRSchedule.from_config(self.cfg)
+        self._build_loaders()
+        self.per_epoch = len(self.train_batches)
+        self.total_steps = (self.cfg.steps if self.cfg.steps is not None
+                            else max(1, math.ceil(self.cfg.epochs * self.per_epoch)))
+        if self.schedule.decay_steps and self.total_steps > self.schedule.decay_end:
+            self.log(f"note: the learning rate is 0 from step {self.schedule.decay_end} (decay_start_step + "
+                     f"decay_steps) of this run's {self.total_steps}; set decay_start_step/decay_steps to change it")
+        return self
+
+    def _open_data(self) -> None:
+        cfg, data = self.cfg, self.data
         ds = data if isinstance(data, CriteoDataset) else open_dataset(data if data is not None
                                                                         else default_dataset(self.log))
         self.ds, self.split = ds, kaggle_split(len(ds))
@@ -121,30 +138,32 @@ class Trainer:
             raise ValueError(f"metadata lists {len(self.sizes)} cardinalities, data has {ds.num_sparse} sparse "
                              "columns")
         vocabs = load_vocabs(ds.meta["root"], ds.num_sparse) if cfg.hashing == "vocab" else None
-        self.hasher = Hasher(self.sizes, cfg.hashing, vocabs).to(device)
-        model_cfg = dataclasses.replace(cfg, kernels=self.kernels)
-        self.model = DLRM.from_config(model_cfg, self.sizes).to(device)
+        self.hasher = Hasher(self.sizes, cfg.hashing, vocabs).to(self.device)
+
+    def _build_model(self) -> None:
+        cfg = self.cfg
+        self.model = DLRM.from_config(dataclasses.replace(cfg, kernels=self.kernels), self.sizes).to(self.device)
         self.optimizers = Optimizers(self.model, optimizer=cfg.optimizer, lr_dense=cfg.lr_dense,
                                      lr_sparse=cfg.lr_sparse, eps=cfg.adagrad_eps)
-        mode = "cuda_graph" if cfg.cuda_graph else "compile" if cfg.compile else "eager"
-        self.train_step = TrainStep(self.model, self.optimizers, precision=cfg.precision, mode=mode)
-        self.schedule = LRSchedule.from_config(cfg)
+        self.train_step = TrainStep(self.model, self.optimizers, precision=cfg.precision, mode=self.step_mode)
+
+    @property
+    def step_mode(self) -> str:
+        return "cuda_graph" if self.cfg.cuda_graph else "compile" if self.cfg.compile else "eager"
+
+    def _build_loaders(self, part: tuple[int, int] | None = None) -> None:
+        """The train and evaluation loaders (``part``: this rank's part of each batch)."""
+        cfg, device = self.cfg, self.device
         start, stop = self.split["train"]
         if cfg.data_on_device:
             self.train_batches: BatchLoader | DeviceBatches = DeviceBatches(
-                ds, start, stop, cfg.batch_size, device, cfg.shuffle, cfg.seed, drop_last=True,
-                transform=self.hasher, max_id=max(self.sizes))
+                self.ds, start, stop, cfg.batch_size, device, cfg.shuffle, cfg.seed, drop_last=True,
+                transform=self.hasher, max_id=max(self.sizes), part=part)
         else:
-            self.train_batches = BatchLoader(ds, start, stop, cfg.batch_size, device, cfg.shuffle, cfg.seed,
-                                             drop_last=True, prefetch=cfg.prefetch)
-        self.eval_loader = BatchLoader(ds, *self.split[self.opts.eval_split], cfg.eval_batch_size, device, "none",
-                                       prefetch=cfg.prefetch)
-        self.per_epoch = len(self.train_batches)
-        self.total_steps = cfg.steps if cfg.steps is not None else max(1, math.ceil(cfg.epochs * self.per_epoch))
-        if self.schedule.decay_steps and self.total_steps > self.schedule.decay_end:
-            self.log(f"note: the learning rate is 0 from step {self.schedule.decay_end} (decay_start_step + "
-                     f"decay_steps) of this run's {self.total_steps}; set decay_start_step/decay_steps to change it")
-        return self
+            self.train_batches = BatchLoader(self.ds, start, stop, cfg.batch_size, device, cfg.shuffle, cfg.seed,
+                                             drop_last=True, prefetch=cfg.prefetch, part=part)
+        self.eval_loader = BatchLoader(self.ds, *self.split[self.opts.eval_split], cfg.eval_batch_size, device,
+                                       "none", prefetch=cfg.prefetch, part=part)
 
     def restore(self, resume: str | Path) -> int:
         """Load model, optimizer state, RNG states and schedule of a checkpoint; returns its step."""
@@ -176,7 +195,7 @@ class Trainer:
     def evaluate(self, writer=None) -> dict[str, Any]:
         """Metrics on the evaluation split at the current step (appended to ``evals``, logged)."""
         metrics = evaluate(self.model, self.hasher, self.eval_loader.epoch(0), self.cfg.precision,
-                           self.cfg.eval_batches)
+                           self.cfg.eval_batches, gather=self.gather)
         metrics["step"] = self.step_count
         self.evals.append(metrics)
         if writer is not None:
@@ -213,9 +232,12 @@ class Trainer:
             return
 
         def on_signal(signum, frame):
-            if self._signal is not None:  # a second signal: stop now
-                raise KeyboardInterrupt
-            self._signal = signum
+            now = time.monotonic()
+            if self._signal is not None:
+                if now - self._signal_at >= self.SIGNAL_REPEAT_S:  # a second Ctrl-C: stop now
+                    raise KeyboardInterrupt
+                return  # the same interruption delivered twice (terminal and launcher)
+            self._signal, self._signal_at = signum, now
 
         old = {s: signal.signal(s, on_signal) for s in (signal.SIGINT, signal.SIGTERM)}
         try:
@@ -224,8 +246,15 @@ class Trainer:
             for s, handler in old.items():
                 signal.signal(s, handler)
 
-    def _stop_for_signal(self) -> None:
-        signum = self._signal if self._signal is not None else signal.SIGINT
+    def _stopping(self) -> bool:
+        """Whether the loop stops before the next step: a signal arrived or the time budget is spent."""
+        return self._signal is not None or self._out_of_time
+
+    def _interrupt_signal(self) -> int | None:
+        """The signal that stopped the loop (None: it ran to its end or out of time)."""
+        return self._signal
+
+    def _stop_for_signal(self, signum: int) -> None:
         path = self.checkpoint(self.interrupt_dir())
         raise TrainingInterrupted(signum, self.step_count, path)
 
@@ -242,8 +271,9 @@ class Trainer:
         try:
             with self._catch_signals():
                 self._loop(writer)
-                if self._signal is not None:
-                    self._stop_for_signal()
+                signum = self._interrupt_signal()
+                if signum is not None:
+                    self._stop_for_signal(signum)
             cfg = self.cfg
             if self.checkpoint_dir is not None and (not cfg.checkpoint_every
                                                     or self.step_count % cfg.checkpoint_every):
@@ -259,17 +289,17 @@ class Trainer:
         self._writer = writer
         prof = profiler(Path(opts.profile_dir), self.device, self.log) if opts.profile_dir is not None else None
         self.timer = timer = PhaseTimer(self.device, opts.breakdown)
-        meter = _RateMeter(self.device, warmup=min(5, max(1, (self.total_steps - self.step_count) // 4)))
-        bar = _progress_bar(opts.progress)
+        meter = RateMeter(self.device, warmup=min(5, max(1, (self.total_steps - self.step_count) // 4)))
+        bar = progress_bar(opts.progress)
         last_log = self._started = time.perf_counter()
         with bar, (prof or contextlib.nullcontext()):
             task = bar.add_task("train", total=self.total_steps, completed=self.step_count, info="")
             self.model.train()
-            while self.step_count < self.total_steps and self._signal is None:
+            while self.step_count < self.total_steps and not self._stopping():
                 epoch, pos = divmod(self.step_count, self.per_epoch)
                 batches = self.train_batches.epoch(epoch, pos)
                 try:
-                    while self.step_count < self.total_steps and self._signal is None:
+                    while self.step_count < self.total_steps and not self._stopping():
                         with timer.phase("data"):
                             batch = next(batches, None)
                         if batch is None:
@@ -277,7 +307,7 @@ class Trainer:
                         with timer.phase("step"):
                             self.losses.append(self.step(batch))
                         timer.steps += 1
-                        meter.count(len(batch))
+                        meter.count(self.samples(batch))
                         if prof is not None:
                             prof.step()
                         now = time.perf_counter()
@@ -297,9 +327,16 @@ class Trainer:
         if cfg.eval_every and step % cfg.eval_every == 0 and step < self.total_steps:
             self.evaluate(self._writer)
         if self.opts.time_budget is not None and now - self._started > self.opts.time_budget:
-            self.total_steps = step
+            self._out_of_time = True
 
-    def _log_progress(self, bar, task, meter: _RateMeter, writer) -> None:
+    #: collects every rank's evaluation rows (None: one process)
+    gather = None
+
+    def samples(self, batch: Batch) -> int:
+        """Samples one step trains on (the global batch when distributed)."""
+        return len(batch)
+
+    def _log_progress(self, bar, task, meter: RateMeter, writer) -> None:
         """Progress bar and TensorBoard scalars (one host sync for the latest loss)."""
         rate = meter.rate()
         current = self.losses[-1].item()
@@ -333,47 +370,3 @@ class Trainer:
         if self.opts.breakdown:
             summary["breakdown_ms"] = self.timer.report()
         return summary
-
-
-class _RateMeter:
-    """Samples per second after ``warmup`` steps of this invocation (compilation and first-touch excluded)."""
-
-    def __init__(self, device: torch.device, warmup: int):
-        self.device, self.warmup = device, warmup
-        self.t_begin = time.perf_counter()
-        self.steps, self.samples = 0, 0
-        self.t_measure: float | None = None
-        self.seconds = 0.0
-        self._final: float | None = None
-
-    def count(self, samples: int) -> None:
-        self.steps += 1
-        if self.steps == self.warmup:
-            self._sync()
-            self.t_measure = time.perf_counter()
-        elif self.t_measure is not None:
-            self.samples += samples
-
-    def _sync(self) -> None:
-        if self.device.type == "cuda":
-            torch.cuda.synchronize(self.device)
-
-    def rate(self) -> float | None:
-        if self._final is not None or self.t_measure is None or not self.samples:
-            return self._final
-        return self.samples / (time.perf_counter() - self.t_measure)
-
-    def finish(self) -> None:
-        self._sync()
-        now = time.perf_counter()
-        self.seconds = now - self.t_begin
-        if self.t_measure is not None and self.samples:
-            self._final = self.samples / (now - self.t_measure)
-
-
-def _progress_bar(enabled: bool):
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
-
-    columns = (TextColumn("train"), BarColumn(), MofNCompleteColumn(), TextColumn("{task.fields[info]}"),
-               TimeRemainingColumn())
-    return Progress(*columns, disable=not enabled, transient=True)

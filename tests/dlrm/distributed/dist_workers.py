@@ -195,3 +195,36 @@ def hang_in_exchange(cfg: dict) -> None:
         time.sleep(cfg["stall_s"])
         os._exit(0)
     train_steps(ctx, model, opt, 1, 2, cfg["batch"])
+
+
+def static_vs_dynamic(cfgs: list[dict], ctx=None) -> list[dict]:
+    """For each config: two collections over a plan of whole tables, one with the static exchange
+    (``uniform_batch=True``), one without; two steps on the same one-id-per-feature batches (the same B on every
+    rank). Returns both paths' outputs of each step and final shard rows and state, and whether the static path
+    was taken."""
+    ctx = ctx or _context()
+    plan = plan_sharding(SIZES, DIM, ctx.world_size, row_wise_share=float("inf"))
+    results = []
+    for cfg in cfgs:
+        factory = fused_factory if cfg.get("factory") == "fused" else torch_factory
+        paths = {}
+        for name, uniform in (("static", True), ("dynamic", False)):
+            emb = ShardedEmbeddingCollection(plan, ctx.rank, factory=factory, optimizer=cfg["optimizer"], lr=0.3,
+                                             seed=5, grad_divisor=1.0, group=ctx.embedding_group,
+                                             comm_dtype=cfg.get("comm_dtype"), uniform_batch=uniform)
+            gen = torch.Generator().manual_seed(13)
+            outs = []
+            for _ in range(2):
+                ids = torch.randint(-1000, 1000, (cfg["batch"] * ctx.world_size, len(SIZES)), generator=gen)
+                weight = torch.randn(cfg["batch"] * ctx.world_size, len(SIZES), DIM, generator=gen)
+                part = local_slice(cfg["batch"] * ctx.world_size, ctx.rank, ctx.world_size)
+                out = emb(ids[part])
+                (out.float() * weight[part]).sum().backward()
+                outs.append(out.detach().float())
+            paths[name] = {"outs": outs, "taken": emb.static,
+                           "shards": [(s.table, w.clone(), None if m is None else m.clone())
+                                      for s, w, m in emb.shard_states()]}
+        results.append(paths)
+    if ctx.world_size > 1:
+        shutdown()
+    return results

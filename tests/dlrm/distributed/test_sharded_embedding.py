@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from dist_workers import DIM, SIZES, embedding_cases, make_bags, make_plan
+from dist_workers import DIM, SIZES, embedding_cases, make_bags, make_plan, static_vs_dynamic
 
 from fuselab.dlrm.distributed import ShardedEmbeddingCollection, init_rows, torch_factory
 from fuselab.dlrm.distributed.launch import spawn_local
@@ -135,3 +135,37 @@ def test_one_rank_fused_local_module_equals_reference():
 def test_two_ranks_fused_local_module_equals_reference():
     pytest.importorskip("fuselab.ops.embedding")
     _compare(spawn_local(2, embedding_cases, (FUSED,)), 2)
+
+
+STATIC = [{"optimizer": "rowwise_adagrad", "batch": 6}, {"optimizer": "adagrad", "batch": 5},
+          {"optimizer": "sgd", "batch": 4, "comm_dtype": torch.bfloat16}]
+
+
+def _compare_static(results: list[list[dict]], world: int, cases: list[dict]) -> None:
+    """The static exchange gives the dynamic path's outputs and updates (bf16 on the wire: within bf16 bounds)."""
+    for c, cfg in enumerate(cases):
+        atol, rtol = TOLERANCE[cfg.get("comm_dtype") if world > 1 else None]
+        for r in range(world):
+            static, dynamic = results[r][c]["static"], results[r][c]["dynamic"]
+            assert static["taken"] and not dynamic["taken"]
+            for a, b in zip(static["outs"], dynamic["outs"]):
+                assert a.shape == b.shape == (cfg["batch"], len(SIZES), DIM)
+                torch.testing.assert_close(a, b, atol=atol, rtol=rtol)
+            assert [t for t, _, _ in static["shards"]] == [t for t, _, _ in dynamic["shards"]]
+            for (_, wa, ma), (_, wb, mb) in zip(static["shards"], dynamic["shards"]):
+                torch.testing.assert_close(wa, wb, atol=atol, rtol=rtol)
+                if ma is not None:
+                    torch.testing.assert_close(ma, mb, atol=atol, rtol=rtol)
+
+
+def test_static_exchange_one_rank():
+    cases = [*STATIC, dict(STATIC[0], factory="fused")]
+    _compare_static([static_vs_dynamic(cases, ctx=_single())], 1, cases)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("world", [2, 4])
+def test_static_exchange_equals_dynamic(world):
+    """One id per feature, whole tables, the same B on every rank: the exchange with split sizes from the plan
+    (no host synchronization) equals the general one, through the backward's updates too."""
+    _compare_static(spawn_local(world, static_vs_dynamic, (STATIC,)), world, STATIC)

@@ -21,6 +21,7 @@ from torch import Tensor, nn
 
 from .batch import Batch
 from .datasets import CriteoDataset, kaggle_split, load_vocabs, open_dataset
+from .partition import check_part, local_slice
 from .shards import COLUMNS
 
 # the dataset names are re-exported: ``from fuselab.dlrm.data.loader import open_dataset`` keeps working
@@ -76,10 +77,13 @@ class BatchLoader:
     ``shuffle``: ``"batch"`` permutes the order of contiguous batches each epoch (fast reads), ``"row"`` permutes
     rows (gathers), ``"none"`` keeps file order. The order depends only on (seed, epoch), so a run resumed at
     ``start_batch`` sees the same batches. ``drop_last`` drops a final partial batch (static shapes).
+    ``part=(rank, world)`` (data parallelism): read and hand out only this rank's rows of each batch
+    (:func:`.partition.local_slice` of the batch's rows in file order).
     """
 
     def __init__(self, ds: CriteoDataset, start: int, stop: int, batch_size: int, device: torch.device | str = "cpu",
-                 shuffle: str = "none", seed: int = 0, drop_last: bool = False, prefetch: int = 3):
+                 shuffle: str = "none", seed: int = 0, drop_last: bool = False, prefetch: int = 3,
+                 part: tuple[int, int] | None = None):
         if batch_size <= 0:
             raise ValueError(f"batch_size must be positive, got {batch_size}")
         if shuffle not in ("batch", "row", "none"):
@@ -88,6 +92,7 @@ class BatchLoader:
         self.batch_size = batch_size
         self.device = torch.device(device)
         self.shuffle, self.seed, self.drop_last, self.prefetch = shuffle, seed, drop_last, max(0, prefetch)
+        self.rank, self.world = check_part(part)
         rows = stop - start
         self.num_batches = rows // batch_size if drop_last else -(-rows // batch_size)
         if self.num_batches == 0:
@@ -104,8 +109,13 @@ class BatchLoader:
         return order, perm
 
     def _bounds(self, b: int) -> tuple[int, int]:
+        """Positions ``[a, z)`` of batch ``b``'s rows (this rank's part) in the split order."""
         a = self.start + b * self.batch_size
-        return a, min(a + self.batch_size, self.stop)
+        z = min(a + self.batch_size, self.stop)
+        if self.world == 1:
+            return a, z
+        part = local_slice(z - a, self.rank, self.world)
+        return a + part.start, a + part.stop
 
     def epoch(self, epoch: int = 0, start_batch: int = 0) -> Iterator[Batch]:
         """Iterate the batches of ``epoch`` from position ``start_batch`` on ``device``."""
@@ -119,9 +129,10 @@ class BatchLoader:
 
     def _host_batch(self, b: int, perm: np.ndarray | None, slot: dict[str, np.ndarray] | None) -> Batch:
         a, z = self._bounds(b)
-        if perm is not None:
-            rows = np.sort(perm[a - self.start: z - self.start])
-            return self.ds.take(rows)
+        if perm is not None:  # this rank's part of the batch's rows, sorted (the rank-major order of the batch)
+            first = self.start + b * self.batch_size
+            batch_rows = np.sort(perm[first - self.start: min(first + self.batch_size, self.stop) - self.start])
+            return self.ds.take(batch_rows[a - first: z - first])
         n = z - a
         if slot is None:
             return self.ds.read(a, z)

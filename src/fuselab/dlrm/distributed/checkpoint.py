@@ -95,7 +95,13 @@ def embedding_state(sparse: ShardedEmbeddingCollection) -> dict[str, Any]:
     return out
 
 
-def _state(sparse: ShardedEmbeddingCollection, dense: nn.Module, optimizer: torch.optim.Optimizer | None) -> dict:
+#: the dense optimizer: a torch optimizer, or its state tensors by name (replicated, e.g. the foreach Adagrad's)
+DenseOptimizer = torch.optim.Optimizer | dict[str, Tensor] | None
+
+
+def _state(sparse: ShardedEmbeddingCollection, dense: nn.Module, optimizer: DenseOptimizer) -> dict:
+    if isinstance(optimizer, dict):  # tensors loaded in place
+        return {"emb": embedding_state(sparse), "dense": dense.state_dict(), "dense_optim": dict(optimizer)}
     if optimizer is not None:
         model_sd, optim_sd = get_state_dict(dense, optimizer)
         # the tensors only: param_groups (lr, momentum, ...) come from the caller's config and schedule
@@ -120,7 +126,7 @@ def _barrier() -> None:
 
 
 def save_checkpoint(root: str | os.PathLike, step: int, sparse: ShardedEmbeddingCollection, dense: nn.Module,
-                    optimizer: torch.optim.Optimizer | None = None, extra: dict[str, Any] | None = None,
+                    optimizer: DenseOptimizer = None, extra: dict[str, Any] | None = None,
                     keep: int = 2) -> Path:
     """Save a complete checkpoint of ``step`` under ``root`` (collective: every rank calls it) and point
     ``latest`` at it; keep the newest ``keep`` checkpoints (``0``: keep all). ``dense`` is the unwrapped dense module
@@ -170,7 +176,7 @@ def latest_checkpoint(root: str | os.PathLike) -> Path | None:
 
 
 def load_checkpoint(path: str | os.PathLike, sparse: ShardedEmbeddingCollection, dense: nn.Module,
-                    optimizer: torch.optim.Optimizer | None = None) -> dict[str, Any]:
+                    optimizer: DenseOptimizer = None) -> dict[str, Any]:
     """Load a checkpoint folder, or the ``latest`` one of a root folder, into modules built for any world size
     with the same tables and dim (collective). Returns ``meta.json`` (``step``, ``world_size``, ``plan``,
     ``extra``). Raises ``FileNotFoundError`` when there is no checkpoint, ``ValueError`` when the tables differ."""
@@ -189,7 +195,9 @@ def load_checkpoint(path: str | os.PathLike, sparse: ShardedEmbeddingCollection,
     groups = state.pop("_param_groups", None)
     with _quiet():
         dcp.load(state, checkpoint_id=path)
-    if optimizer is not None:
+    if isinstance(optimizer, dict):
+        dense.load_state_dict(state["dense"])
+    elif optimizer is not None:
         optim_sd = {"state": state["dense_optim"]["state"], "param_groups": groups}
         set_state_dict(dense, optimizer, model_state_dict=state["dense"], optim_state_dict=optim_sd)
     else:

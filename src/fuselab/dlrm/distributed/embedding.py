@@ -14,6 +14,11 @@ Forward, on every rank (the data-parallel input meets the model-parallel tables)
 5. the requester adds the partial sums of row-wise shards into ``(B, F, D)`` (mean pooling divides here).
 
 The backward of the local module applies the optimizer to the rows (fused update or torch sparse step).
+
+Static exchange (``uniform_batch=True``, one id per feature, every table whole on one rank: the Kaggle model's
+table-wise plans): every split size follows from the plan and B, so steps 1-2 are one column gather and one
+``all_to_all_single`` with sizes known on the host. No host synchronization is left in the forward or backward,
+and a training step with it can be captured in a CUDA graph.
 """
 
 from __future__ import annotations
@@ -46,6 +51,24 @@ class _Exchange(torch.autograd.Function):
         return out, None, None, None, None
 
 
+class _RowPermutation(torch.autograd.Function):
+    """``rows[index]`` for an ``index`` that hits every row exactly once (a permutation): one gather forward, one
+    scatter of the gradient backward (no zero-fill, no accumulation)."""
+
+    @staticmethod
+    def forward(ctx, rows: Tensor, index: Tensor) -> Tensor:
+        ctx.save_for_backward(index)
+        ctx.rows_shape = rows.shape
+        return rows.index_select(0, index.reshape(-1)).view(*index.shape, rows.shape[1])
+
+    @staticmethod
+    def backward(ctx, grad: Tensor):
+        (index,) = ctx.saved_tensors
+        out = grad.new_empty(ctx.rows_shape)
+        out.index_copy_(0, index.reshape(-1), grad.reshape(-1, ctx.rows_shape[1]))
+        return out, None
+
+
 class ShardedEmbeddingCollection(nn.Module):
     """The shards of ``plan`` held by ``rank``, and the exchanges that serve every rank's lookups.
 
@@ -57,6 +80,9 @@ class ShardedEmbeddingCollection(nn.Module):
     embeddings and their gradients on the wire (None: the local module's, fp32); the sums stay fp32.
     ``pooling``: ``sum`` or ``mean`` over each bag. ``group``: the process group of the exchanges (a dedicated one
     lets the embedding exchanges and DDP's all-reduce run independently); unused when the plan has one rank.
+    ``uniform_batch``: the caller promises that every rank passes the same B at every call in training mode; with
+    one id per feature and a plan of whole tables the exchange is then static (module docstring); otherwise, and
+    in eval mode, the flag changes nothing.
 
     Raises ``ValueError`` for a plan/rank mismatch, a bad pooling, or malformed ids/offsets in :meth:`forward`
     (``TypeError`` for non-integer ones).
@@ -65,7 +91,8 @@ class ShardedEmbeddingCollection(nn.Module):
     def __init__(self, plan: ShardingPlan, rank: int, *, factory: LocalFactory | None = None,
                  optimizer: str = "rowwise_adagrad", lr: float = 0.01, eps: float = 1e-8, pooling: str = "sum",
                  seed: int = 0, grad_divisor: float | None = None, group=None,
-                 device: torch.device | str | None = None, comm_dtype: torch.dtype | None = None):
+                 device: torch.device | str | None = None, comm_dtype: torch.dtype | None = None,
+                 uniform_batch: bool = False):
         super().__init__()
         plan.validate()
         if not 0 <= rank < plan.world_size:
@@ -76,7 +103,7 @@ class ShardedEmbeddingCollection(nn.Module):
             raise ValueError(f"pooling must be 'sum' or 'mean', got {pooling!r}")
         if comm_dtype not in (None, torch.float32, torch.bfloat16, torch.float16):
             raise ValueError(f"comm_dtype must be None, float32, bfloat16 or float16, got {comm_dtype}")
-        self.comm_dtype = comm_dtype
+        self.comm_dtype, self.optimizer = comm_dtype, optimizer
         self.plan, self.rank, self.group, self.pooling = plan, rank, group, pooling
         self.dim, self.num_features, self.world = plan.dim, len(plan.table_sizes), plan.world_size
         self.grad_scale = 1.0 / float(plan.world_size if grad_divisor is None else grad_divisor)
@@ -90,6 +117,17 @@ class ShardedEmbeddingCollection(nn.Module):
                     self.local.weight[start: start + s.rows] = init_rows(seed, s.table, plan.table_sizes[s.table],
                                                                          s.row_start, s.row_end, self.dim)
         self._build_routing(device)
+        #: the static exchange applies to (B, F) ids: every table whole on one rank, the same B on every rank
+        self.static = bool(uniform_batch) and all(s.rows == plan.table_sizes[s.table] for s in plan.shards)
+        if self.static:  # where table f arrives: owner's block start (in shards), block width, index in it
+            exchange = [s for q in range(self.world) for s in plan.shards_of(q)]
+            where = {s.table: (sum(self.counts[:s.rank]), self.counts[s.rank], plan.shards_of(s.rank).index(s))
+                     for s in exchange}
+            for name, column in (("_block_start", 0), ("_block_width", 1), ("_local_index", 2)):
+                values = [where[f][column] for f in range(self.num_features)]
+                self.register_buffer(name, torch.tensor(values, dtype=torch.int64, device=device), persistent=False)
+            self._identity_order = [s.table for s in exchange] == list(range(self.num_features))
+            self._row_index: dict[int, Tensor] = {}
 
     def _build_routing(self, device) -> None:
         plan = self.plan
@@ -140,6 +178,8 @@ class ShardedEmbeddingCollection(nn.Module):
     def forward(self, ids: Tensor, offsets: Tensor | None = None) -> Tensor:
         """ids (B, F) raw ids (one per feature), or bags: ids (N,) + offsets (B*F + 1,) int64, bag ``b*F + f`` ->
         (B, F, D) pooled embeddings (``id mod table_sizes[f]`` picks the row). Collective: every rank calls it."""
+        if offsets is None and self.static and self.training:  # evaluation batches may be uneven: dynamic
+            return self._forward_static(ids)
         values, bag, batch = self._bags(ids, offsets)
         f_count, counts = self.num_features, self.counts
         feature = bag.remainder(f_count)
@@ -157,6 +197,55 @@ class ShardedEmbeddingCollection(nn.Module):
             bag_len = torch.bincount(bag, minlength=batch * f_count).view(batch, f_count)
             out = out / bag_len.clamp(min=1).unsqueeze(-1).to(out.dtype)
         return out
+
+    def _forward_static(self, ids: Tensor) -> Tensor:
+        """(B, F) ids -> (B, F, D) with split sizes from the plan (``uniform_batch``): no host synchronization."""
+        if ids.dim() != 2 or ids.shape[1] != self.num_features:
+            raise ValueError(f"ids must be (B, {self.num_features}) without offsets, got {tuple(ids.shape)}")
+        if ids.dtype.is_floating_point or ids.dtype.is_complex or ids.dtype == torch.bool:
+            raise TypeError(f"ids must be an integer tensor, got {ids.dtype}")
+        batch, k_self = ids.shape[0], self.counts[self.rank]
+        rows = ids.to(torch.int64).remainder(self.table_sizes)
+        send = rows.t()[self.shard_table]  # (F, B): tables in exchange order (owner, then its local order)
+        if self.world == 1:
+            local_ids = send.t()
+        else:
+            recv = send.new_empty(self.world * k_self * batch)
+            dist.all_to_all_single(recv, send.reshape(-1), [k_self * batch] * self.world,
+                                   [c * batch for c in self.counts], group=self.group)
+            local_ids = recv.view(self.world, k_self, batch).transpose(1, 2).reshape(self.world * batch, k_self)
+        if self.local is None:
+            pooled = torch.zeros(self.world * batch, 0, self.dim, device=ids.device)
+            pooled.requires_grad_(torch.is_grad_enabled() and self.training)
+        else:
+            pooled = self.local(local_ids)
+        return self._return_static(pooled, batch)
+
+    def _return_static(self, pooled: Tensor, batch: int) -> Tensor:
+        """(W*B, K, D) pooled rows of this rank's tables -> (B, F, D) of this rank's samples, in table order: one
+        all_to_all (in ``comm_dtype``: the result stays in it) and one gather that puts the owners' blocks in table
+        order (none with one rank holding the tables in order)."""
+        dim, k_self = self.dim, self.counts[self.rank]
+        if self.world == 1:
+            if self._identity_order:
+                return pooled
+            flat = pooled.reshape(-1, dim)
+        else:
+            send = pooled.reshape(-1)
+            flat = _Exchange.apply(send if self.comm_dtype is None else send.to(self.comm_dtype),
+                                   [batch * k_self * dim] * self.world, [batch * c * dim for c in self.counts],
+                                   self.group, self.grad_scale).view(-1, dim)
+        return _RowPermutation.apply(flat, self._table_rows(batch))
+
+    def _table_rows(self, batch: int) -> Tensor:
+        """(B, F): the row of (sample b, table f) in the received buffer viewed as rows of D, i.e. owner q's
+        (B, K_q) block at ``B * shards_before[q]``, then ``b * K_q + k`` (memoized per B)."""
+        index = self._row_index.get(batch)
+        if index is None:
+            index = (batch * self._block_start + torch.arange(batch, device=self._block_start.device)[:, None]
+                     * self._block_width + self._local_index)
+            self._row_index[batch] = index
+        return index
 
     def _lookup_remote(self, lengths: Tensor, shard_ids: Tensor, owner: Tensor, batch: int
                        ) -> tuple[Tensor, list[int]]:

@@ -2,9 +2,11 @@
 
 * :func:`spawn_local`: run a picklable function in N processes (torch's elastic launcher); returns each rank's
   return value; a failed rank stops the others and raises ``ChildFailedError`` naming it.
+* :func:`run_module`: ``python -m M ARGS`` in N processes (what ``fuselab dlrm train --nproc N`` calls, with its
+  own arguments minus ``--nproc``); returns an exit status: 0, the failed rank's exit code, or 128 + the signal
+  that stopped the launcher.
 * ``python -m fuselab.dlrm.distributed.launch --nproc N [--module M] [--] ARGS...``: ``torchrun --standalone
-  --nproc-per-node N -m M ARGS...`` (M: ``fuselab``; what ``fuselab dlrm train --nproc N`` calls, with its own
-  arguments minus ``--nproc``).
+  --nproc-per-node N -m M ARGS...`` (M: ``fuselab``).
 """
 
 from __future__ import annotations
@@ -17,6 +19,8 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from torch.distributed import run as torchrun
+from torch.distributed.elastic.multiprocessing.api import SignalException
+from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
 from torch.distributed.launcher.api import LaunchConfig, elastic_launch
 
 from .parallel import MULTICAST_OFF
@@ -37,6 +41,32 @@ def spawn_local(nproc: int, fn: Callable[..., Any], args: Sequence[Any] = (), *,
                           monitor_interval=monitor_interval, start_method="spawn")
     results = elastic_launch(config, fn)(*args)
     return [results[r] for r in range(nproc)]
+
+
+def run_module(nproc: int, module_args: Sequence[str], module: str = "fuselab", *,
+               monitor_interval: float = 0.5) -> int:
+    """Run ``python -m module module_args`` in ``nproc`` processes on this host (torchrun's environment, a free
+    port, no restarts); this process is the launcher and waits. On SIGINT/SIGTERM it forwards the signal to the
+    ranks and gives them up to 30 s to finish (the trainer writes its checkpoint) before killing them.
+
+    Returns 0 when every rank exits 0, else the exit code of the lowest failed rank (a rank killed by a signal:
+    128 + its number), or 128 + the signal that stopped the launcher. Raises ``ValueError`` for ``nproc < 1``."""
+    if nproc < 1:
+        raise ValueError(f"nproc must be >= 1, got {nproc}")
+    for key, value in MULTICAST_OFF.items():
+        os.environ.setdefault(key, value)
+    config = LaunchConfig(min_nodes=1, max_nodes=1, nproc_per_node=nproc, run_id=f"fuselab-{uuid.uuid4().hex[:8]}",
+                          rdzv_backend="c10d", rdzv_endpoint="localhost:0", max_restarts=0,
+                          monitor_interval=monitor_interval)
+    try:
+        elastic_launch(config, sys.executable)("-m", module, *module_args)
+    except ChildFailedError as exc:
+        rank = min(exc.failures)
+        code = exc.failures[rank].exitcode
+        return 128 - code if code < 0 else code
+    except SignalException as exc:
+        return 128 + int(exc.sigval)
+    return 0
 
 
 def torchrun_argv(nproc: int, module_args: Sequence[str], module: str = "fuselab") -> list[str]:

@@ -3,8 +3,9 @@
 Contract of a local module (built by a :data:`LocalFactory` from the rows of each local shard): buffers or
 parameters ``weight`` (R, D) fp32 (shard ``k`` = rows ``[row_offsets[k], row_offsets[k] + n_k)``) and ``momentum``
 (optimizer state: (R,) rowwise_adagrad, (R, D) adagrad, (0,) sgd); ``forward(ids (N,) int64, offsets (B*K + 1,)
-int64) -> (B, K, D)`` sum-pooled bags, bag ``b*K + k`` of shard ``k`` holding ids in ``[0, n_k)``; the gradient of
-the output applies the optimizer to the looked-up rows during the backward; ``set_lr(value)``.
+int64) -> (B, K, D)`` sum-pooled bags, bag ``b*K + k`` of shard ``k`` holding ids in ``[0, n_k)``, and
+``forward(ids (B, K)) -> (B, K, D)``, one id per bag; the gradient of the output applies the optimizer to the
+looked-up rows during the backward; ``set_lr(value)``.
 
 Two implementations: :func:`torch_factory` (``F.embedding_bag`` with sparse gradients, the update applied by a
 post-accumulate-grad hook with the formulas of torch.optim's sparse Adagrad / row-wise Adagrad) and
@@ -78,8 +79,12 @@ class TorchShards(nn.Module):
             denom = state.sqrt()[:, None] + self.eps
         weight[rows] = weight[rows] - self.lr * (g / denom)
 
-    def forward(self, ids: Tensor, offsets: Tensor) -> Tensor:
-        """ids (N,) int64 in ``[0, n_k)`` of their bag's shard, offsets (B*K + 1,) int64 -> (B, K, D) sums."""
+    def forward(self, ids: Tensor, offsets: Tensor | None = None) -> Tensor:
+        """ids (N,) int64 in ``[0, n_k)`` of their bag's shard, offsets (B*K + 1,) int64 -> (B, K, D) sums; or ids
+        (B, K) without offsets: one id per bag."""
+        if offsets is None:
+            offsets = torch.arange(ids.numel() + 1, device=ids.device)
+            ids = ids.reshape(-1)
         num_bags = offsets.shape[0] - 1
         shard = torch.arange(num_bags, device=ids.device).remainder(self.num_shards)
         rows = ids + self.row_offsets[shard].repeat_interleave(offsets.diff(), output_size=ids.shape[0])

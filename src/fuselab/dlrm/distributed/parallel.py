@@ -12,6 +12,7 @@
 from __future__ import annotations
 
 import dataclasses
+import inspect
 import os
 from dataclasses import dataclass
 from datetime import timedelta
@@ -22,7 +23,17 @@ import torch.distributed as dist
 from torch import Tensor, nn
 from torch.nn.parallel import DistributedDataParallel
 
+from ..data.partition import local_rows, local_slice
 from .embedding import ShardedEmbeddingCollection
+
+__all__ = ["DenseParts", "DistributedDLRM", "ParallelContext", "gather_rows", "init_from_env", "local_rows",
+           "local_slice", "shutdown", "slice_bags", "slice_batch"]
+
+#: no buffer broadcast at every forward (the dense part's buffers are constants): the argument's newer name where
+#: this PyTorch has it (older ones know only ``broadcast_buffers``)
+_NO_BUFFER_SYNC = ({"forward_sync_buffers": False}
+                   if "forward_sync_buffers" in inspect.signature(DistributedDataParallel.__init__).parameters
+                   else {"broadcast_buffers": False})
 
 #: NVLink SHARP (multicast) off: the lent multi-GPU machines do not support it (NCCL and symmetric memory)
 MULTICAST_OFF = {"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1"}
@@ -81,30 +92,6 @@ def shutdown() -> None:
     """Leave the process group (no-op without one)."""
     if dist.is_initialized():
         dist.destroy_process_group()
-
-
-def local_slice(global_batch_size: int, rank: int, world: int) -> slice:
-    """Rows of a global batch that ``rank`` reads: contiguous, rank-major, the first ``global % world`` ranks one
-    row more (the order of :class:`.embedding.ShardedEmbeddingCollection`'s global batch).
-    Raises ``ValueError`` when rank/world are out of range or the batch has fewer rows than ranks."""
-    if world <= 0 or not 0 <= rank < world:
-        raise ValueError(f"rank {rank} must be in [0, world={world})")
-    if global_batch_size < world:
-        raise ValueError(f"global batch {global_batch_size} has fewer rows than the {world} ranks")
-    base, extra = divmod(global_batch_size, world)
-    start = rank * base + min(rank, extra)
-    return slice(start, start + base + (rank < extra))
-
-
-def local_rows(batch_index: int, global_batch_size: int, rank: int, world: int, num_rows: int) -> tuple[int, int]:
-    """Dataset rows ``[start, stop)`` that ``rank`` reads for the contiguous global batch ``batch_index`` (the last
-    batch may be short): what a loader reads so that no rank reads the whole batch."""
-    first = batch_index * global_batch_size
-    size = min(global_batch_size, num_rows - first)
-    if size <= 0:
-        raise ValueError(f"batch {batch_index} starts at row {first}, past the {num_rows} rows")
-    part = local_slice(size, rank, world)
-    return first + part.start, first + part.stop
 
 
 def slice_batch(batch: Any, rank: int, world: int) -> Any:
@@ -168,26 +155,69 @@ class DenseParts(nn.Module):
 class DistributedDLRM(nn.Module):
     """Hybrid-parallel DLRM: ``forward(dense (B, I), ids (B, F) | (N,), offsets=None) -> dense_arch(dense,
     emb (B, F, D))``, the embeddings from ``sparse`` (model-parallel), ``dense_arch`` (every module after the
-    lookup: bottom MLP, interaction, top MLP; ``forward(dense, emb) -> logits``) replicated and wrapped in DDP when
-    a process group with more than one rank exists (``find_unused_parameters=False``; ``bucket_cap_mb`` passed on).
+    lookup: bottom MLP, interaction, top MLP; ``forward(dense, emb) -> logits``) replicated across the ranks.
 
-    The dense optimizer steps on :meth:`dense_parameters`; the embeddings update themselves in the backward.
+    Dense gradients are averaged over the ranks in one of two ways:
+
+    * ``ddp=True`` (default): ``dense_arch`` wrapped in DDP when a process group with more than one rank exists
+      (bucketed all-reduce overlapped with the backward; ``find_unused_parameters=False``, ``bucket_cap_mb``);
+    * ``ddp=False``: the caller calls :meth:`reduce_gradients` after the backward: one all-reduce of every dense
+      gradient in one flat buffer, on the embedding exchanges' process group (``sparse.group``). It has no
+      host-side state, so a training step with it can be captured in a CUDA graph, where all of the step's
+      collectives then run on one communicator in one order (NCCL can deadlock replaying graphs that hold the
+      operations of several communicators).
+
+    It offers the interface of :class:`fuselab.dlrm.model.DLRM` that :class:`fuselab.dlrm.step.TrainStep` and
+    :class:`fuselab.dlrm.optim.Optimizers` use: ``sparse_arch`` (the sharded tables, which update themselves in the
+    backward: ``embedding_update_in_backward``), ``dense_forward(dense, emb)``, :meth:`dense_parameters`,
+    ``kernels`` (``"fuselab"`` when the local tables are the fused op, else ``"torch"``) and ``optimizer``.
     """
 
+    embedding_update_in_backward = True
+
     def __init__(self, sparse: ShardedEmbeddingCollection, dense_arch: nn.Module, *,
-                 device: torch.device | None = None, bucket_cap_mb: float = 25.0):
+                 device: torch.device | None = None, bucket_cap_mb: float = 25.0, ddp: bool = True):
         super().__init__()
         self.sparse = sparse
         self.dense_module = dense_arch
-        if dist.is_initialized() and dist.get_world_size() > 1:
+        self.world = dist.get_world_size() if dist.is_initialized() else 1
+        self.ddp = ddp and self.world > 1
+        if self.ddp:
             ids = [device] if device is not None and device.type == "cuda" else None
             self.dense = DistributedDataParallel(dense_arch, device_ids=ids, find_unused_parameters=False,
-                                                 bucket_cap_mb=bucket_cap_mb, gradient_as_bucket_view=True)
+                                                 bucket_cap_mb=bucket_cap_mb, gradient_as_bucket_view=True,
+                                                 **_NO_BUFFER_SYNC)
         else:
             self.dense = dense_arch
+        local = sparse.local
+        self.kernels = "fuselab" if local is not None and hasattr(local, "grad_anchor") else "torch"
+        self.optimizer = sparse.optimizer
+
+    @property
+    def sparse_arch(self) -> ShardedEmbeddingCollection:
+        return self.sparse
 
     def forward(self, dense: Tensor, ids: Tensor, offsets: Tensor | None = None) -> Tensor:
         return self.dense(dense, self.sparse(ids, offsets))
 
+    def dense_forward(self, dense: Tensor, emb: Tensor) -> Tensor:
+        """Everything after the lookup (through DDP when it is on): dense (B, I), emb (B, F, D) -> logits (B,)."""
+        return self.dense(dense, emb)
+
     def dense_parameters(self) -> list[nn.Parameter]:
         return list(self.dense_module.parameters())
+
+    @torch.no_grad()
+    def reduce_gradients(self) -> None:
+        """Average the dense gradients over the ranks (``ddp=False``; nothing with DDP or one rank): one
+        all-reduce of a flat buffer, no host synchronization. Every rank must have gradients for the same
+        parameters."""
+        if self.ddp or self.world == 1:
+            return
+        grads = [p.grad for p in self.dense_module.parameters() if p.grad is not None]
+        if not grads:
+            return
+        flat = torch.cat([g.reshape(-1) for g in grads])
+        dist.all_reduce(flat, group=self.sparse.group)
+        flat.div_(self.world)
+        torch._foreach_copy_(grads, [f.view_as(g) for f, g in zip(flat.split([g.numel() for g in grads]), grads)])
