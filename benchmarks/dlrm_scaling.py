@@ -181,6 +181,8 @@ def worker(spec: dict[str, Any]) -> None:
         if ctx.is_main:  # after every mode: a later hang keeps what was measured
             Path(spec["result"]).write_text(json.dumps(runs))
         faulthandler.cancel_dump_traceback_later()
+        if hasattr(step, "release"):
+            step.release()  # before the communicators go (pytorch/pytorch#115388)
         del model, optimizers, step
         if ctx.device.type == "cuda":
             torch.cuda.empty_cache()

@@ -131,6 +131,14 @@ class TrainStep:
             self._graph.replay()
         return self._static_loss.clone()
 
+    def release(self) -> None:
+        """Free the captured graph and its static buffers (the next call captures again). Call it before
+        ``torch.distributed.destroy_process_group()`` when the graph holds NCCL operations: destroying the
+        communicators while such a graph exists can hang (pytorch/pytorch#115388)."""
+        if self._graph is not None:
+            self._graph.reset()
+        self._graph, self.static_inputs, self._static_loss = None, None, None
+
     def _load(self, *batch: Tensor) -> None:
         for name, static, new in zip(("dense", "sparse", "labels"), self.static_inputs, batch):
             if new.shape != static.shape or new.dtype != static.dtype:

@@ -75,12 +75,19 @@ def _compare(results: list[list[dict]], world: int) -> None:
 
 
 def test_init_rows_independent_of_sharding():
-    full = init_rows(3, 2, 10_000, 0, 10_000, 5, block=512)
+    full = init_rows(3, 2, 10_000, 0, 10_000, 5, chunk_rows=777)
     for lo, hi in [(0, 1), (511, 513), (600, 9000), (9999, 10_000)]:
-        assert torch.equal(init_rows(3, 2, 10_000, lo, hi, 5, block=512), full[lo:hi])
+        assert torch.equal(init_rows(3, 2, 10_000, lo, hi, 5), full[lo:hi])
     bound = 10_000 ** -0.5
-    assert full.abs().max() <= bound and full.std() > bound / 3
-    assert not torch.equal(init_rows(3, 1, 10_000, 0, 10_000, 5, block=512), full)
+    assert full.abs().max() <= bound and abs(full.std() - bound / 3 ** 0.5) < 0.02 * bound  # U(-b, b)
+    assert abs(float(full.mean())) < 0.02 * bound
+    for other in (init_rows(3, 1, 10_000, 0, 10_000, 5), init_rows(4, 2, 10_000, 0, 10_000, 5)):
+        assert not torch.isclose(other, full).any(dim=1).all()  # another table or seed: other values
+    # neighbouring rows and columns are not correlated
+    assert abs(float(torch.corrcoef(torch.stack([full[:-1, 0], full[1:, 0]]))[0, 1])) < 0.05
+    assert abs(float(torch.corrcoef(torch.stack([full[:, 0], full[:, 1]]))[0, 1])) < 0.05
+    with pytest.raises(ValueError, match="rows"):
+        init_rows(3, 2, 10, 5, 11, 4)
 
 
 def test_one_rank_equals_reference():

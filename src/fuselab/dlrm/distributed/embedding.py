@@ -114,8 +114,9 @@ class ShardedEmbeddingCollection(nn.Module):
                                                         optimizer=optimizer, lr=lr, eps=eps, device=device)
             with torch.no_grad():
                 for s, start in zip(self.local_shards, self.local.row_offsets.tolist()):
-                    self.local.weight[start: start + s.rows] = init_rows(seed, s.table, plan.table_sizes[s.table],
-                                                                         s.row_start, s.row_end, self.dim)
+                    self.local.weight[start: start + s.rows] = init_rows(
+                        seed, s.table, plan.table_sizes[s.table], s.row_start, s.row_end, self.dim,
+                        device=self.local.weight.device)
         self._build_routing(device)
         #: the static exchange applies to (B, F) ids: every table whole on one rank, the same B on every rank
         self.static = bool(uniform_batch) and all(s.rows == plan.table_sizes[s.table] for s in plan.shards)

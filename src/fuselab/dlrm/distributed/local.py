@@ -117,19 +117,35 @@ def default_factory() -> LocalFactory:
     return fused_factory if hasattr(ops, "EmbeddingBagCollection") else torch_factory
 
 
+_MASK32 = 0xFFFFFFFF
+
+
+def _mix32(x: Tensor) -> Tensor:
+    """A 32-bit integer hash (xor-shift-multiply rounds) of int64 values in [0, 2**32): multipliers below 2**31
+    keep every product under 2**63, so the arithmetic is exact on every device."""
+    for shift, mult in ((16, 0x45D9F3B), (16, 0x2C1B3C6D), (15, 0x297A2D39)):
+        x = ((x ^ (x >> shift)) * mult) & _MASK32
+    return x ^ (x >> 16)
+
+
 def init_rows(seed: int, table: int, table_rows: int, row_start: int, row_end: int, dim: int,
-              block: int = 4096) -> Tensor:
-    """Initial rows ``[row_start, row_end)`` of table ``table`` (of ``table_rows`` rows): U(-1/sqrt(n), 1/sqrt(n)),
-    drawn in blocks of ``block`` rows, each from its own generator seeded by (seed, table, block index), so the
-    values of a row do not depend on how the table is sharded. -> (row_end - row_start, dim) fp32 CPU."""
+              device: torch.device | str | None = None, chunk_rows: int = 1 << 21) -> Tensor:
+    """Initial rows ``[row_start, row_end)`` of table ``table`` (of ``table_rows`` rows): U(-1/sqrt(n), 1/sqrt(n)).
+
+    Element ``(row, col)`` is a hash of (seed, table, row, col), computed with integer arithmetic on ``device``
+    (default CPU) in chunks of ``chunk_rows`` rows: the values do not depend on how the table is sharded, nor on the
+    device. -> ``(row_end - row_start, dim)`` fp32 on ``device``. Raises ``ValueError`` for an empty or
+    out-of-range row range."""
+    if not 0 <= row_start < row_end <= table_rows or dim <= 0:
+        raise ValueError(f"rows [{row_start}, {row_end}) must lie in [0, {table_rows}) and dim > 0, got dim={dim}")
     bound = table_rows ** -0.5
-    out = torch.empty(row_end - row_start, dim)
-    gen = torch.Generator()
-    first, last = row_start // block, (row_end - 1) // block if row_end > row_start else row_start // block - 1
-    for k in range(first, last + 1):
-        lo, hi = k * block, min((k + 1) * block, table_rows)
-        gen.manual_seed(((seed * 1_000_003 + table) * 1_000_033 + k) % 2**63)
-        values = torch.empty(hi - lo, dim).uniform_(-bound, bound, generator=gen)
-        a, b = max(lo, row_start), min(hi, row_end)
-        out[a - row_start: b - row_start] = values[a - lo: b - lo]
+    out = torch.empty(row_end - row_start, dim, device=device)
+    key = _mix32(torch.tensor([(seed * 1_000_003 + table) & _MASK32], dtype=torch.int64, device=out.device))
+    cols = torch.arange(dim, dtype=torch.int64, device=out.device)
+    for a in range(row_start, row_end, chunk_rows):
+        z = min(row_end, a + chunk_rows)
+        rows = torch.arange(a, z, dtype=torch.int64, device=out.device)
+        h = _mix32(_mix32(key ^ rows)[:, None] ^ cols)  # (rows, dim) in [0, 2**32)
+        unit = (h.double() + 0.5) * (2.0 ** -32)  # (0, 1), exact in float64
+        out[a - row_start: z - row_start] = ((2.0 * unit - 1.0) * bound).float()
     return out

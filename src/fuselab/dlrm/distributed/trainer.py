@@ -162,6 +162,9 @@ class DistributedTrainer(Trainer):
             return super().run()
         finally:
             if self._owns_group:
+                step = getattr(self, "train_step", None)
+                if step is not None:
+                    step.release()  # a graph holding NCCL operations must go before the communicators
                 shutdown()
 
     def _stopping(self) -> bool:
