@@ -123,7 +123,12 @@ def _launch_ranks(args: argparse.Namespace) -> int:
 
     if args.nproc < 1:
         raise UserError(f"--nproc must be >= 1, got {args.nproc}")
-    return run_module(args.nproc, _without_nproc(list(getattr(args, "argv", sys.argv[1:]))))
+    code = run_module(args.nproc, _without_nproc(list(args.argv)))
+    if code not in (0, 130, 143):  # an interrupted run's rank 0 has said where its checkpoint is
+        print(f"fuselab dlrm: training on {args.nproc} processes failed (exit code {code}; the first failed rank's "
+              "error is above); a checkpoint written before the failure is complete and resumable with --resume",
+              file=sys.stderr)
+    return code
 
 
 def _cmd_train(args: argparse.Namespace) -> int:
@@ -142,7 +147,7 @@ def _cmd_train(args: argparse.Namespace) -> int:
         return _loader_only(args, cfg)
     run_dir = writable_dir(args.run_dir, "run folder (--run-dir)")
     run = {"config": cfg.to_dict(), "data": args.data, "checkpoint_dir": args.checkpoint_dir,
-           "resume": args.resume, "argv": list(getattr(args, "argv", sys.argv[1:])),
+           "resume": args.resume, "argv": list(args.argv),
            "world_size": int(os.environ.get("WORLD_SIZE", "1"))}
     if main:
         atomic_write_json(run_dir / "run.json", run, "run record")
@@ -348,7 +353,9 @@ def main(argv: list[str] | None = None) -> int:
     """Run ``fuselab dlrm`` on its own (the same parser the top-level CLI mounts)."""
     parser = argparse.ArgumentParser(prog="fuselab dlrm")
     configure_parser(parser)
+    argv = list(sys.argv[1:] if argv is None else argv)
     args = parser.parse_args(argv)
+    args.argv = ["dlrm", *argv]  # as the top-level command sees it (--nproc restarts `python -m fuselab ARGV`)
     return args.func(args)
 
 
