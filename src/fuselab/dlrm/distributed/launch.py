@@ -49,8 +49,10 @@ def run_module(nproc: int, module_args: Sequence[str], module: str = "fuselab", 
     port, no restarts); this process is the launcher and waits. On SIGINT/SIGTERM it forwards the signal to the
     ranks and gives them up to 30 s to finish (the trainer writes its checkpoint) before killing them.
 
-    Returns 0 when every rank exits 0, else the exit code of the lowest failed rank (a rank killed by a signal:
-    128 + its number), or 128 + the signal that stopped the launcher. Raises ``ValueError`` for ``nproc < 1``."""
+    Returns 0 when every rank exits 0, else the exit code of the lowest rank that failed by itself (not by SIGINT
+    or SIGTERM, which the launcher sends the others once one fails; a rank killed by a signal: 128 + its number),
+    or 130/143 when every rank stopped on such a signal, or 128 + the signal that stopped the launcher.
+    Raises ``ValueError`` for ``nproc < 1``."""
     if nproc < 1:
         raise ValueError(f"nproc must be >= 1, got {nproc}")
     for key, value in MULTICAST_OFF.items():
@@ -61,9 +63,11 @@ def run_module(nproc: int, module_args: Sequence[str], module: str = "fuselab", 
     try:
         elastic_launch(config, sys.executable)("-m", module, *module_args)
     except ChildFailedError as exc:
-        rank = min(exc.failures)
-        code = exc.failures[rank].exitcode
-        return 128 - code if code < 0 else code
+        codes = {rank: (128 - f.exitcode if f.exitcode < 0 else f.exitcode) for rank, f in exc.failures.items()}
+        # a rank that died on its own first; those stopped by a signal (the launcher ends the others with SIGTERM
+        # once one fails) only when every rank was
+        own = [rank for rank, code in codes.items() if code not in (130, 143)]
+        return codes[min(own or codes)]
     except SignalException as exc:
         return 128 + int(exc.sigval)
     return 0
