@@ -160,7 +160,7 @@ def test_interaction_repeats_kept_launches(triton_backend, device, no_planning, 
               torch.randn(6, 32, generator=gen).to(dtype)) for _ in range(3)]  # 9 + 21 pairs, padded to 32
 
     def run(dense, emb, grad):
-        d, e = dense.to(device).requires_grad_(True), emb.to(device).requires_grad_(True)
+        d, e = (t.to(device).detach().clone().requires_grad_(True) for t in (dense, emb))
         out = dot_interaction(d, e, self_interaction=True, pad_to=8)
         out.backward(grad.to(device))
         return out.detach(), d.grad, e.grad
@@ -200,6 +200,30 @@ def test_keys_tell_true_from_one(triton_backend, device):
     assert len(emb_op.UPDATE.launches) == 1
     with pytest.raises(ValueError, match="eps"):
         embedding_bag_update_(w, s, lr, grad, ids, sizes, starts, eps=True)
+
+
+def test_backward_launches_are_keyed_by_the_gradient_layout(triton_backend, device):
+    """One forward key, then output gradients of other strides (transposed, permuted): each backward reads its
+    gradient through its own strides (a launch kept for a contiguous gradient is not repeated on another layout)."""
+    gen = torch.Generator().manual_seed(9)
+    dense, emb = torch.randn(5, 7, generator=gen), torch.randn(5, 3, 7, generator=gen)  # W = 7 + 6 pairs
+    for grad in (torch.randn(5, 13, generator=gen), torch.randn(13, 5, generator=gen).t(),
+                 torch.randn(5, 13, generator=gen)):
+        d, e = (t.to(device).detach().clone().requires_grad_(True) for t in (dense, emb))
+        dot_interaction(d, e).backward(grad.to(device))
+        d64, e64 = (t.detach().double().requires_grad_(True) for t in (dense, emb))
+        _gram_oracle(d64, e64, False, 1).backward(grad.double())
+        torch.testing.assert_close(d.grad.double().cpu(), d64.grad, atol=1e-5, rtol=1e-5)
+        torch.testing.assert_close(e.grad.double().cpu(), e64.grad, atol=1e-5, rtol=1e-5)
+    m = _module("sgd", device)
+    w64, s64 = m.weight.double().cpu(), None
+    ids = torch.randint(0, 10**6, (6, len(SIZES)), generator=gen)
+    for up in (torch.randn(6, 3, 5, generator=gen), torch.randn(5, 3, 6, generator=gen).permute(2, 1, 0),
+               torch.randn(6, 3, 5, generator=gen)):
+        m(ids.to(device)).backward(up.to(device))
+        _oracle_step(w64, s64, 0.1, ids, up, SIZES, "sgd")
+        torch.testing.assert_close(m.weight.double().cpu(), w64, atol=2e-6, rtol=1e-5)
+    assert len(emb_op.UPDATE.launches) == 2 and len(int_op.BACKWARD.launches) == 2  # one per gradient layout
 
 
 # ---------------------------------------------------------------------------------------------- autograd
