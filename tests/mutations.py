@@ -30,6 +30,7 @@ BIAS = "tests/ops/test_bias_act.py"
 INTER = "tests/ops/test_interaction.py"
 EMB = "tests/ops/test_embedding.py"
 REDUCE = "tests/ops/test_reduce.py"
+DLRM_OPS = "tests/ops/test_dlrm_ops.py"
 NN = "tests/test_nn.py"
 
 
@@ -108,6 +109,13 @@ FAULTS: tuple[Fault, ...] = (
     fault("embedding: duplicate rows not summed (segmented scan restarts every position)",
           "return tl.where(f2 != 0, v2, v1 + v2), f1 | f2", "return v2, f1 | f2", EMB, "-k",
           "fused_update and triton and sgd"),
+    # ---------------------------------------------------------------- kept launches of both
+    fault("interaction: kept backward launch not keyed by the gradient's layout", 'key = ("bwd", key, layout(grad))',
+          'key = ("bwd", key)', DLRM_OPS, "-k", "gradient_layout"),
+    fault("embedding: kept update not keyed by the gradient's layout", 'key = ("update", key, layout(grad))',
+          'key = ("update", key)', DLRM_OPS, "-k", "gradient_layout"),
+    fault("embedding: kept lookup of bags reads the table sizes as offsets",
+          "table_sizes if offsets is None else offsets", "table_sizes", DLRM_OPS, "-k", "functional_calls and bags"),
     # ---------------------------------------------------------------- reduce
     fault("reduce: mean divides by n + 1", "total = total / n_reduced", "total = total / (n_reduced + 1)",
           IND, "-k", "reduce_vs_torch and mean and float32"),

@@ -11,6 +11,7 @@ from __future__ import annotations
 import pytest
 import torch
 
+import fuselab.ops
 from fuselab.dlrm.model import SparseArch
 from fuselab.ops.embedding import (
     EmbeddingBagCollection,
@@ -472,9 +473,11 @@ def test_rows_past_int32_offsets(device):
 
 
 @pytest.mark.parametrize("bags", [False, True])
-def test_int64_position_math(triton_backend, device, monkeypatch, bags):
+def test_int64_position_math(triton_backend, device, monkeypatch, request, bags):
     """The WIDE variants (position math in int64, chosen when an offset may pass 2^31) give the same results."""
     monkeypatch.setattr(launch, "needs_int64", lambda *tensors: True)
+    fuselab.ops.clear()  # no launch kept by an earlier test: every call plans (and so reaches needs_int64)
+    request.addfinalizer(fuselab.ops.clear)  # nor a kept WIDE launch for later tests
     sizes, w, state, ids, offsets, grad = _update_case("adagrad", bags, "mean", device, seed=11, batch=12)
     pooling = "mean"
     positions = _positions(ids.cpu(), sizes, None if offsets is None else offsets.cpu(), pooling)

@@ -10,6 +10,7 @@ import math
 import pytest
 import torch
 
+import fuselab.ops
 from fuselab.backend import forced
 from fuselab.ops.interaction import dot_interaction
 from fuselab.ops.interaction.launch import InteractionTuning, dot_interaction_bwd_, dot_interaction_fwd_
@@ -180,12 +181,14 @@ def test_tiled_launch_into_poisoned_outputs(triton_backend, device, self_interac
     assert ge._base[:, 0].isnan().all() and ge._base[:, -1].isnan().all()
 
 
-def test_wide_offsets_path(triton_backend, device, monkeypatch):
+def test_wide_offsets_path(triton_backend, device, monkeypatch, request):
     """The 64-bit index variant (taken when an operand reaches past 2^31 - 1 elements) computes the same values;
     forced here on small tensors (the real overflow case is the GPU test below)."""
     from fuselab.ops.interaction import launch
 
     monkeypatch.setattr(launch, "needs_int64", lambda *tensors: True)
+    fuselab.ops.clear()  # no launch kept by an earlier test: every call plans (and so reaches needs_int64)
+    request.addfinalizer(fuselab.ops.clear)  # nor a kept WIDE launch for later tests
     _check(torch.randn(5, 13, device=device), torch.randn(5, 6, 26, device=device)[:, :, ::2], True, 8)
 
 

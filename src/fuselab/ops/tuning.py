@@ -1,5 +1,6 @@
 """Tuning knobs as data: each op's planner reads a frozen dataclass (``RopeTuning``, ``BiasActTuning``,
-``ReduceTuning``, defined beside its planner) through :func:`current`; a sweep overrides them with :func:`override`.
+``ReduceTuning``, ``InteractionTuning``, defined beside its planner) through :func:`current`; a sweep overrides them
+with :func:`override`.
 
 The dataclasses compare by identity (``eq=False``): a plan cache keyed on the tuning object hashes it in
 nanoseconds, and a frozen object's identity stands for its values.

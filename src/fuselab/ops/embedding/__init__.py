@@ -1,8 +1,9 @@
 """Embedding bag collection: all tables in one buffer, lookup of every feature in one launch, the optimizer update
 fused into the backward (deterministic sort + segment reduce). See ``docs/embedding.md``.
 
-Modules: :mod:`.kernels` (Triton), :mod:`.launch` (validation, launchers, :class:`EmbeddingConfig`), :mod:`.op`
-(torch.library custom ops, autograd, functional API), :mod:`.module` (:class:`EmbeddingBagCollection`).
+Modules: :mod:`.kernels` (Triton), :mod:`.launch` (validation, launchers and their records,
+:class:`EmbeddingConfig`), :mod:`.op` (the :class:`~fuselab.ops.opdef.Op` objects: custom ops, fakes, autograd, eager
+path; the functional API), :mod:`.module` (:class:`EmbeddingBagCollection`).
 """
 
 from .launch import EmbeddingConfig

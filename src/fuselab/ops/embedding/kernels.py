@@ -78,7 +78,7 @@ def lookup_kernel(
     sizes_ptr,  # (F,) int64 rows per table
     row_offsets_ptr,  # (F,) int64 first row of each table
     out_ptr,  # (B*F, D) fp32 output, contiguous
-    num_bags, F, n_ids, s_ib, s_if,
+    n_ids, num_bags, F, s_ib, s_if,  # n_ids first: the launch keys it by class (it changes with every batch of bags)
     D: tl.constexpr, BLOCK_ROWS: tl.constexpr, BLOCK_D: tl.constexpr, BAGS: tl.constexpr, MEAN: tl.constexpr,
     WIDE: tl.constexpr,
 ):
@@ -204,7 +204,7 @@ def segment_update_kernel(
     lr_ptr,  # () fp32 learning rate
     head_ptr,  # (n_chunks, BLOCK_D) fp32 out: sum of each chunk's first run
     tail_ptr,  # (n_chunks, BLOCK_D) fp32 out: sum of each chunk's last run
-    N, F, n_ids, s_gb, s_gf, s_gd, eps,
+    N, n_ids, F, s_gb, s_gf, s_gd, eps,  # N and n_ids first: the launch keys them by class
     D: tl.constexpr, BLOCK_P: tl.constexpr, BLOCK_D: tl.constexpr, OPTIMIZER: tl.constexpr,
     BAGS: tl.constexpr, MEAN: tl.constexpr, WIDE: tl.constexpr,
 ):
@@ -284,7 +284,7 @@ def atomic_sgd_kernel(
     offsets_ptr,  # bags: (B*F + 1,) int64; unused otherwise
     w_ptr,  # (R, D) fp32 weight, updated in place with atomics
     lr_ptr,  # () fp32
-    N, F, n_ids, s_gb, s_gf, s_gd,
+    N, n_ids, F, s_gb, s_gf, s_gd,  # N and n_ids first: the launch keys them by class
     D: tl.constexpr, BLOCK_P: tl.constexpr, BLOCK_D: tl.constexpr, BAGS: tl.constexpr, MEAN: tl.constexpr,
     WIDE: tl.constexpr,
 ):

@@ -2,7 +2,11 @@
 
 :func:`check` validates every argument (shapes, dtypes, devices; it reads no tensor values: that would synchronise
 with the device). :func:`lookup_` writes the pooled embeddings into a given output; :func:`update_` applies the
-fused optimizer update in place. Tuning knobs are the frozen :class:`EmbeddingConfig`, passed by the caller.
+fused optimizer update in place. Each returns a record of its launches that :func:`lookup_again` /
+:func:`update_again` repeat on new tensors of the same layout (no plan, no checks). Launches go through
+:func:`fuselab.ops._launch.launch` (the compiled kernel's own launcher after the first call of a signature; the
+id counts, which change with every batch of bags, are keyed by class). Tuning knobs are the frozen
+:class:`EmbeddingConfig`, passed by the caller.
 """
 
 from __future__ import annotations
@@ -12,6 +16,7 @@ from dataclasses import dataclass
 import torch
 
 from fuselab.core.device import INT32_MAX, cdiv, needs_int64, next_power_of_2
+from fuselab.ops._launch import launch, relaunch
 from fuselab.reference.embedding import OPTIMIZERS, POOLINGS, momentum_shape
 
 from . import kernels
@@ -162,37 +167,58 @@ def _require_kernel_layout(weight: torch.Tensor, momentum: torch.Tensor | None =
         raise ValueError("momentum must be contiguous for the Triton kernels")
 
 
-def _dense_index(*tensors: torch.Tensor | None) -> tuple:
+def _dense_index(*tensors: torch.Tensor | None) -> tuple[tuple, bool]:
     """The small index tensors (offsets, table metadata) as the kernels read them: contiguous (a no-op for the
-    contiguous tensors callers pass; a strided view is copied, B*F + 1 or F elements)."""
-    return tuple(None if t is None else t.contiguous() for t in tensors)
+    contiguous tensors callers pass; a strided view is copied, B*F + 1 or F elements); and whether one was copied
+    (the launch then read the copy: no record of it is kept)."""
+    dense = tuple(None if t is None else t.contiguous() for t in tensors)
+    return dense, any(d is not t for d, t in zip(dense, tensors))
 
 
 def _id_strides(ids: torch.Tensor, bags: bool) -> tuple[int, int]:
     return (ids.stride(0), 0) if bags else (ids.stride(0), ids.stride(1))
 
 
+def _step(kernel, grid: tuple[int, ...], tensors: tuple, scalars: tuple, constexprs: dict, dynamic: int) -> tuple:
+    """One launch through :func:`fuselab.ops._launch.launch`: its record ``(entry, grid, scalars)`` for
+    :func:`relaunch`. The first ``dynamic`` scalars (id counts) are keyed by class, the rest by value."""
+    entry = launch(kernel, tuple(constexprs.items()), grid, tensors, scalars, constexprs, dynamic=dynamic)
+    return entry, grid, scalars
+
+
 def lookup_(out: torch.Tensor, weight: torch.Tensor, ids: torch.Tensor, table_sizes: torch.Tensor,
             row_offsets: torch.Tensor, offsets: torch.Tensor | None, pooling: str,
-            config: EmbeddingConfig = DEFAULT_CONFIG) -> None:
+            config: EmbeddingConfig = DEFAULT_CONFIG) -> tuple | None:
     """Write the ``(B, F, D)`` pooled embeddings into ``out`` (fp32, contiguous); arguments as :func:`check`
-    validated them. One launch over the ``B*F`` outputs."""
+    validated them. One launch over the ``B*F`` outputs. Returns its record for :func:`lookup_again` (None when
+    nothing was launched or an index tensor was copied)."""
     _require_kernel_layout(weight)
-    offsets, table_sizes, row_offsets = _dense_index(offsets, table_sizes, row_offsets)
+    (offsets, table_sizes, row_offsets), copied = _dense_index(offsets, table_sizes, row_offsets)
     num_bags, dim = out.shape[0] * out.shape[1], weight.shape[1]
     if num_bags == 0:
-        return
+        return None
     blocks = plan(dim, config)
-    block_d, block_rows = blocks.block_d, blocks.lookup_rows
+    block_rows = blocks.lookup_rows
     bags = offsets is not None
     s_ib, s_if = _id_strides(ids, bags)
     f_count = table_sizes.shape[0]
     grid = (cdiv(out.shape[0], block_rows), f_count) if bags else (cdiv(num_bags, block_rows), 1)
-    kernels.lookup_kernel[grid](
-        weight, ids, offsets if bags else table_sizes, table_sizes, row_offsets, out,
-        num_bags, f_count, ids.shape[0] if bags else 0, s_ib, s_if,
-        D=dim, BLOCK_ROWS=block_rows, BLOCK_D=block_d, BAGS=bags, MEAN=pooling == "mean",
-        WIDE=needs_int64(out, ids) or num_bags + block_rows > INT32_MAX, num_warps=config.num_warps)
+    wide = needs_int64(out, ids) or num_bags + block_rows > INT32_MAX
+    record = _step(kernels.lookup_kernel, grid,
+                   (weight, ids, offsets if bags else table_sizes, table_sizes, row_offsets, out),
+                   (ids.shape[0] if bags else 0, num_bags, f_count, s_ib, s_if),
+                   dict(D=dim, BLOCK_ROWS=block_rows, BLOCK_D=blocks.block_d, BAGS=bags, MEAN=pooling == "mean",
+                        WIDE=wide, num_warps=config.num_warps), 1)
+    return None if copied else record
+
+
+def lookup_again(record: tuple, out: torch.Tensor, weight: torch.Tensor, ids: torch.Tensor,
+                 table_sizes: torch.Tensor, row_offsets: torch.Tensor, offsets: torch.Tensor | None) -> None:
+    """The launch that :func:`lookup_` returned ``record`` for, on new tensors: the caller guarantees the same
+    shapes, dtypes, strides, storage offsets and 16-byte alignment (and ``offsets`` given or not)."""
+    entry, grid, scalars = record
+    relaunch(entry, grid, (weight, ids, table_sizes if offsets is None else offsets, table_sizes, row_offsets, out),
+             scalars)
 
 
 def _bag_of_positions(offsets: torch.Tensor, n_pos: int) -> torch.Tensor:
@@ -202,53 +228,98 @@ def _bag_of_positions(offsets: torch.Tensor, n_pos: int) -> torch.Tensor:
     return bag.sub_(1).clamp_(0, offsets.shape[0] - 2)
 
 
+def _update_plan(weight: torch.Tensor, grad: torch.Tensor, ids: torch.Tensor, table_sizes: torch.Tensor,
+                 bags: bool, pooling: str, optimizer: str, eps: float, deterministic: bool,
+                 config: EmbeddingConfig) -> tuple:
+    """``(n_pos, key dtype, chunks, BLOCK_D, atomic, steps)``: the update's sizes and, per kernel (rows; then
+    atomic SGD, or segment and carry), its grid, scalars, constexprs and dynamic-scalar count."""
+    n_pos, f_count, dim = ids.numel(), table_sizes.shape[0], weight.shape[1]
+    key_dtype = torch.int32 if weight.shape[0] <= INT32_MAX else torch.int64
+    s_ib, s_if = _id_strides(ids, bags)
+    wide = needs_int64(ids, grad) or n_pos + config.rows_block > INT32_MAX
+    blocks = plan(dim, config)
+    block_d, block_p = blocks.block_d, blocks.update_rows
+    mean = pooling == "mean"
+    n_ids = ids.shape[0] if bags else 0
+    steps = [((cdiv(n_pos, config.rows_block),), (n_pos, f_count, s_ib, s_if),
+              dict(BLOCK=config.rows_block, BAGS=bags, WIDE=wide, num_warps=config.num_warps), 1)]
+    flags = dict(D=dim, BLOCK_D=block_d, num_warps=config.num_warps)
+    atomic = optimizer == "sgd" and not deterministic
+    n_chunks = cdiv(n_pos, block_p)
+    if atomic:
+        steps.append(((n_chunks,), (n_pos, n_ids, f_count, *grad.stride()),
+                      dict(BLOCK_P=block_p, BAGS=bags, MEAN=mean, WIDE=wide, **flags), 2))
+    else:
+        code = _OPTIMIZER_CODE[optimizer]
+        steps.append(((n_chunks,), (n_pos, n_ids, f_count, *grad.stride(), float(eps)),
+                      dict(BLOCK_P=block_p, OPTIMIZER=code, BAGS=bags, MEAN=mean, WIDE=wide, **flags), 2))
+        # most carry programs read 3 keys and exit; a crossing run adds (carry_chunks, D) tiles: one warp
+        steps.append(((n_chunks,), (n_pos, n_chunks, float(eps)),
+                      dict(BLOCK_P=block_p, BLOCK_C=blocks.carry_chunks, OPTIMIZER=code, D=dim, BLOCK_D=block_d,
+                           num_warps=1), 2))
+    return n_pos, key_dtype, n_chunks, block_d, atomic, steps
+
+
+def _run_update(update_plan: tuple, entries: tuple | None, weight: torch.Tensor, state: torch.Tensor,
+                lr: torch.Tensor, grad: torch.Tensor, ids: torch.Tensor, table_sizes: torch.Tensor,
+                row_offsets: torch.Tensor, offsets: torch.Tensor | None) -> tuple:
+    """The update's workspace and launches, in stream order: each kernel launched (``entries`` None: returns their
+    entries) or relaunched from its entry (returns ``entries``)."""
+    n_pos, key_dtype, n_chunks, block_d, atomic, steps = update_plan
+    launched = []
+
+    def run(i: int, kernel, tensors: tuple) -> None:
+        grid, scalars, constexprs, dynamic = steps[i]
+        if entries is None:
+            launched.append(_step(kernel, grid, tensors, scalars, constexprs, dynamic)[0])
+        else:
+            relaunch(entries[i], grid, tensors, scalars)
+
+    keys = torch.empty(n_pos, dtype=key_dtype, device=weight.device)
+    bag = keys if offsets is None else _bag_of_positions(offsets, n_pos)
+    offsets_arg = keys if offsets is None else offsets
+    run(0, kernels.rows_kernel, (ids, bag, table_sizes, row_offsets, keys))
+    if atomic:
+        run(1, kernels.atomic_sgd_kernel, (grad, keys, bag, offsets_arg, weight, lr))
+    else:
+        sorted_keys, perm = torch.sort(keys, stable=True)
+        head = torch.empty(n_chunks, block_d, dtype=torch.float32, device=weight.device)
+        tail = torch.empty_like(head)
+        run(1, kernels.segment_update_kernel, (sorted_keys, perm, grad, bag, offsets_arg, weight, state, lr, head,
+                                               tail))
+        run(2, kernels.carry_update_kernel, (sorted_keys, head, tail, weight, state, lr))
+    return entries if entries is not None else tuple(launched)
+
+
 def update_(weight: torch.Tensor, momentum: torch.Tensor, lr: torch.Tensor, grad: torch.Tensor, ids: torch.Tensor,
             table_sizes: torch.Tensor, row_offsets: torch.Tensor, offsets: torch.Tensor | None, pooling: str,
-            optimizer: str, eps: float, deterministic: bool = True, config: EmbeddingConfig = DEFAULT_CONFIG) -> None:
+            optimizer: str, eps: float, deterministic: bool = True,
+            config: EmbeddingConfig = DEFAULT_CONFIG) -> tuple | None:
     """Apply the optimizer update of the output gradient ``grad`` (B, F, D) to the rows the ids touched, in place.
 
     Deterministic: global rows (int32 keys when R < 2^31) -> stable ``torch.sort`` -> segment kernel -> carry
     kernel (5-8 launches, the sort's included; workspace: keys, sorted keys, permutation, 2 partial rows per chunk).
     ``deterministic=False`` with ``sgd``: one kernel of atomic adds, no sort (other optimizers ignore the flag).
-    No host synchronisation: every size comes from shapes.
+    No host synchronisation: every size comes from shapes. Returns a record for :func:`update_again` (None when
+    nothing was launched or an index tensor was copied).
     """
     _require_kernel_layout(weight, momentum)
-    offsets, table_sizes, row_offsets = _dense_index(offsets, table_sizes, row_offsets)
-    n_pos = ids.numel()
-    if n_pos == 0 or grad.numel() == 0:
-        return
-    f_count, dim = table_sizes.shape[0], weight.shape[1]
-    bags = offsets is not None
-    bag = _bag_of_positions(offsets, n_pos) if bags else None
-    key_dtype = torch.int32 if weight.shape[0] <= INT32_MAX else torch.int64
-    keys = torch.empty(n_pos, dtype=key_dtype, device=weight.device)
-    s_ib, s_if = _id_strides(ids, bags)
-    wide = needs_int64(ids, grad) or n_pos + config.rows_block > INT32_MAX
-    kernels.rows_kernel[(cdiv(n_pos, config.rows_block),)](
-        ids, bag if bags else keys, table_sizes, row_offsets, keys, n_pos, f_count, s_ib, s_if,
-        BLOCK=config.rows_block, BAGS=bags, WIDE=wide, num_warps=config.num_warps)
-    blocks = plan(dim, config)
-    block_d, block_p = blocks.block_d, blocks.update_rows
-    flags = dict(D=dim, BLOCK_D=block_d, num_warps=config.num_warps)
-    bag_arg = bag if bags else keys
-    offsets_arg = offsets if bags else keys
+    (offsets, table_sizes, row_offsets), copied = _dense_index(offsets, table_sizes, row_offsets)
+    if ids.numel() == 0 or grad.numel() == 0:
+        return None
+    update_plan = _update_plan(weight, grad, ids, table_sizes, offsets is not None, pooling, optimizer, eps,
+                               deterministic, config)
     state = momentum if optimizer != "sgd" else weight
-    n_ids = ids.shape[0] if bags else 0
-    if optimizer == "sgd" and not deterministic:
-        kernels.atomic_sgd_kernel[(cdiv(n_pos, block_p),)](
-            grad, keys, bag_arg, offsets_arg, weight, lr, n_pos, f_count, n_ids, *grad.stride(),
-            BLOCK_P=block_p, BAGS=bags, MEAN=pooling == "mean", WIDE=wide, **flags)
-        return
-    sorted_keys, perm = torch.sort(keys, stable=True)
-    n_chunks = cdiv(n_pos, block_p)
-    head = torch.empty(n_chunks, block_d, dtype=torch.float32, device=weight.device)
-    tail = torch.empty_like(head)
-    code = _OPTIMIZER_CODE[optimizer]
-    kernels.segment_update_kernel[(n_chunks,)](
-        sorted_keys, perm, grad, bag_arg, offsets_arg, weight, state, lr, head, tail,
-        n_pos, f_count, n_ids, *grad.stride(), float(eps),
-        BLOCK_P=block_p, OPTIMIZER=code, BAGS=bags, MEAN=pooling == "mean", WIDE=wide, **flags)
-    kernels.carry_update_kernel[(n_chunks,)](
-        sorted_keys, head, tail, weight, state, lr, n_pos, n_chunks, float(eps),
-        BLOCK_P=block_p, BLOCK_C=blocks.carry_chunks, OPTIMIZER=code, D=dim, BLOCK_D=block_d,
-        num_warps=1)  # most programs read 3 keys and exit; a crossing run adds (carry_chunks, D) tiles
+    entries = _run_update(update_plan, None, weight, state, lr, grad, ids, table_sizes, row_offsets, offsets)
+    return None if copied else (update_plan, entries, optimizer != "sgd")
+
+
+def update_again(record: tuple, weight: torch.Tensor, momentum: torch.Tensor, lr: torch.Tensor, grad: torch.Tensor,
+                 ids: torch.Tensor, table_sizes: torch.Tensor, row_offsets: torch.Tensor,
+                 offsets: torch.Tensor | None) -> None:
+    """The update that :func:`update_` returned ``record`` for, on new tensors: the caller guarantees the same
+    shapes, dtypes, strides, storage offsets and 16-byte alignment (and ``offsets`` given or not). Its workspace
+    is allocated anew (on the current stream: CUDA-graph capturable)."""
+    update_plan, entries, has_state = record
+    _run_update(update_plan, entries, weight, momentum if has_state else weight, lr, grad, ids, table_sizes,
+                row_offsets, offsets)

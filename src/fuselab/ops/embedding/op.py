@@ -1,16 +1,18 @@
-"""Embedding bag collection: torch.library custom ops, fakes, autograd and the public functional API.
+"""Embedding bag collection: three :class:`~fuselab.ops.opdef.Op` and the public functional API.
 
-Custom ops (``torch.compile(fullgraph=True)`` traces them):
+* :data:`LOOKUP` (``fuselab::embedding_bag_lookup``): the pooled lookup, no autograd;
+* :data:`UPDATE` (``fuselab::embedding_bag_update_``): the fused sparse optimizer update, mutating ``weight`` and
+  ``momentum`` (``mutates_args``; its fake returns nothing);
+* :data:`TRAIN` (``fuselab::embedding_bag_train``): the lookup whose backward is that update (FBGEMM's trick): it
+  takes a placeholder tensor ``anchor`` that requires grad, so autograd calls the backward (:func:`_train_backward`),
+  which applies the optimizer to ``weight`` in place through :data:`UPDATE` and returns no gradient at all: no
+  dense ``(R, D)`` and no sparse COO gradient exist.
 
-* ``fuselab::embedding_bag_lookup``: the pooled lookup, no autograd;
-* ``fuselab::embedding_bag_update_``: the fused sparse optimizer update, mutating ``weight`` and ``momentum``;
-* ``fuselab::embedding_bag_train``: the lookup whose backward is that update (FBGEMM's trick): it takes a
-  placeholder tensor ``anchor`` that requires grad, so autograd calls the backward, which applies the optimizer
-  to ``weight`` in place and returns no gradient at all: no dense ``(R, D)`` and no sparse COO gradient exist.
-
-Eager calls skip the dispatcher (straight to the launchers; autograd through :class:`_TrainFunction`);
+Eager calls skip the dispatcher (straight to the launchers; autograd through :data:`TRAIN`'s eager node);
 ``torch.compile`` always sees the custom ops. CUDA tensors run the Triton kernels, others the reference
-(:mod:`fuselab.reference.embedding`), as :func:`fuselab.backend.triton_for` decides.
+(:mod:`fuselab.reference.embedding`), as :func:`fuselab.backend.triton_for` decides. An eager call whose key a
+checked call kept skips the checks and the plan and repeats the kept launches; the backward's update repeats the one
+kept under the forward's key and the gradient's layout. Nothing synchronises with the host (CUDA-graph capturable).
 """
 
 from __future__ import annotations
@@ -18,13 +20,26 @@ from __future__ import annotations
 import torch
 
 from fuselab.backend import triton_for
+from fuselab.ops.opdef import Op, layout, operand
 from fuselab.reference import embedding as ref
 
-from .launch import DEFAULT_CONFIG, EmbeddingConfig, check, check_update, lookup_, update_
+from .launch import (
+    DEFAULT_CONFIG,
+    EmbeddingConfig,
+    check,
+    check_update,
+    lookup_,
+    lookup_again,
+    update_,
+    update_again,
+)
 
-__all__ = ["EmbeddingConfig", "embedding_bag_collection", "embedding_bag_lookup", "embedding_bag_update_"]
+__all__ = ["LOOKUP", "TRAIN", "UPDATE", "EmbeddingConfig", "embedding_bag_collection", "embedding_bag_lookup",
+           "embedding_bag_update_"]
 
 Tensor = torch.Tensor
+
+_NO_GRADS = (None,) * 13  # TRAIN's inputs get no gradient: the update is applied in place
 
 
 def _config(knobs: list[int]) -> EmbeddingConfig:
@@ -45,102 +60,124 @@ def _out_shape(weight: Tensor, ids: Tensor, table_sizes: Tensor, offsets: Tensor
     return batch, f_count, weight.shape[1]
 
 
+# ---------------------------------------------------------------------------------------------- lookup
 def _lookup(weight: Tensor, ids: Tensor, offsets: Tensor | None, table_sizes: Tensor, row_offsets: Tensor,
-            pooling: str, knobs: list[int]) -> Tensor:
+            pooling: str, knobs: list[int], *, prepared=None) -> tuple:
+    """((B, F, D) pooled embeddings, record ``(launch record, shape)`` or None). ``prepared`` repeats a kept
+    record's launch."""
+    if prepared is not None:
+        out = torch.empty(prepared[1], dtype=torch.float32, device=weight.device)
+        lookup_again(prepared[0], out, weight, ids, table_sizes, row_offsets, offsets)
+        return out, None
     if not triton_for(weight):
-        return ref.lookup(weight, ids, table_sizes, row_offsets, offsets, pooling)
-    out = torch.empty(_out_shape(weight, ids, table_sizes, offsets), dtype=torch.float32, device=weight.device)
-    lookup_(out, weight, ids, table_sizes, row_offsets, offsets, pooling, _config(knobs))
-    return out
+        return ref.lookup(weight, ids, table_sizes, row_offsets, offsets, pooling), None
+    shape = _out_shape(weight, ids, table_sizes, offsets)
+    out = torch.empty(shape, dtype=torch.float32, device=weight.device)
+    record = lookup_(out, weight, ids, table_sizes, row_offsets, offsets, pooling, _config(knobs))
+    return out, (None if record is None else (record, shape))
 
 
+def _lookup_fake(weight: Tensor, ids: Tensor, offsets: Tensor | None, table_sizes: Tensor, row_offsets: Tensor,
+                 pooling: str, knobs: list[int]) -> Tensor:
+    return weight.new_empty(_out_shape(weight, ids, table_sizes, offsets))  # the kernels' fp32 is weight's dtype
+
+
+LOOKUP = Op("fuselab::embedding_bag_lookup", eager=_lookup, fake=_lookup_fake)
+
+
+# ---------------------------------------------------------------------------------------------- update
 def _update(weight: Tensor, momentum: Tensor, lr: Tensor, grad: Tensor, ids: Tensor, offsets: Tensor | None,
-            table_sizes: Tensor, row_offsets: Tensor, pooling: str, optimizer: str, eps: float,
-            deterministic: bool, knobs: list[int]) -> None:
+            table_sizes: Tensor, row_offsets: Tensor, pooling: str, optimizer: str, eps: float, deterministic: bool,
+            knobs: list[int], *, prepared=None) -> tuple:
+    """((weight, momentum) updated in place, launch record or None)."""
+    if prepared is not None:
+        update_again(prepared, weight, momentum, lr, grad, ids, table_sizes, row_offsets, offsets)
+        return (weight, momentum), None
     if not triton_for(weight):
         ref.sparse_update_(weight, momentum, lr, grad, ids, table_sizes, row_offsets, offsets, pooling, optimizer,
                            eps)
-        return
-    update_(weight, momentum, lr, grad, ids, table_sizes, row_offsets, offsets, pooling, optimizer, eps,
-            deterministic, _config(knobs))
+        return (weight, momentum), None
+    record = update_(weight, momentum, lr, grad, ids, table_sizes, row_offsets, offsets, pooling, optimizer, eps,
+                     deterministic, _config(knobs))
+    return (weight, momentum), record
 
 
-# ---------------------------------------------------------------------------------------------- custom ops
-@torch.library.custom_op("fuselab::embedding_bag_lookup", mutates_args=())
-def _lookup_op(weight: Tensor, ids: Tensor, offsets: Tensor | None, table_sizes: Tensor, row_offsets: Tensor,
-               pooling: str, knobs: list[int]) -> Tensor:
-    return _lookup(weight, ids, offsets, table_sizes, row_offsets, pooling, knobs)
-
-
-@_lookup_op.register_fake
-def _(weight, ids, offsets, table_sizes, row_offsets, pooling, knobs):
-    return weight.new_empty(_out_shape(weight, ids, table_sizes, offsets))  # the kernels' fp32 is weight's dtype
-
-
-@torch.library.custom_op("fuselab::embedding_bag_update_", mutates_args=("weight", "momentum"))
-def _update_op(weight: Tensor, momentum: Tensor, lr: Tensor, grad: Tensor, ids: Tensor, offsets: Tensor | None,
-               table_sizes: Tensor, row_offsets: Tensor, pooling: str, optimizer: str, eps: float,
-               deterministic: bool, knobs: list[int]) -> None:
-    _update(weight, momentum, lr, grad, ids, offsets, table_sizes, row_offsets, pooling, optimizer, eps,
-            deterministic, knobs)
-
-
-@_update_op.register_fake
-def _(weight, momentum, lr, grad, ids, offsets, table_sizes, row_offsets, pooling, optimizer, eps, deterministic,
-      knobs):
+def _update_fake(weight: Tensor, momentum: Tensor, lr: Tensor, grad: Tensor, ids: Tensor, offsets: Tensor | None,
+                 table_sizes: Tensor, row_offsets: Tensor, pooling: str, optimizer: str, eps: float,
+                 deterministic: bool, knobs: list[int]) -> None:
     return None
 
 
-@torch.library.custom_op("fuselab::embedding_bag_train", mutates_args=())
-def _train_op(anchor: Tensor, weight: Tensor, momentum: Tensor, lr: Tensor, ids: Tensor, offsets: Tensor | None,
-              table_sizes: Tensor, row_offsets: Tensor, pooling: str, optimizer: str, eps: float,
-              deterministic: bool, knobs: list[int]) -> Tensor:
-    return _lookup(weight, ids, offsets, table_sizes, row_offsets, pooling, knobs)
+UPDATE = Op("fuselab::embedding_bag_update_", eager=_update, fake=_update_fake, mutates_args=("weight", "momentum"))
 
 
-@_train_op.register_fake
-def _(anchor, weight, momentum, lr, ids, offsets, table_sizes, row_offsets, pooling, optimizer, eps, deterministic,
-      knobs):
+# ---------------------------------------------------------------------------------------------- train
+def _train(anchor: Tensor, weight: Tensor, momentum: Tensor, lr: Tensor, ids: Tensor, offsets: Tensor | None,
+           table_sizes: Tensor, row_offsets: Tensor, pooling: str, optimizer: str, eps: float, deterministic: bool,
+           knobs: list[int], *, prepared=None) -> tuple:
+    """The lookup (its backward is :func:`_train_backward`)."""
+    return _lookup(weight, ids, offsets, table_sizes, row_offsets, pooling, knobs, prepared=prepared)
+
+
+def _train_fake(anchor: Tensor, weight: Tensor, momentum: Tensor, lr: Tensor, ids: Tensor, offsets: Tensor | None,
+                table_sizes: Tensor, row_offsets: Tensor, pooling: str, optimizer: str, eps: float,
+                deterministic: bool, knobs: list[int]) -> Tensor:
     return weight.new_empty(_out_shape(weight, ids, table_sizes, offsets))  # the kernels' fp32 is weight's dtype
 
 
-def _setup_context(ctx, inputs, output) -> None:
-    _anchor, weight, momentum, lr, ids, offsets, table_sizes, row_offsets, *params = inputs
-    ctx.save_for_backward(weight, momentum, lr, ids, offsets, table_sizes, row_offsets)
-    ctx.params = params
+def _train_setup(ctx, inputs, output) -> None:
+    """What the update needs, kept on ``ctx`` (not saved tensors): the update itself bumps ``weight``'s version, and
+    a second lookup of the same weight before its backward must not trip the saved-tensor version check."""
+    ctx.update_args = inputs[1:]  # weight, momentum, lr, ids, offsets, table_sizes, row_offsets, pooling, ...
 
 
-def _backward(ctx, grad: Tensor) -> tuple:
-    weight, momentum, lr, ids, offsets, table_sizes, row_offsets = ctx.saved_tensors
-    torch.ops.fuselab.embedding_bag_update_(weight, momentum, lr, grad, ids, offsets, table_sizes, row_offsets,
-                                            *ctx.params)
-    return (None,) * 13
+def _train_backward(ctx, grad: Tensor) -> tuple:
+    """Apply the optimizer step of ``grad`` in place (:data:`UPDATE`); no input gets a gradient. In eager autograd
+    the update's launches are kept under the forward's key and the gradient's layout."""
+    weight, momentum, lr, ids, offsets, table_sizes, row_offsets, *params = ctx.update_args
+    key = getattr(ctx, "key", None)
+    if key is not None:
+        key = ("update", key, layout(grad))
+    UPDATE.run_in_backward(ctx, (weight, momentum, lr, grad, ids, offsets, table_sizes, row_offsets, *params), key)
+    return _NO_GRADS
 
 
-_train_op.register_autograd(_backward, setup_context=_setup_context)
-
-
-class _TrainFunction(torch.autograd.Function):
-    """Eager autograd straight to the lookup and the update (the custom-op dispatcher and its autograd wrapper cost
-    tens of microseconds of host time per call); ``torch.compile`` traces ``fuselab::embedding_bag_train`` instead.
-    The tensors for the backward are kept on ``ctx`` (not saved tensors): the update itself bumps ``weight``'s
-    version, and a second lookup of the same weight before its backward must not trip the version check."""
-
-    @staticmethod
-    def forward(ctx, anchor, weight, momentum, lr, ids, offsets, table_sizes, row_offsets, pooling, optimizer, eps,
-                deterministic, knobs):
-        ctx.args = (weight, momentum, lr, ids, offsets, table_sizes, row_offsets, pooling, optimizer, eps,
-                    deterministic, knobs)
-        return _lookup(weight, ids, offsets, table_sizes, row_offsets, pooling, knobs)
-
-    @staticmethod
-    def backward(ctx, grad):
-        weight, momentum, lr, ids, offsets, table_sizes, row_offsets, *params = ctx.args
-        _update(weight, momentum, lr, grad, ids, offsets, table_sizes, row_offsets, *params)
-        return (None,) * 13
+TRAIN = Op("fuselab::embedding_bag_train", eager=_train, fake=_train_fake, setup_context=_train_setup,
+           backward=_train_backward, differentiable=(0,))
 
 
 # ---------------------------------------------------------------------------------------------- public API
+def _lookup_key(weight: Tensor, ids: Tensor, offsets: Tensor | None, table_sizes: Tensor, row_offsets: Tensor,
+                pooling: str, config: EmbeddingConfig | None) -> tuple | None:
+    """Everything a lookup's checks and launch depend on besides tensor values (each operand's shape, device, dtype,
+    strides, storage offset, 16-byte alignment; pooling, config), or None under ``torch.compile``. Raises
+    AttributeError/TypeError for non-tensors (the checks name them)."""
+    if torch.compiler.is_compiling():
+        return None
+    return (operand(weight), operand(ids), None if offsets is None else operand(offsets), operand(table_sizes),
+            operand(row_offsets), pooling, config)
+
+
+def _update_key(lookup_key: tuple | None, momentum: Tensor, lr: Tensor, optimizer: str, eps: float,
+                deterministic: bool, grad: Tensor | None = None) -> tuple | None:
+    """:func:`_lookup_key` plus what an update's checks and launches depend on (eps by type and value: its check
+    reads the value; ``grad`` None: the backward's, keyed there by its layout)."""
+    if lookup_key is None:
+        return None
+    return (lookup_key, operand(momentum), operand(lr), optimizer, type(eps), eps, deterministic,
+            None if grad is None else operand(grad))
+
+
+def _kept(op: Op, make_key, *args) -> tuple:
+    """``(key, record kept under it)``; ``(None, None)`` when the key cannot be made or looked up (non-tensors,
+    unhashable arguments: the checks name them) or under ``torch.compile``."""
+    try:
+        key = make_key(*args)
+        return key, (None if key is None else op.launches.get(key))
+    except (AttributeError, TypeError):
+        return None, None
+
+
 def embedding_bag_lookup(weight: Tensor, ids: Tensor, table_sizes: Tensor, row_offsets: Tensor,
                          offsets: Tensor | None = None, *, pooling: str = "sum",
                          config: EmbeddingConfig | None = None) -> Tensor:
@@ -163,11 +200,11 @@ def embedding_bag_lookup(weight: Tensor, ids: Tensor, table_sizes: Tensor, row_o
         TypeError/ValueError naming the argument: non-tensors, wrong dtypes (ids not int32/int64, offsets or table
         metadata not int64), wrong ranks, F mismatch, offsets not ``(B*F + 1,)``, mixed devices, unknown pooling.
     """
-    check(weight, ids, table_sizes, row_offsets, offsets, pooling)
-    if not torch.compiler.is_compiling():  # eager: no dispatcher
-        return _lookup(weight, ids, offsets, table_sizes, row_offsets, pooling, _knobs(config))
-    return torch.ops.fuselab.embedding_bag_lookup(weight, ids, offsets, table_sizes, row_offsets, pooling,
-                                                  _knobs(config))
+    key, prepared = _kept(LOOKUP, _lookup_key, weight, ids, offsets, table_sizes, row_offsets, pooling, config)
+    if prepared is None or not triton_for(weight):  # else a call of this key passed the checks before
+        check(weight, ids, table_sizes, row_offsets, offsets, pooling)
+        prepared = None
+    return LOOKUP.run((weight, ids, offsets, table_sizes, row_offsets, pooling, _knobs(config)), key, prepared, False)
 
 
 def embedding_bag_update_(weight: Tensor, momentum: Tensor, lr: Tensor, grad: Tensor, ids: Tensor,
@@ -182,14 +219,15 @@ def embedding_bag_update_(weight: Tensor, momentum: Tensor, lr: Tensor, grad: Te
     Raises: as :func:`embedding_bag_lookup`, and for ``momentum``/``lr``/``grad`` of the wrong shape or dtype, an
     unknown optimizer, a negative eps.
     """
-    batch, f_count, _ = check(weight, ids, table_sizes, row_offsets, offsets, pooling)
-    check_update(weight, momentum, lr, grad, optimizer, eps, batch, f_count)
-    args = (weight, momentum, lr, grad, ids, offsets, table_sizes, row_offsets, pooling, optimizer, float(eps),
-            bool(deterministic), _knobs(config))
-    if not torch.compiler.is_compiling():  # eager: no dispatcher
-        _update(*args)
-        return
-    torch.ops.fuselab.embedding_bag_update_(*args)
+    key, prepared = _kept(UPDATE, lambda: _update_key(
+        _lookup_key(weight, ids, offsets, table_sizes, row_offsets, pooling, config), momentum, lr, optimizer, eps,
+        deterministic, grad))
+    if prepared is None or not triton_for(weight):
+        batch, f_count, _ = check(weight, ids, table_sizes, row_offsets, offsets, pooling)
+        check_update(weight, momentum, lr, grad, optimizer, eps, batch, f_count)
+        prepared = None
+    UPDATE.run((weight, momentum, lr, grad, ids, offsets, table_sizes, row_offsets, pooling, optimizer, float(eps),
+                bool(deterministic), _knobs(config)), key, prepared, False)
 
 
 def embedding_bag_collection(weight: Tensor, momentum: Tensor, lr: Tensor, ids: Tensor, table_sizes: Tensor,
@@ -202,17 +240,14 @@ def embedding_bag_collection(weight: Tensor, momentum: Tensor, lr: Tensor, ids: 
     to autograd through it: the backward of the output's gradient updates ``weight`` and ``momentum`` in place and
     gives ``anchor`` no gradient. Otherwise a plain lookup. Raises: as :func:`embedding_bag_update_`.
     """
-    batch, f_count, _ = check(weight, ids, table_sizes, row_offsets, offsets, pooling)
-    train = anchor is not None and anchor.requires_grad and torch.is_grad_enabled()
-    compiling = torch.compiler.is_compiling()
-    knobs = _knobs(config)
-    if not train:
-        if not compiling:
-            return _lookup(weight, ids, offsets, table_sizes, row_offsets, pooling, knobs)
-        return torch.ops.fuselab.embedding_bag_lookup(weight, ids, offsets, table_sizes, row_offsets, pooling, knobs)
-    check_update(weight, momentum, lr, None, optimizer, eps, batch, f_count)
-    args = (anchor, weight, momentum, lr, ids, offsets, table_sizes, row_offsets, pooling, optimizer, float(eps),
-            bool(deterministic), knobs)
-    if not compiling:
-        return _TrainFunction.apply(*args)
-    return torch.ops.fuselab.embedding_bag_train(*args)
+    if not (anchor is not None and anchor.requires_grad and torch.is_grad_enabled()):
+        return embedding_bag_lookup(weight, ids, table_sizes, row_offsets, offsets, pooling=pooling, config=config)
+    key, prepared = _kept(TRAIN, lambda: _update_key(
+        _lookup_key(weight, ids, offsets, table_sizes, row_offsets, pooling, config), momentum, lr, optimizer, eps,
+        deterministic))
+    if prepared is None or not triton_for(weight):
+        batch, f_count, _ = check(weight, ids, table_sizes, row_offsets, offsets, pooling)
+        check_update(weight, momentum, lr, None, optimizer, eps, batch, f_count)
+        prepared = None
+    return TRAIN.run((anchor, weight, momentum, lr, ids, offsets, table_sizes, row_offsets, pooling, optimizer,
+                      float(eps), bool(deterministic), _knobs(config)), key, prepared, True)

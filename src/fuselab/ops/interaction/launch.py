@@ -1,26 +1,31 @@
 """Validation, planning and out-param launchers of the dot-interaction kernels (:mod:`.kernels`).
 
-Tuning knobs are a frozen :class:`InteractionTuning` handed to :func:`plan`; the plan is cached on everything it
-depends on, the tuning included. The launchers allocate nothing: they check their operands, plan and launch.
+Tuning knobs are a frozen :class:`InteractionTuning`, read through :func:`fuselab.ops.tuning.current` (or handed to a
+launcher); :func:`plan` is memoized on everything it depends on, the tuning included. The launchers allocate
+nothing: :func:`dot_interaction_fwd_` / :func:`dot_interaction_bwd_` check their operands, plan and launch;
+:func:`launch_fwd` / :func:`launch_bwd` skip the checks and return a record of their launch that
+:func:`launch_fwd_again` / :func:`launch_bwd_again` repeat on new tensors of the same layout (no plan).
 """
 
 from __future__ import annotations
 
-import functools
 from dataclasses import dataclass
 
 import torch
 
 from fuselab.core.checks import FLOAT_DTYPES, require_ndim, require_tensor
 from fuselab.core.device import cdiv, needs_int64, next_power_of_2
-from fuselab.ops._launch import launch
+from fuselab.ops._launch import launch, relaunch
 from fuselab.ops.interaction.kernels import dot_interaction_bwd_kernel, dot_interaction_fwd_kernel
+from fuselab.ops.opdef import memo
+from fuselab.ops.tuning import current
 from fuselab.reference.interaction import MAX_DIM, MAX_FEATURES, num_pairs, output_width
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, eq=False)
 class InteractionTuning:
-    """Knobs of :func:`plan` (data, never module state). Defaults: the fastest of the H100 sweep
+    """Knobs of :func:`plan` (data, never module state; the launchers read them through
+    :func:`fuselab.ops.tuning.current` unless given). Defaults: the fastest of the H100 sweep
     (``benchmarks/interaction_sweep.py``, ``benchmarks/results/h100/interaction_sweep.txt``): one warp per program,
     two rows per forward program, one per backward program, float32 forward by outer products (four elements
     of D per step) up to D = 32."""
@@ -92,7 +97,7 @@ class InteractionPlan:
     out_bf16: bool  # bf16 output (stores round through fuselab.ops._rounding.rounded)
 
 
-@functools.cache
+@memo(maxsize=256)
 def plan(n_vec: int, dim: int, dtype: torch.dtype, on_gpu: bool, backward: bool,
          tuning: InteractionTuning = DEFAULT_TUNING) -> InteractionPlan:
     """The forward or backward launch of ``n_vec = F + 1`` vectors of length ``dim`` in ``dtype``."""
@@ -171,8 +176,9 @@ def _triton_dtype_ok(t: torch.Tensor) -> None:
 
 
 def dot_interaction_fwd_(dense: torch.Tensor, emb: torch.Tensor, out: torch.Tensor, self_interaction: bool,
-                         tuning: InteractionTuning = DEFAULT_TUNING) -> None:
-    """Write ``[dense, pairs, zeros]`` into ``out`` (B, W), any strides; W fixes the padding (W >= D + P)."""
+                         tuning: InteractionTuning | None = None) -> tuple | None:
+    """Write ``[dense, pairs, zeros]`` into ``out`` (B, W), any strides; W fixes the padding (W >= D + P).
+    ``tuning``: None for :func:`fuselab.ops.tuning.current`'s. Returns :func:`launch_fwd`'s record."""
     check_inputs(dense, emb)
     b, f, d = emb.shape
     pairs = num_pairs(f, self_interaction)
@@ -180,35 +186,47 @@ def dot_interaction_fwd_(dense: torch.Tensor, emb: torch.Tensor, out: torch.Tens
     if out.dim() != 2 or out.shape[0] != b or out.shape[1] < d + pairs:
         raise ValueError(f"out must be (B={b}, W >= {d + pairs}), got {tuple(out.shape)}")
     _require_out("out", out, (b, out.shape[1]), dense.dtype, dense.device)
-    launch_fwd(dense, emb, out, bool(self_interaction), tuning)
+    return launch_fwd(dense, emb, out, bool(self_interaction), tuning)
 
 
 def launch_fwd(dense: torch.Tensor, emb: torch.Tensor, out: torch.Tensor, self_interaction: bool,
-               tuning: InteractionTuning = DEFAULT_TUNING) -> None:
+               tuning: InteractionTuning | None = None) -> tuple | None:
     """:func:`dot_interaction_fwd_` without its checks (but the dtype's), for callers that made them (the op):
     one launch through :func:`fuselab.ops._launch.launch` (the compiled kernel's own launcher after the first call
-    of a signature)."""
+    of a signature). Returns the record of the launch for :func:`launch_fwd_again` (None for an empty batch:
+    nothing launched)."""
     _triton_dtype_ok(dense)
     b, f, d = emb.shape
     if b == 0:
-        return
-    p = plan(f + 1, d, dense.dtype, dense.is_cuda, False, tuning)
+        return None
+    p = plan(f + 1, d, dense.dtype, dense.is_cuda, False, current(InteractionTuning) if tuning is None else tuning)
     tiles = cdiv(f + 1, p.block_v)
     wide = needs_int64(dense, emb, out)
-    launch(
-        dot_interaction_fwd_kernel, (p, self_interaction, wide), (cdiv(b, p.rows), tiles, tiles), (dense, emb, out),
-        (b, f + 1, d, num_pairs(f, self_interaction), out.shape[1], *dense.stride(), *emb.stride(), *out.stride()),
+    grid = (cdiv(b, p.rows), tiles, tiles)
+    scalars = (b, f + 1, d, num_pairs(f, self_interaction), out.shape[1], *dense.stride(), *emb.stride(),
+               *out.stride())
+    entry = launch(
+        dot_interaction_fwd_kernel, (p, self_interaction, wide), grid, (dense, emb, out), scalars,
         lambda: dict(ROWS=p.rows, BLOCK_V=p.block_v, BLOCK_D=p.block_d, BLOCK_PAD=p.block_pad, SELF=self_interaction,
                      LOWP_DOT=p.lowp_dot, OUT_BF16=p.out_bf16, ONE_TILE=tiles == 1, WIDE=wide, OUTER=p.outer,
                      OUTER4=p.outer4, num_warps=p.num_warps, num_stages=p.num_stages),
     )
+    return entry, grid, scalars
+
+
+def launch_fwd_again(record: tuple, dense: torch.Tensor, emb: torch.Tensor, out: torch.Tensor) -> None:
+    """The launch that :func:`launch_fwd` returned ``record`` for, on new tensors: no checks, no plan. The caller
+    guarantees the same shapes, dtypes, strides and 16-byte alignment as that launch's tensors."""
+    entry, grid, scalars = record
+    relaunch(entry, grid, (dense, emb, out), scalars)
 
 
 def dot_interaction_bwd_(grad: torch.Tensor, dense: torch.Tensor, emb: torch.Tensor, grad_dense: torch.Tensor,
                          grad_emb: torch.Tensor, self_interaction: bool,
-                         tuning: InteractionTuning = DEFAULT_TUNING) -> None:
+                         tuning: InteractionTuning | None = None) -> tuple | None:
     """Write the gradients of dense (B, D) and emb (B, F, D) from ``grad`` (B, W >= D + P, inputs' dtype, any
-    strides; columns past D + P are not read) into ``grad_dense`` and ``grad_emb`` (any strides)."""
+    strides; columns past D + P are not read) into ``grad_dense`` and ``grad_emb`` (any strides). Returns
+    :func:`launch_bwd`'s record."""
     check_inputs(dense, emb)
     b, f, d = emb.shape
     pairs = num_pairs(f, self_interaction)
@@ -218,29 +236,39 @@ def dot_interaction_bwd_(grad: torch.Tensor, dense: torch.Tensor, emb: torch.Ten
     _require_out("grad", grad, (b, grad.shape[1]), dense.dtype, dense.device)
     _require_out("grad_dense", grad_dense, (b, d), dense.dtype, dense.device)
     _require_out("grad_emb", grad_emb, (b, f, d), emb.dtype, emb.device)
-    launch_bwd(grad, dense, emb, grad_dense, grad_emb, bool(self_interaction), tuning)
+    return launch_bwd(grad, dense, emb, grad_dense, grad_emb, bool(self_interaction), tuning)
 
 
 def launch_bwd(grad: torch.Tensor, dense: torch.Tensor, emb: torch.Tensor, grad_dense: torch.Tensor,
-               grad_emb: torch.Tensor, self_interaction: bool, tuning: InteractionTuning = DEFAULT_TUNING) -> None:
+               grad_emb: torch.Tensor, self_interaction: bool, tuning: InteractionTuning | None = None) -> tuple | None:
     """:func:`dot_interaction_bwd_` without its checks (but the dtype's), for callers that made them (the op's
-    backward, on the autograd engine's thread, where every Python step costs several times its main-thread
-    time)."""
+    backward). Returns the record of the launch for :func:`launch_bwd_again` (None for an empty batch)."""
     _triton_dtype_ok(dense)
     b, f, d = emb.shape
     if b == 0:
-        return
-    p = plan(f + 1, d, dense.dtype, dense.is_cuda, True, tuning)
+        return None
+    p = plan(f + 1, d, dense.dtype, dense.is_cuda, True, current(InteractionTuning) if tuning is None else tuning)
     wide = needs_int64(grad, dense, emb, grad_dense, grad_emb)
-    launch(
-        dot_interaction_bwd_kernel, (p, self_interaction, wide), (cdiv(b, p.rows), cdiv(f + 1, p.block_v),
-                                                                  cdiv(d, p.block_d)),
-        (grad, dense, emb, grad_dense, grad_emb),
-        (b, f + 1, d, *grad.stride(), *dense.stride(), *emb.stride(), *grad_dense.stride(), *grad_emb.stride()),
+    grid = (cdiv(b, p.rows), cdiv(f + 1, p.block_v), cdiv(d, p.block_d))
+    scalars = (b, f + 1, d, *grad.stride(), *dense.stride(), *emb.stride(), *grad_dense.stride(),
+               *grad_emb.stride())
+    entry = launch(
+        dot_interaction_bwd_kernel, (p, self_interaction, wide), grid, (grad, dense, emb, grad_dense, grad_emb),
+        scalars,
         lambda: dict(ROWS=p.rows, BLOCK_V=p.block_v, BLOCK_D=p.block_d, SELF=self_interaction, LOWP_DOT=p.lowp_dot,
                      OUT_BF16=p.out_bf16, WIDE=wide, OUTER=p.outer, num_warps=p.num_warps, num_stages=p.num_stages),
     )
+    return entry, grid, scalars
+
+
+def launch_bwd_again(record: tuple, grad: torch.Tensor, dense: torch.Tensor, emb: torch.Tensor,
+                     grad_dense: torch.Tensor, grad_emb: torch.Tensor) -> None:
+    """The launch that :func:`launch_bwd` returned ``record`` for, on new tensors of the same layout (on the
+    autograd engine's thread, where every Python step costs several times its main-thread time)."""
+    entry, grid, scalars = record
+    relaunch(entry, grid, (grad, dense, emb, grad_dense, grad_emb), scalars)
 
 
 __all__ = ["DEFAULT_TUNING", "InteractionPlan", "InteractionTuning", "check_inputs", "dot_interaction_bwd_",
-           "dot_interaction_fwd_", "launch_bwd", "launch_fwd", "output_width", "plan"]
+           "dot_interaction_fwd_", "launch_bwd", "launch_bwd_again", "launch_fwd", "launch_fwd_again", "output_width",
+           "plan"]

@@ -1,14 +1,14 @@
-"""The fused dot interaction as an op: allocating forward/backward -> ``torch.library`` custom ops
-``fuselab::dot_interaction`` / ``fuselab::dot_interaction_bwd`` (fake kernels, ``register_autograd``) -> the public
-:func:`dot_interaction`.
+"""The fused dot interaction: two :class:`~fuselab.ops.opdef.Op` and the public :func:`dot_interaction`.
 
-Eager calls skip the dispatcher (tens of µs of host time per call): without grad they go straight to the
-allocating forward, with grad through :class:`_DotInteractionFunction`; under ``torch.compile`` the custom ops are
-traced (no graph break). CUDA tensors run the Triton kernels, others the PyTorch reference
-(:mod:`fuselab.reference.interaction`); ``FUSELAB_BACKEND`` overrides (see :mod:`fuselab.backend`).
+:data:`FORWARD` (``fuselab::dot_interaction``, differentiable through :func:`_backward`) and :data:`BACKWARD`
+(``fuselab::dot_interaction_bwd``), each on an out-param launcher of :mod:`fuselab.ops.interaction.launch`. Eager
+calls skip the dispatcher (tens of µs of host time per call); under ``torch.compile`` the custom ops are traced (no
+graph break). CUDA tensors run the Triton kernels, others the PyTorch reference (:mod:`fuselab.reference.interaction`);
+``FUSELAB_BACKEND`` overrides (see :mod:`fuselab.backend`).
 
-The backward keeps the inputs ``dense`` and ``emb`` (already alive in a DLRM: the bottom MLP's output and the
-lookup's output), nothing else.
+An eager call whose :func:`_call_key` a checked call kept skips the checks, the plan and Triton's argument binding;
+its backward repeats the launch kept under the forward's key and the gradient's layout. The backward keeps the
+inputs ``dense`` and ``emb`` (already alive in a DLRM: the bottom MLP's output and the lookup's output), nothing else.
 """
 
 from __future__ import annotations
@@ -17,61 +17,43 @@ import torch
 from torch.autograd.function import once_differentiable
 
 from fuselab.backend import triton_for
-from fuselab.ops.interaction.launch import check_inputs, dot_interaction_bwd_, launch_bwd, launch_fwd
+from fuselab.ops.interaction.launch import (
+    check_inputs,
+    dot_interaction_bwd_,
+    launch_bwd,
+    launch_bwd_again,
+    launch_fwd,
+    launch_fwd_again,
+)
+from fuselab.ops.opdef import Op, layout, operand
 from fuselab.reference import interaction as ref
 
-
-def _forward(dense: torch.Tensor, emb: torch.Tensor, self_interaction: bool, pad_to: int) -> torch.Tensor:
-    """Allocating forward: (B, W) contiguous, in the inputs' dtype."""
-    b, f, d = emb.shape
-    if not triton_for(dense):
-        with torch.no_grad():
-            return ref.dot_interaction(dense, emb, self_interaction, pad_to)
-    out = torch.empty((b, ref.output_width(f, d, self_interaction, pad_to)), dtype=dense.dtype, device=dense.device)
-    launch_fwd(dense, emb, out, self_interaction)  # dense and emb checked by the caller
-    return out
+__all__ = ["BACKWARD", "FORWARD", "dot_interaction"]
 
 
-def _backward(grad: torch.Tensor, dense: torch.Tensor, emb: torch.Tensor,
-              self_interaction: bool) -> tuple[torch.Tensor, torch.Tensor]:
-    """Allocating backward: (grad_dense (B, D), grad_emb (B, F, D)) contiguous, in the inputs' dtype."""
-    if grad.dtype != dense.dtype:  # e.g. an upstream op that returned float32 for a bf16 output
-        grad = grad.to(dense.dtype)
-    if not triton_for(dense):
-        with torch.no_grad():
-            return ref.dot_interaction_backward(grad, dense, emb, self_interaction)
-    grad_dense = torch.empty(dense.shape, dtype=dense.dtype, device=dense.device)
-    grad_emb = torch.empty(emb.shape, dtype=emb.dtype, device=emb.device)
-    b, f, d = emb.shape
-    if (grad.dim() == 2 and grad.shape[0] == b and grad.shape[1] >= d + ref.num_pairs(f, self_interaction)
-            and grad.device == dense.device):
-        launch_bwd(grad, dense, emb, grad_dense, grad_emb, self_interaction)  # autograd's grad of a checked call
-    else:  # a direct call of the custom op: the checked launcher names what is wrong
-        dot_interaction_bwd_(grad, dense, emb, grad_dense, grad_emb, self_interaction)
-    return grad_dense, grad_emb
-
-
-@torch.library.custom_op("fuselab::dot_interaction", mutates_args=())
-def _fwd_op(dense: torch.Tensor, emb: torch.Tensor, self_interaction: bool, pad_to: int) -> torch.Tensor:
+# ---------------------------------------------------------------------------------------------- forward
+def _forward(dense: torch.Tensor, emb: torch.Tensor, self_interaction: bool, pad_to: int, *,
+             prepared=None) -> tuple:
+    """((B, W) contiguous in the inputs' dtype, launch record). ``prepared`` (a kept ``(record, width)``) repeats that
+    launch; otherwise the inputs are checked (a direct call of the custom op) and the launch planned."""
+    if prepared is not None:
+        out = torch.empty((dense.shape[0], prepared[1]), dtype=dense.dtype, device=dense.device)
+        launch_fwd_again(prepared[0], dense, emb, out)
+        return out, None
     check_inputs(dense, emb, pad_to)
-    return _forward(dense, emb, self_interaction, pad_to)
+    b, f, d = emb.shape
+    if not triton_for(dense):
+        with torch.no_grad():
+            return ref.dot_interaction(dense, emb, self_interaction, pad_to), None
+    width = ref.output_width(f, d, self_interaction, pad_to)
+    out = torch.empty((b, width), dtype=dense.dtype, device=dense.device)
+    record = launch_fwd(dense, emb, out, self_interaction)
+    return out, (None if record is None else (record, width))
 
 
-@_fwd_op.register_fake
-def _(dense, emb, self_interaction, pad_to):
+def _forward_fake(dense: torch.Tensor, emb: torch.Tensor, self_interaction: bool, pad_to: int) -> torch.Tensor:
     b, f, d = emb.shape
     return dense.new_empty((b, ref.output_width(f, d, self_interaction, pad_to)))
-
-
-@torch.library.custom_op("fuselab::dot_interaction_bwd", mutates_args=())
-def _bwd_op(grad: torch.Tensor, dense: torch.Tensor, emb: torch.Tensor,
-            self_interaction: bool) -> tuple[torch.Tensor, torch.Tensor]:
-    return _backward(grad, dense, emb, self_interaction)
-
-
-@_bwd_op.register_fake
-def _(grad, dense, emb, self_interaction):
-    return dense.new_empty(dense.shape), emb.new_empty(emb.shape)
 
 
 def _setup_context(ctx, inputs, output) -> None:
@@ -80,32 +62,73 @@ def _setup_context(ctx, inputs, output) -> None:
     ctx.self_interaction = self_interaction
 
 
-def _autograd_backward(ctx, grad):
+def _gradients(ctx, grad: torch.Tensor) -> tuple:
+    """Gradients of ``(dense, emb, self_interaction, pad_to)``: one :data:`BACKWARD` launch, kept in eager autograd
+    under the forward's key and the gradient's layout (the autograd thread then skips the plan)."""
     dense, emb = ctx.saved_tensors
-    grad_dense, grad_emb = torch.ops.fuselab.dot_interaction_bwd(grad, dense, emb, ctx.self_interaction)
+    key = getattr(ctx, "key", None)
+    if key is not None:
+        key = ("bwd", key, layout(grad))
+    grad_dense, grad_emb = BACKWARD.run_in_backward(ctx, (grad, dense, emb, ctx.self_interaction), key)
     return (grad_dense if ctx.needs_input_grad[0] else None, grad_emb if ctx.needs_input_grad[1] else None,
             None, None)
 
 
-torch.library.register_autograd("fuselab::dot_interaction", _autograd_backward, setup_context=_setup_context)
+_gradients_once = once_differentiable(_gradients)  # the backward kernels are not differentiable
 
 
-class _DotInteractionFunction(torch.autograd.Function):
-    """Eager autograd straight to :func:`_forward` / :func:`_backward` (no dispatcher on either side)."""
+def _backward(ctx, grad: torch.Tensor) -> tuple:
+    """:func:`_gradients`; with ``create_graph=True`` first order only (a double backward raises)."""
+    if torch.is_grad_enabled():
+        return _gradients_once(ctx, grad)
+    return _gradients(ctx, grad)
 
-    @staticmethod
-    def forward(ctx, dense, emb, self_interaction, pad_to):
-        out = _forward(dense, emb, self_interaction, pad_to)
-        _setup_context(ctx, (dense, emb, self_interaction, pad_to), out)
-        return out
 
-    @staticmethod
-    @once_differentiable  # the backward kernels are not differentiable: double backward raises
-    def backward(ctx, grad):
-        dense, emb = ctx.saved_tensors
-        grad_dense, grad_emb = _backward(grad, dense, emb, ctx.self_interaction)
-        return (grad_dense if ctx.needs_input_grad[0] else None, grad_emb if ctx.needs_input_grad[1] else None,
-                None, None)
+FORWARD = Op("fuselab::dot_interaction", eager=_forward, fake=_forward_fake, setup_context=_setup_context,
+             backward=_backward, differentiable=(0, 1))
+
+
+# ---------------------------------------------------------------------------------------------- backward
+def _backward_launch(grad: torch.Tensor, dense: torch.Tensor, emb: torch.Tensor, self_interaction: bool, *,
+                     prepared=None) -> tuple:
+    """((grad_dense (B, D), grad_emb (B, F, D)) contiguous in the inputs' dtype, launch record). The record is kept
+    only for a gradient read as it is (not cast to the inputs' dtype first)."""
+    cast = grad.dtype != dense.dtype
+    if cast:  # e.g. an upstream op that returned float32 for a bf16 output
+        grad = grad.to(dense.dtype)
+    if prepared is not None:
+        grad_dense = torch.empty(dense.shape, dtype=dense.dtype, device=dense.device)
+        grad_emb = torch.empty(emb.shape, dtype=emb.dtype, device=emb.device)
+        launch_bwd_again(prepared, grad, dense, emb, grad_dense, grad_emb)
+        return (grad_dense, grad_emb), None
+    if not triton_for(dense):
+        with torch.no_grad():
+            return ref.dot_interaction_backward(grad, dense, emb, self_interaction), None
+    grad_dense = torch.empty(dense.shape, dtype=dense.dtype, device=dense.device)
+    grad_emb = torch.empty(emb.shape, dtype=emb.dtype, device=emb.device)
+    b, f, d = emb.shape
+    if (grad.dim() == 2 and grad.shape[0] == b and grad.shape[1] >= d + ref.num_pairs(f, self_interaction)
+            and grad.device == dense.device):
+        record = launch_bwd(grad, dense, emb, grad_dense, grad_emb, self_interaction)  # autograd's grad
+    else:  # a direct call of the custom op: the checked launcher names what is wrong
+        record = dot_interaction_bwd_(grad, dense, emb, grad_dense, grad_emb, self_interaction)
+    return (grad_dense, grad_emb), (None if cast else record)
+
+
+def _backward_fake(grad: torch.Tensor, dense: torch.Tensor, emb: torch.Tensor,
+                   self_interaction: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    return dense.new_empty(dense.shape), emb.new_empty(emb.shape)
+
+
+BACKWARD = Op("fuselab::dot_interaction_bwd", eager=_backward_launch, fake=_backward_fake)
+
+
+# ---------------------------------------------------------------------------------------------- public API
+def _call_key(dense: torch.Tensor, emb: torch.Tensor, self_interaction: bool, pad_to: int) -> tuple:
+    """Everything the checks and the forward launch of an eager call depend on besides tensor values: each
+    operand's shape, device, dtype, strides, storage offset and 16-byte alignment, the flag, ``pad_to`` (and its
+    type: ``True`` is not an int here). Raises AttributeError/TypeError for non-tensors (the checks name them)."""
+    return operand(dense), operand(emb), self_interaction, type(pad_to), pad_to
 
 
 def dot_interaction(dense: torch.Tensor, emb: torch.Tensor, *, self_interaction: bool = False,
@@ -136,10 +159,15 @@ def dot_interaction(dense: torch.Tensor, emb: torch.Tensor, *, self_interaction:
         ValueError: ``dense`` not 2-D or ``emb`` not 3-D, different batch sizes, ``dense``'s width != ``emb``'s D,
             F or D outside the limits, ``pad_to < 1``, tensors on different devices.
     """
-    check_inputs(dense, emb, pad_to)
     self_interaction = bool(self_interaction)
-    if torch.compiler.is_compiling():
-        return torch.ops.fuselab.dot_interaction(dense, emb, self_interaction, pad_to)
-    if torch.is_grad_enabled() and (dense.requires_grad or emb.requires_grad):
-        return _DotInteractionFunction.apply(dense, emb, self_interaction, pad_to)
-    return _forward(dense, emb, self_interaction, pad_to)
+    key = None
+    if not torch.compiler.is_compiling():
+        try:
+            key = _call_key(dense, emb, self_interaction, pad_to)
+            prepared = FORWARD.launches.get(key)
+        except (AttributeError, TypeError):  # not tensors, an unhashable pad_to: the checks name them
+            key = prepared = None
+        if prepared is not None and triton_for(dense):  # a call of this key passed the checks below before
+            return FORWARD.run((dense, emb, self_interaction, pad_to), key, prepared)
+    check_inputs(dense, emb, pad_to)
+    return FORWARD.run((dense, emb, self_interaction, pad_to), key)
