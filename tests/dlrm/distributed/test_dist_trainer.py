@@ -110,20 +110,26 @@ def _workers(launcher: int) -> list[int]:
     return out
 
 
-@pytest.mark.slow
-@pytest.mark.skipif(not Path("/proc/self/task").is_dir(), reason="finds the rank processes through Linux /proc")
-def test_sigterm_stops_every_rank_at_one_step_and_the_checkpoint_resumes(synth_dir, tmp_path):
+def _long_run_checkpointed(synth_dir: Path, tmp_path: Path) -> tuple[subprocess.Popen, Path]:
+    """A 2-rank run far longer than any test, once its first checkpoint (every 8 steps) is complete."""
     ckpt = tmp_path / "ckpt"
     proc = _fuselab(["--nproc", "2", "--data", str(synth_dir), "--steps", "100000", *RUN, "--checkpoint-dir",
                      str(ckpt), "--checkpoint-every", "8", "--run-dir", str(tmp_path / "run")])
     _wait_for(ckpt / "latest", proc)
+    return proc, ckpt
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not Path("/proc/self/task").is_dir(), reason="finds the rank processes through Linux /proc")
+def test_sigterm_stops_every_rank_at_one_step_and_the_checkpoint_resumes(synth_dir, tmp_path):
+    proc, ckpt = _long_run_checkpointed(synth_dir, tmp_path)
     proc.send_signal(signal.SIGTERM)  # the launcher forwards it to the ranks
     code, _, err = _finish(proc)
     assert code == 143, err
     assert "SIGTERM at step" in err and "--resume" in err
     name = (ckpt / "latest").read_text().strip()
     meta = json.loads((ckpt / name / "meta.json").read_text())
-    assert meta["world_size"] == 2 and meta["step"] % DistributedTrainer.AGREE_EVERY == 0 and meta["step"] > 8
+    assert meta["world_size"] == 2 and meta["step"] % DistributedTrainer.AGREE_EVERY == 0 and meta["step"] >= 8
     assert not list(ckpt.glob(".tmp-*"))
     again = _fuselab(["--nproc", "2", "--data", str(synth_dir), "--steps", str(meta["step"] + 2), *RUN,
                       "--checkpoint-dir", str(ckpt), "--resume", "--run-dir", str(tmp_path / "run")])
@@ -135,10 +141,7 @@ def test_sigterm_stops_every_rank_at_one_step_and_the_checkpoint_resumes(synth_d
 @pytest.mark.slow
 @pytest.mark.skipif(not Path("/proc/self/task").is_dir(), reason="finds the rank processes through Linux /proc")
 def test_a_killed_rank_stops_the_job_and_the_last_checkpoint_resumes(synth_dir, tmp_path):
-    ckpt = tmp_path / "ckpt"
-    proc = _fuselab(["--nproc", "2", "--data", str(synth_dir), "--steps", "100000", *RUN, "--checkpoint-dir",
-                     str(ckpt), "--checkpoint-every", "8", "--run-dir", str(tmp_path / "run")])
-    _wait_for(ckpt / "latest", proc)
+    proc, ckpt = _long_run_checkpointed(synth_dir, tmp_path)
     workers = _workers(proc.pid)
     assert len(workers) == 2, workers
     os.kill(workers[-1], signal.SIGKILL)
