@@ -12,6 +12,7 @@ import time
 from pathlib import Path
 
 import pytest
+from profile_table import table_rows
 
 from fuselab.dlrm.cli import configure_parser, main
 from fuselab.dlrm.config import load_config
@@ -205,3 +206,22 @@ def test_checkpoint_every_without_a_folder_uses_the_run_dir(synth_dir, tmp_path,
     assert main([*argv[:4], "8", *argv[5:], "--resume"]) == 0  # already at the end: evaluates, no rate
     out = capsys.readouterr().out
     assert "trained 0 steps" in out and "too few steps to measure" in out and "nan" not in out
+
+
+def test_profile_prints_the_table_path_and_nothing_on_stderr(synth_dir, tmp_path):
+    """`train --profile DIR` in a process of its own (kineto writes its lines to file descriptor 2): stderr stays
+    empty, DIR/kernels.txt holds one training step (here the tiny model's four linear layers and one loss), clear
+    of the evaluation that runs every 6 steps, and stdout names it."""
+    prof = tmp_path / "prof"
+    proc = _cli(["train", "--data", str(synth_dir), "--steps", "14", "--batch-size", "512", "--quiet", "--profile",
+                 str(prof), "--run-dir", str(tmp_path / "run"), "--set", "eval_every=6", "--set", "eval_batches=2"])
+    out, err = proc.communicate(timeout=300)
+    assert proc.returncode == 0, err
+    assert err == ""
+    assert f"per-op table of one step: {prof / 'kernels.txt'}" in out
+    text = (prof / "kernels.txt").read_text()
+    assert "DLRM training steps 8-12: CPU ops per step" in text  # steps 5-9 would hold the evaluation after step 6
+    rows = table_rows(text)
+    assert rows["aten::linear"][0] == 4 and rows["aten::binary_cross_entropy_with_logits"][0] == 1
+    assert sum(r[3] for r in rows.values()) == pytest.approx(100, abs=0.5)
+    assert [r[1] for r in rows.values()] == sorted((r[1] for r in rows.values()), reverse=True)
