@@ -240,9 +240,11 @@ def _launches(rows: Sequence[KernelRow], steps: int) -> float:
     return sum(r.calls for r in rows) / steps
 
 
-def profile_case(op: str, provider: str, shape: str | None = None, dtype: str = "fp32", mode: str = "fwd",
-                 steps: int = 10, trace: Path | None = None, out_dir: Path | None = None) -> ProfileResult:
-    """Profile one op × provider × case (``shape`` = a case label; None: the first quick case).
+def profile_case(op: str, provider: str | None = None, shape: str | None = None, dtype: str = "fp32",
+                 mode: str = "fwd", steps: int = 10, trace: Path | None = None,
+                 out_dir: Path | None = None) -> ProfileResult:
+    """Profile one op × provider × case (``provider`` None: the op's baseline, the provider its speedups are
+    measured against; ``shape`` = a case label; None: the first quick case).
 
     Raises ``ValueError`` for an unknown op, provider, dtype, mode or shape (listing valid ones) and
     :class:`PathError` (a ``ValueError``) when ``trace`` or ``out_dir`` cannot be written, both before anything
@@ -255,12 +257,13 @@ def profile_case(op: str, provider: str, shape: str | None = None, dtype: str = 
 
     if steps < 1:
         raise ValueError(f"steps must be >= 1, got {steps}")
-    validate(BenchOptions(ops=(op,), providers=(provider,), dtypes=(dtype,), modes=(mode,)))
+    validate(BenchOptions(ops=(op,), providers=(provider,) if provider else (), dtypes=(dtype,), modes=(mode,)))
     if trace is not None:
         trace = writable_file(trace, "trace file")
     if out_dir is not None:
         out_dir = writable_dir(out_dir, "output folder")
     spec = get_spec(op)
+    provider = provider or spec.baseline
     prov = spec.provider(provider)
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     case = _find_case(spec, device, dtype, mode, shape)
