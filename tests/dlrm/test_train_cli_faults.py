@@ -225,3 +225,24 @@ def test_profile_prints_the_table_path_and_nothing_on_stderr(synth_dir, tmp_path
     assert rows["aten::linear"][0] == 4 and rows["aten::binary_cross_entropy_with_logits"][0] == 1
     assert sum(r[3] for r in rows.values()) == pytest.approx(100, abs=0.5)
     assert [r[1] for r in rows.values()] == sorted((r[1] for r in rows.values()), reverse=True)
+
+
+def test_synth_train_export_print_no_warning_and_no_traceback(tmp_path):
+    """The README's DLRM commands as a user runs them, each in a process of its own with every warning shown
+    (``-W always``: also the DeprecationWarnings Python hides outside ``__main__``): stderr stays empty."""
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(Path(__file__).resolve().parents[2] / "src")}
+    data, ckpt = tmp_path / "data", tmp_path / "ckpt"
+    commands = [
+        ["synth", "--out", str(data), "--rows", "20000", "--scale", "1e-4", "--workers", "2", "--quiet"],
+        ["train", "--data", str(data), "--steps", "6", "--batch-size", "512", "--checkpoint-dir", str(ckpt),
+         "--run-dir", str(tmp_path / "run"), "--quiet", "--set", "eval_batches=1"],
+        ["evaluate", str(ckpt), "--data", str(data)],
+        ["export", "--checkpoint", str(ckpt), "--onnx", str(tmp_path / "m.onnx")],
+    ]
+    for argv in commands:
+        proc = subprocess.run([sys.executable, "-W", "always", "-m", "fuselab", "dlrm", *argv], env=env,
+                              capture_output=True, text=True, timeout=300)
+        assert proc.returncode == 0, (argv[0], proc.stderr)
+        assert "Warning" not in proc.stderr and "Traceback" not in proc.stderr, (argv[0], proc.stderr)
+        assert proc.stderr == "", (argv[0], proc.stderr)
+    assert (tmp_path / "m.onnx").is_file() and f"wrote {tmp_path / 'm.onnx'}" in proc.stdout

@@ -18,7 +18,6 @@ import math
 import signal
 import threading
 import time
-import warnings
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -110,7 +109,6 @@ class Trainer:
     def build(self) -> Trainer:
         """Open the data, build hasher, model, optimizers, step, schedule and loaders."""
         cfg, device = self.cfg, self.device
-        warnings.filterwarnings("ignore", message="Sparse invariant checks")
         torch.manual_seed(cfg.seed)
         data = self.data
         ds = data if isinstance(data, CriteoDataset) else open_dataset(data if data is not None
