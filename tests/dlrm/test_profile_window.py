@@ -62,7 +62,7 @@ def test_step_profiler_writes_a_per_step_table(tmp_path: Path):
     rows = table_rows(text)
     assert rows["aten::tanh"][0] == 2 and rows["aten::sigmoid"][0] == 1 and rows["aten::mul"][0] == 1
     assert set(rows) == {"aten::tanh", "aten::sigmoid", "aten::mul"}
-    assert sum(r[3] for r in rows.values()) == pytest.approx(100, abs=0.2)
+    assert sum(r[3] for r in rows.values()) == pytest.approx(100, abs=0.05 * len(rows) + 0.01)  # each rounded to 0.1
     per_step = [r[1] for r in rows.values()]
     assert per_step == sorted(per_step, reverse=True)
     for calls, us_step, us_call, _ in rows.values():
