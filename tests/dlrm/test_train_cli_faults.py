@@ -103,6 +103,8 @@ def test_evaluate_a_checkpoint(synth_dir, tmp_path, capsys):
     assert result["logloss"] == pytest.approx(summary["final"]["logloss"], rel=1e-5)
     assert result["calibration"] == pytest.approx(result["mean_prediction"] / result["positive_rate"])
     assert 0.5 < result["calibration"] < 2 and 0 < result["accuracy"] <= 1
+    assert main(["evaluate", str(ckpt / "latest.json"), "--data", str(synth_dir), "--json", str(out)]) == 0
+    assert json.loads(out.read_text()) == result  # the index names the same checkpoint
     assert main(["evaluate", str(tmp_path / "nope.pt"), "--data", str(synth_dir)]) == 2
 
 
