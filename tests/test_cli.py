@@ -61,6 +61,17 @@ def test_profile_eager_on_cpu(tmp_path: Path, capsys):
     assert launches >= 5  # the eager formula runs one op per operator
 
 
+@pytest.mark.parametrize("op, baseline, op_name", [("square", "torch.square", "aten::square"),
+                                                     ("reduce", "torch", "aten::mean")])
+@pytest.mark.timeout(120)
+def test_profile_defaults_to_the_ops_baseline(capsys, op, baseline, op_name):
+    code, out, err = run_cli(["profile", op, "--steps", "2"], capsys)
+    assert code == 0, err
+    assert f" · {baseline} · 2 calls" in out and err == ""
+    if not torch.cuda.is_available():
+        assert op_name in out
+
+
 @cpu_only
 @pytest.mark.timeout(60)
 def test_profile_compile_saves_inductor_source(tmp_path: Path, capsys):

@@ -8,6 +8,7 @@ import json
 import os
 import subprocess
 import sys
+import warnings
 from pathlib import Path
 
 import pytest
@@ -183,11 +184,15 @@ def test_synth_tsv_best_auc_matches_the_npy_truth(tmp_path: Path):
     assert tsv["best_auc_test"] == pytest.approx(npy["best_auc_test"], abs=1e-12)
 
 
-def test_profile_prints_no_usdt_lines(tmp_path: Path):
-    proc = subprocess.run([sys.executable, "-m", "fuselab", "profile", "gelu_tanh", "--trace",
-                           str(tmp_path / "t.json")], capture_output=True, text=True, env=ENV, timeout=300)
+@pytest.mark.parametrize("argv", [["gelu_tanh"], ["rope", "--provider", "fuselab", "--mode", "fwd+bwd"]])
+def test_profile_prints_nothing_on_stderr(tmp_path: Path, argv: list[str]):
+    """Kineto writes ``USDT: ... profiler_start`` lines to file descriptor 2 at every profile: a process of its own
+    shows whether they (or anything else) reach the terminal."""
+    proc = subprocess.run([sys.executable, "-m", "fuselab", "profile", *argv, "--trace", str(tmp_path / "t.json")],
+                          capture_output=True, text=True, env=ENV, timeout=300)
     assert proc.returncode == 0, proc.stderr
-    assert "USDT" not in proc.stderr + proc.stdout
+    assert proc.stderr == ""
+    assert "USDT" not in proc.stdout and "wall time per call" in proc.stdout
     assert json.loads((tmp_path / "t.json").read_text())["traceEvents"]
     mask = os.umask(0)
     os.umask(mask)
@@ -215,6 +220,54 @@ def test_export_drops_the_torchvision_notices():
     finally:
         logger.removeHandler(handler)
     assert seen == ["a real problem"]
+
+
+def test_export_drops_only_the_exporters_known_notices():
+    from fuselab.dlrm.export import _quiet_exporter
+
+    other_axis = ("# The axis name: seq will not be used, since it shares the same shape constraints with another "
+                  "axis: batch.")
+    with warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("always")
+        with _quiet_exporter():
+            warnings.warn("`isinstance(treespec, LeafSpec)` is deprecated, use `isinstance(treespec, TreeSpec) and "
+                          "treespec.is_leaf()` instead.", FutureWarning, stacklevel=2)
+            warnings.warn("# The axis name: batch will not be used, since it shares the same shape constraints with "
+                          "another axis: batch.", UserWarning, stacklevel=2)
+            warnings.warn(other_axis, UserWarning, stacklevel=2)
+            warnings.warn("a real problem", UserWarning, stacklevel=2)
+    assert [str(w.message) for w in seen] == [other_axis, "a real problem"]
+
+
+def test_compile_quietly_drops_only_torchs_import_notice(monkeypatch):
+    import torch
+
+    from fuselab.core.compile import compile_quietly
+
+    def fake_compile(fn, **options):
+        warnings.warn("`torch.jit.script_method` is deprecated. Please switch to `torch.compile` or "
+                      "`torch.export`.", DeprecationWarning, stacklevel=2)
+        warnings.warn("a real problem", UserWarning, stacklevel=2)
+        return (fn, options)
+
+    monkeypatch.setattr(torch, "compile", fake_compile)
+    with warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("always")
+        assert compile_quietly(len, dynamic=False) == (len, {"dynamic": False})
+    assert [str(w.message) for w in seen] == ["a real problem"]
+
+
+def test_first_compile_of_a_process_warns_nothing():
+    """In a fresh process Inductor's first import (here at the first call) runs under the filter (with -W error,
+    a notice would raise)."""
+    code = ("import torch\n"
+            "from fuselab.core.compile import compile_quietly\n"
+            "f = compile_quietly(lambda x: x * 2 + 1, fullgraph=True)\n"
+            "print(f(torch.ones(3)).tolist())\n")
+    proc = subprocess.run([sys.executable, "-W", "error", "-c", code], capture_output=True, text=True, env=ENV,
+                          timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.strip() == "[3.0, 3.0, 3.0]" and proc.stderr == ""
 
 
 def test_version():

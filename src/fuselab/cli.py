@@ -189,7 +189,8 @@ def _profile_parser(sub: argparse._SubParsersAction) -> None:
                        description="Per-kernel device-time table, launches per call, host overhead; "
                                    "Chrome trace; Inductor's generated source for torch.compile.")
     p.add_argument("op")
-    p.add_argument("--provider", default="eager", help="provider name (default: eager)")
+    p.add_argument("--provider", help="provider name (default: the op's baseline: eager for most ops, "
+                                      "torch.square for square, torch for reduce)")
     p.add_argument("--shape", help="case label, e.g. n=2^24 (default: the op's first quick case)")
     p.add_argument("--dtype", choices=list(DTYPES), default="fp32")
     p.add_argument("--mode", choices=list(MODES), default="fwd")

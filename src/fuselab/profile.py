@@ -1,6 +1,6 @@
 """``fuselab profile``: one op × provider × shape under ``torch.profiler``.
 
-Prints a per-kernel device-time table (name, calls, total, average, % of device time), the
+Prints a per-kernel device-time table (name, calls per call, time per call, time per kernel call, share), the
 number of kernel launches per call (what shows fusion: the eager GELU formula launches one
 kernel per operator, ``torch.compile`` one in all), the host time per call and the wall time
 per call. On a machine without a GPU it prints the CPU op table instead (top-level ATen ops and
@@ -9,7 +9,8 @@ For ``torch.compile`` providers the Python module Inductor generated (Triton ker
 C++ on CPU) is copied next to the trace / into ``out_dir`` and its fused kernels are listed. The trace file and
 ``out_dir`` are checked for writing before anything runs (:class:`fuselab._io.PathError`, a ``ValueError`` naming
 the path); files are written atomically. Kineto's ``USDT: ... profiler_start/profiler_stop`` lines, which it
-writes to stderr at every profile, are dropped (other stderr output of the profiled window is passed on).
+writes to stderr at every profile, are dropped (other stderr output of the profiled window is passed on): its
+only switch for them, ``KINETO_LOG_LEVEL=6``, silences its errors too.
 
 :func:`kernel_table` and :func:`render_kernel_table` are reusable (the DLRM trainer uses them).
 """
@@ -98,19 +99,22 @@ def kernel_table(prof: torch.profiler.profile, device: bool | None = None) -> li
 
 
 def render_kernel_table(rows: Sequence[KernelRow], title: str = "kernels", device: bool = True,
-                        steps: int = 1, limit: int | None = 30) -> Table:
-    """A rich table of :func:`kernel_table` rows; ``steps`` adds a calls-per-step column."""
+                        steps: int = 1, limit: int | None = 30, unit: str = "call", caption: str = "") -> Table:
+    """A rich table of :func:`kernel_table` rows of a profile over ``steps`` repetitions of one ``unit`` (a call of
+    an op, a training step), in the rows' order: calls per unit, time per unit, time per call, share of the
+    total. ``limit`` rows at most (None: all); ``caption`` is added below the table's own caption."""
     what = "device time" if device else "CPU time"
-    table = Table(title=title, caption=f"times are {what}; % of the total {what} in the profile",
-                  caption_justify="left")
+    steps = max(steps, 1)
+    note = f"averages over {steps} {unit}{'s' if steps > 1 else ''}; {what}; share: of the total {what} in the profile"
+    table = Table(title=title, caption=note + (f"\n{caption}" if caption else ""), caption_justify="left")
     table.add_column("kernel" if device else "CPU op", overflow="fold")
-    for col in ("calls", "per call", f"total {what}", "avg", "%"):
+    for col in (f"calls per {unit}", f"{what} per {unit}", "per call", "share"):
         table.add_column(col, justify="right", no_wrap=True)
     for r in rows[:limit] if limit else rows:
-        table.add_row(r.name, str(r.calls), f"{r.calls / max(steps, 1):g}", f"{r.total_us:.1f} µs",
-                      f"{r.avg_us:.2f} µs", f"{r.percent:.1f}%")
+        table.add_row(r.name, f"{r.calls / steps:g}", f"{r.total_us / steps:.1f} µs", f"{r.avg_us:.2f} µs",
+                      f"{r.percent:.1f}%")
     if limit and len(rows) > limit:
-        table.add_row(f"... {len(rows) - limit} more", "", "", "", "", "")
+        table.add_row(f"... {len(rows) - limit} more", "", "", "", "")
     return table
 
 
@@ -236,9 +240,11 @@ def _launches(rows: Sequence[KernelRow], steps: int) -> float:
     return sum(r.calls for r in rows) / steps
 
 
-def profile_case(op: str, provider: str, shape: str | None = None, dtype: str = "fp32", mode: str = "fwd",
-                 steps: int = 10, trace: Path | None = None, out_dir: Path | None = None) -> ProfileResult:
-    """Profile one op × provider × case (``shape`` = a case label; None: the first quick case).
+def profile_case(op: str, provider: str | None = None, shape: str | None = None, dtype: str = "fp32",
+                 mode: str = "fwd", steps: int = 10, trace: Path | None = None,
+                 out_dir: Path | None = None) -> ProfileResult:
+    """Profile one op × provider × case (``provider`` None: the op's baseline, the provider its speedups are
+    measured against; ``shape`` = a case label; None: the first quick case).
 
     Raises ``ValueError`` for an unknown op, provider, dtype, mode or shape (listing valid ones) and
     :class:`PathError` (a ``ValueError``) when ``trace`` or ``out_dir`` cannot be written, both before anything
@@ -251,12 +257,13 @@ def profile_case(op: str, provider: str, shape: str | None = None, dtype: str = 
 
     if steps < 1:
         raise ValueError(f"steps must be >= 1, got {steps}")
-    validate(BenchOptions(ops=(op,), providers=(provider,), dtypes=(dtype,), modes=(mode,)))
+    validate(BenchOptions(ops=(op,), providers=(provider,) if provider else (), dtypes=(dtype,), modes=(mode,)))
     if trace is not None:
         trace = writable_file(trace, "trace file")
     if out_dir is not None:
         out_dir = writable_dir(out_dir, "output folder")
     spec = get_spec(op)
+    provider = provider or spec.baseline
     prov = spec.provider(provider)
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     case = _find_case(spec, device, dtype, mode, shape)

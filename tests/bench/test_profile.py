@@ -2,6 +2,11 @@
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
+from pathlib import Path
+
 import pytest
 import torch
 from rich.console import Console
@@ -54,3 +59,24 @@ def test_profile_case_backward_counts_ops(tmp_path):
     res = profile_case("gelu_tanh", "eager", mode="fwd+bwd", steps=2, trace=tmp_path / "t.json")
     assert res.trace.exists() and res.launches_per_call > 8  # forward and backward ops
     assert res.case == "gelu_tanh/n=2^16/fp32/fwd+bwd" or res.device == "cuda"
+
+
+def test_drop_stderr_lines_keeps_everything_else():
+    """Only lines that start with the prefix go; the rest of the window's stderr (written to the descriptor or
+    through ``sys.stderr``, a last line without a newline included) comes out in order, and stdout is untouched."""
+    code = (
+        "import os, sys\n"
+        "from fuselab.profile import KINETO_NOISE, drop_stderr_lines\n"
+        "sys.stderr.write('before\\n')\n"
+        "with drop_stderr_lines(KINETO_NOISE):\n"
+        "    os.write(2, b'USDT:2026 x.cpp:52] profiler_start\\nkept 1\\n')\n"
+        "    print('out')\n"
+        "    sys.stderr.write('kept 2 USDT: inside a line\\n')\n"
+        "    os.write(2, b'USDT: profiler_stop\\nno newline')\n"
+        "sys.stderr.write('\\nafter\\n')\n"
+    )
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[2] / "src")}
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stderr == "before\nkept 1\nkept 2 USDT: inside a line\nno newline\nafter\n"
+    assert proc.stdout == "out\n"

@@ -87,10 +87,7 @@ def install(monkeypatch) -> None:
 
 @pytest.fixture(params=["stand-in", "kernels"])
 def fuselab_ops(request, monkeypatch) -> str:
-    """Runs a test with the stand-ins above, then with fuselab's real ops (skipped until they exist)."""
+    """Runs a test with the stand-ins above, then with fuselab's real ops."""
     if request.param == "stand-in":
         install(monkeypatch)
-    else:
-        pytest.importorskip("fuselab.ops.embedding", reason="fuselab's embedding collection is not built in yet")
-        pytest.importorskip("fuselab.ops.interaction", reason="fuselab's dot interaction is not built in yet")
     return request.param

@@ -4,6 +4,10 @@ from __future__ import annotations
 
 import gzip
 import json
+import os
+import subprocess
+import sys
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -146,6 +150,23 @@ def test_parquet_reference_format(tmp_path):
     assert torch.equal(b.sparse, torch.from_numpy(sparse[20:30]))
     np.testing.assert_allclose(b.dense.numpy(), np.log1p(np.maximum(raw[20:30], 0)), rtol=1e-6)
     assert b.labels.tolist() == cols["labels"][20:30].astype(float).tolist()
+
+
+def test_synth_workers_end_whatever_sigterm_handler_the_caller_has(tmp_path):
+    """The pool stops its workers with SIGTERM: a handler that does not exit, inherited through fork (torch's
+    elastic agent leaves one), must not keep them alive (the pool would wait for them forever). In a process of its
+    own, so that a hang fails the test instead of the session."""
+    code = ("import signal, sys\n"
+            "from fuselab.dlrm.data.synth import SynthSpec, write_synthetic\n"
+            "signal.signal(signal.SIGTERM, lambda signum, frame: None)\n"
+            "spec = SynthSpec(rows=3000, scale=1e-4, seed=2)\n"
+            "meta = write_synthetic(sys.argv[1], spec, shard_rows=1000, workers=2)\n"
+            "print(meta['num_rows'], len(meta['shards']))\n")
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[2] / "src")}
+    proc = subprocess.run([sys.executable, "-c", code, str(tmp_path)], capture_output=True, text=True, env=env,
+                          timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.split() == ["3000", "3"] and proc.stderr == ""
 
 
 def test_synthetic_data_properties(tmp_path, synth_dir):

@@ -117,15 +117,9 @@ def test_cuda_graph_needs_fuselab_kernels_on_gpu():
         TrainStep(model, Optimizers(model, optimizer="sgd", lr_dense=0.1, lr_sparse=0.1), mode="cuda_graph")
 
 
-def _fuselab_available() -> None:
-    pytest.importorskip("fuselab.ops.embedding", reason="fuselab's embedding collection is not built in yet")
-    pytest.importorskip("fuselab.ops.interaction", reason="fuselab's dot interaction is not built in yet")
-
-
 @pytest.mark.gpu
 @pytest.mark.parametrize("optimizer", OPTIMIZERS)
 def test_cuda_graph_equals_eager_and_sees_new_lr(optimizer):
-    _fuselab_available()
     a = _model(kernels="fuselab", optimizer=optimizer).cuda()
     b = copy.deepcopy(a)
     steps = [TrainStep(m, Optimizers(m, optimizer=optimizer, lr_dense=0.05, lr_sparse=0.1), mode=mode)

@@ -12,6 +12,7 @@ import time
 from pathlib import Path
 
 import pytest
+from profile_table import table_rows
 
 from fuselab.dlrm.cli import configure_parser, main
 from fuselab.dlrm.config import load_config
@@ -102,6 +103,8 @@ def test_evaluate_a_checkpoint(synth_dir, tmp_path, capsys):
     assert result["logloss"] == pytest.approx(summary["final"]["logloss"], rel=1e-5)
     assert result["calibration"] == pytest.approx(result["mean_prediction"] / result["positive_rate"])
     assert 0.5 < result["calibration"] < 2 and 0 < result["accuracy"] <= 1
+    assert main(["evaluate", str(ckpt / "latest.json"), "--data", str(synth_dir), "--json", str(out)]) == 0
+    assert json.loads(out.read_text()) == result  # the index names the same checkpoint
     assert main(["evaluate", str(tmp_path / "nope.pt"), "--data", str(synth_dir)]) == 2
 
 
@@ -205,3 +208,43 @@ def test_checkpoint_every_without_a_folder_uses_the_run_dir(synth_dir, tmp_path,
     assert main([*argv[:4], "8", *argv[5:], "--resume"]) == 0  # already at the end: evaluates, no rate
     out = capsys.readouterr().out
     assert "trained 0 steps" in out and "too few steps to measure" in out and "nan" not in out
+
+
+def test_profile_prints_the_table_path_and_nothing_on_stderr(synth_dir, tmp_path):
+    """`train --profile DIR` in a process of its own (kineto writes its lines to file descriptor 2): stderr stays
+    empty, DIR/kernels.txt holds one training step (here the tiny model's four linear layers and one loss), clear
+    of the evaluation that runs every 6 steps, and stdout names it."""
+    prof = tmp_path / "prof"
+    proc = _cli(["train", "--data", str(synth_dir), "--steps", "14", "--batch-size", "512", "--quiet", "--profile",
+                 str(prof), "--run-dir", str(tmp_path / "run"), "--set", "eval_every=6", "--set", "eval_batches=2"])
+    out, err = proc.communicate(timeout=300)
+    assert proc.returncode == 0, err
+    assert err == ""
+    assert f"per-op table of one step: {prof / 'kernels.txt'}" in out
+    text = (prof / "kernels.txt").read_text()
+    assert "DLRM training steps 8-12: CPU ops per step" in text  # steps 5-9 would hold the evaluation after step 6
+    rows = table_rows(text)
+    assert rows["aten::linear"][0] == 4 and rows["aten::binary_cross_entropy_with_logits"][0] == 1
+    assert sum(r[3] for r in rows.values()) == pytest.approx(100, abs=0.05 * len(rows) + 0.01)  # each rounded to 0.1
+    assert [r[1] for r in rows.values()] == sorted((r[1] for r in rows.values()), reverse=True)
+
+
+def test_synth_train_export_print_no_warning_and_no_traceback(tmp_path):
+    """The README's DLRM commands as a user runs them, each in a process of its own with every warning shown
+    (``-W always``: also the DeprecationWarnings Python hides outside ``__main__``): stderr stays empty."""
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(Path(__file__).resolve().parents[2] / "src")}
+    data, ckpt = tmp_path / "data", tmp_path / "ckpt"
+    commands = [
+        ["synth", "--out", str(data), "--rows", "20000", "--scale", "1e-4", "--workers", "2", "--quiet"],
+        ["train", "--data", str(data), "--steps", "6", "--batch-size", "512", "--checkpoint-dir", str(ckpt),
+         "--run-dir", str(tmp_path / "run"), "--quiet", "--set", "eval_batches=1"],
+        ["evaluate", str(ckpt), "--data", str(data)],
+        ["export", "--checkpoint", str(ckpt), "--onnx", str(tmp_path / "m.onnx")],
+    ]
+    for argv in commands:
+        proc = subprocess.run([sys.executable, "-W", "always", "-m", "fuselab", "dlrm", *argv], env=env,
+                              capture_output=True, text=True, timeout=300)
+        assert proc.returncode == 0, (argv[0], proc.stderr)
+        assert "Warning" not in proc.stderr and "Traceback" not in proc.stderr, (argv[0], proc.stderr)
+        assert proc.stderr == "", (argv[0], proc.stderr)
+    assert (tmp_path / "m.onnx").is_file() and f"wrote {tmp_path / 'm.onnx'}" in proc.stdout

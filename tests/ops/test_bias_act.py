@@ -7,6 +7,7 @@ import pytest
 import torch
 
 import fuselab
+from fuselab.core.compile import compile_quietly
 from fuselab.ops.bias_act import launch as kernels
 from fuselab.ops.bias_act.launch import BiasActTuning
 from fuselab.ops.tuning import override
@@ -265,13 +266,51 @@ def test_fp64_gradcheck(triton_backend, device):
     assert torch.autograd.gradcheck(f, (x, r, b), fast_mode=True)
 
 
-def test_empty_rows(triton_backend, device):
-    x = torch.randn(0, 8, device=device, requires_grad=True)
-    b = torch.randn(8, device=device, requires_grad=True)
-    y = fuselab.bias_act(x, b, activation="relu")
-    assert y.shape == (0, 8)
-    y.sum().backward()
-    assert torch.equal(b.grad, torch.zeros(8, device=device))
+EMPTY_SHAPES = [(0, 8), (3, 0), (2, 3, 0), (0,), (0, 0), (2, 0, 7)]
+EMPTY_CASES = [("relu", True), ("gelu_tanh", False), ("gelu_tanh", True), ("none", True), ("sigmoid", False)]
+
+
+@pytest.mark.parametrize("shape", EMPTY_SHAPES, ids=str)
+@pytest.mark.parametrize(("activation", "has_residual"), EMPTY_CASES)
+def test_empty_inputs(backend, device, shape, activation, has_residual):
+    """No rows or an empty last dim: an empty y of x's shape and dtype, gradients of their inputs' shapes and
+    dtypes, each element against the float64 reference (the bias gradient of no rows: zeros)."""
+    x = torch.randn(shape, device=device)
+    bias = torch.randn(shape[-1], dtype=torch.bfloat16, device=device)
+    residual = torch.randn(shape, device=device) if has_residual else None
+    _check(x, bias, residual, 0.5, activation)
+    y = fuselab.bias_act(_leaf(x), _leaf(bias), residual=_leaf(residual), alpha=0.5, activation=activation)
+    (y * 2).sum().backward()  # a summed upstream gradient: expanded, stride 0
+    with torch.no_grad():
+        same = x.clone()
+        assert fuselab.bias_act(same, bias, residual=residual, alpha=0.5, activation=activation, inplace=True) is same
+        assert same.shape == x.shape
+
+
+@pytest.mark.parametrize("shape", [(3, 0), (2, 3, 0), (0, 5)], ids=str)
+def test_empty_inputs_compiled(triton_backend, device, shape):
+    """torch.compile(fullgraph=True) of forward and backward on empty inputs: shapes and every element against
+    the float64 reference."""
+    x, r = (torch.randn(shape, device=device, requires_grad=True) for _ in range(2))
+    b = torch.randn(shape[-1], device=device, requires_grad=True)
+
+    def forward(x, r, b):
+        return fuselab.bias_act(x, b, residual=r, alpha=0.5, activation="gelu_tanh")
+
+    torch._dynamo.reset()
+    y = compile_quietly(forward, fullgraph=True)(x, r, b)
+    y.sum().backward()  # the compiled graph's backward
+    x64, r64, b64 = (_leaf(t.detach().double()) for t in (x, r, b))
+    y64 = ref.bias_act(x64, b64, r64, 0.5, "gelu_tanh")
+    y64.sum().backward()
+    assert y.shape == x.shape and y.dtype == x.dtype
+    assert_close(y, y64, torch.float32, "y")
+    for name, t, t64 in (("grad_x", x, x64), ("grad_residual", r, r64), ("grad_bias", b, b64)):
+        assert t.grad.shape == t.shape and t.grad.dtype == t.dtype, name
+        assert_close(t.grad, t64.grad, torch.float32, name, chained=True)
+    with torch.no_grad():
+        h = torch.randn(shape, device=device)
+        assert compile_quietly(lambda h, b: fuselab.bias_act(h, b, inplace=True), fullgraph=True)(h, b).shape == shape
 
 
 def test_no_grad_fast_path_matches_autograd_path(triton_backend, device):

@@ -14,6 +14,8 @@ import warnings
 
 import torch
 
+from fuselab.core.compile import compile_quietly
+
 from .spec import MODES, BenchCase, Fn, Provider
 
 
@@ -27,7 +29,7 @@ def compiled(fn: Fn, name: str = "torch.compile", description: str = "torch.comp
         # a fresh Dynamo cache per case: otherwise many shapes of one function hit the
         # recompile limit and silently fall back to eager
         torch._dynamo.reset()
-        return torch.compile(fn, dynamic=False)
+        return compile_quietly(fn, dynamic=False)
 
     return Provider(name=name, build=build, description=description, **kw)
 

@@ -4,4 +4,5 @@ build on, importing nothing else of fuselab but :mod:`fuselab.backend`.
 * :mod:`fuselab.core.checks`: argument checks that raise ``TypeError``/``ValueError`` naming the argument.
 * :mod:`fuselab.core.rope_math`: RoPE's inverse frequencies and amplitude (base, scaling), and cos/sin tables.
 * :mod:`fuselab.core.device`: facts of a device that plans read (SM count, DRAM bandwidth, TMA), offsets.
+* :mod:`fuselab.core.compile`: ``torch.compile`` without torch's own deprecation notices.
 """

@@ -63,7 +63,8 @@ def save_checkpoint(directory: str | Path, step: int, payload: dict[str, Any], k
 
 
 def resolve_checkpoint(resume: str | Path, directory: str | Path | None) -> Path:
-    """``resume`` is a file, a checkpoint directory, or ``"latest"`` (then ``directory`` is searched).
+    """``resume`` is a checkpoint file, a checkpoint directory or its ``latest.json`` (the checkpoint that index
+    names), or ``"latest"`` (then ``directory`` is searched).
 
     Raises ``ValueError`` for ``"latest"`` without a directory, ``FileNotFoundError`` for a missing file or index,
     :class:`~fuselab._io.PathError` (naming the file) for a corrupt ``latest.json``.
@@ -73,6 +74,8 @@ def resolve_checkpoint(resume: str | Path, directory: str | Path | None) -> Path
             raise ValueError("--resume without a file needs --checkpoint-dir")
         resume = directory
     path = Path(resume)
+    if path.name == LATEST and path.is_file():
+        path = path.parent
     if path.is_dir():
         latest = path / LATEST
         if not latest.is_file():

@@ -270,7 +270,8 @@ def _add_train_args(p: argparse.ArgumentParser) -> None:
                    help="run record (run.json) and, without --checkpoint-dir, the checkpoint of an interrupted run "
                         f"(default: {DEFAULT_RUN_DIR})")
     p.add_argument("--resume", nargs="?", const="latest", default=None, metavar="FILE",
-                   help="resume from FILE (or folder), or from the latest checkpoint in --checkpoint-dir "
+                   help="resume from FILE (a checkpoint, a checkpoint folder or its latest.json), or from the latest "
+                        "checkpoint in --checkpoint-dir "
                         "(without it: in RUN_DIR/checkpoints)")
     p.add_argument("--loader-only", action="store_true",
                    help="measure the data loader's throughput alone (no model) and exit")
@@ -327,7 +328,7 @@ def configure_parser(parser: argparse.ArgumentParser) -> None:
     p.set_defaults(func=_guard(_cmd_train))
 
     p = sub.add_parser("evaluate", help="logloss, AUC, accuracy and calibration of a checkpoint on a dataset")
-    p.add_argument("checkpoint", help="checkpoint file, or checkpoint folder (its latest)")
+    p.add_argument("checkpoint", help="checkpoint file, or checkpoint folder or its latest.json (the latest)")
     p.add_argument("--data", required=True, help="dataset directory")
     p.add_argument("--split", choices=("test", "val", "train", "all"), default="test")
     p.add_argument("--batch-size", type=int, default=65536)
@@ -337,7 +338,8 @@ def configure_parser(parser: argparse.ArgumentParser) -> None:
     p.set_defaults(func=_guard(_cmd_evaluate))
 
     p = sub.add_parser("export", help="export a checkpoint's model to ONNX")
-    p.add_argument("--checkpoint", required=True, help="checkpoint file written by train")
+    p.add_argument("--checkpoint", required=True,
+                   help="checkpoint file written by train, or checkpoint folder or its latest.json (the latest)")
     p.add_argument("--onnx", required=True, metavar="FILE", help="output .onnx file")
     p.add_argument("--batch-size", type=int, default=4, help="batch size of the example input (axis is dynamic)")
     p.add_argument("--opset", type=int, default=18)

@@ -74,6 +74,15 @@ def check_onnx(path: str | Path, exported: ExportedDLRM, batch: int = 37) -> flo
     return float(max(np.abs(probs - ref_probs.numpy()).max(), np.abs(logits - ref_logits.numpy()).max()))
 
 
+#: what torch's exporter warns at every export of this model, that no caller can act on: torch's own use of a
+#: deprecated pytree check, and both inputs sharing the "batch" axis (as they should; the name is kept)
+EXPORTER_NOTICES = (
+    (r"`isinstance\(treespec, LeafSpec\)` is deprecated", FutureWarning),
+    (r"# The axis name: batch will not be used, since it shares the same shape constraints with another axis: "
+     r"batch\.$", UserWarning),
+)
+
+
 class _DropTorchvisionNotice(logging.Filter):
     """The exporter logs "torchvision is not installed. Skipping torchvision::nms" (and 3 more) at every export:
     irrelevant to a model without torchvision ops."""
@@ -89,7 +98,8 @@ def _quiet_exporter() -> Iterator[None]:
     logger.addFilter(notice)
     try:
         with warnings.catch_warnings():
-            warnings.simplefilter("ignore")  # exporter-internal deprecation chatter
+            for message, category in EXPORTER_NOTICES:
+                warnings.filterwarnings("ignore", message, category)
             yield
     finally:
         logger.removeFilter(notice)

@@ -37,6 +37,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from fuselab.core.compile import compile_quietly
 from fuselab.nn import fused_linear
 
 from .config import NUM_DENSE, DLRMConfig
@@ -372,7 +373,7 @@ class DLRM(nn.Module):
 
     def compile_dense(self, **kwargs) -> None:
         """``torch.compile`` the MLPs and the interaction (the lookup stays eager: sparse gradients)."""
-        self._dense_part = torch.compile(self.dense_forward, **kwargs)
+        self._dense_part = compile_quietly(self.dense_forward, **kwargs)
 
     def forward(self, dense: Tensor, sparse: Tensor) -> Tensor:
         """dense [B, 13] float, sparse [B, F] int64 -> logits [B]"""

@@ -4,13 +4,17 @@ from __future__ import annotations
 
 import contextlib
 import io
+import math
 import shutil
 import time
+from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 
 from fuselab._io import atomic_write, atomic_write_text
+from fuselab.profile import KINETO_NOISE, drop_stderr_lines, kernel_table, render_kernel_table
 
 from .config import DEFAULT_SYNTH_DIR
 
@@ -75,43 +79,115 @@ class PhaseTimer:
         return {k: 1e3 * v / max(1, self.steps) for k, v in self.totals.items()}
 
 
-def _kernel_table_text(prof, device: torch.device, steps: int) -> str:
-    try:
-        from rich.console import Console
+@dataclass(frozen=True)
+class ProfileWindow:
+    """The steps ``--profile`` records, counted from the first step of this invocation: ``wait`` steps run
+    unprofiled, ``warmup`` are profiled and dropped, ``active`` are recorded. ``clean``: no periodic evaluation or
+    checkpoint runs inside the recorded steps."""
 
-        from fuselab.profile import kernel_table, render_kernel_table
+    wait: int
+    warmup: int
+    active: int
+    clean: bool = True
 
-        on_gpu = device.type == "cuda"
-        table = render_kernel_table(kernel_table(prof, device=on_gpu), title="DLRM training steps", device=on_gpu,
-                                    steps=steps)
-        console = Console(file=io.StringIO(), width=150, record=True)
-        console.print(table)
-        return console.export_text()
-    except (ImportError, AttributeError, TypeError):
-        sort = "self_cuda_time_total" if device.type == "cuda" else "self_cpu_time_total"
-        return prof.key_averages().table(sort_by=sort, row_limit=30)
+    def steps(self, first_step: int) -> range:
+        """The (1-based) training steps recorded in a run that starts after ``first_step``."""
+        start = first_step + self.wait + self.warmup + 1
+        return range(start, start + self.active)
 
 
-def profiler(directory: Path, device: torch.device, log, active_steps: int = 5):
-    """A profiler over steps 5..(4 + active_steps) of the run: Chrome trace, TensorBoard trace, kernel table."""
-    from torch.profiler import ProfilerActivity, profile, schedule, tensorboard_trace_handler
+def profile_window(first_step: int, steps_left: int, periods: Sequence[int] = (), active: int = 5,
+                   wait: int = 2, warmup: int = 2) -> ProfileWindow | None:
+    """Where ``--profile`` records: ``active`` steps after ``wait`` + ``warmup`` steps, moved later or made shorter
+    so that no periodic work (every ``periods`` steps, 0: never; it runs after a step and before the next)
+    falls inside it, and fitted into the ``steps_left`` steps of the run (shorter runs give up the wait first,
+    then recorded steps, then warm-up steps). None when fewer than 2 steps are left (one warm-up step and one
+    recorded step are the least); ``clean=False`` when no window of the run avoids the periodic work."""
+    if steps_left < 2:
+        return None
+    warmup = max(1, min(warmup, steps_left - 1))
+    periods = [p for p in periods if p > 0]
+    span = math.lcm(*periods) if periods else 1  # the pattern of periodic steps repeats after this many steps
 
-    tb_handler = tensorboard_trace_handler(str(directory / "tensorboard"))
+    def clean(skip: int, recorded: int) -> bool:  # periodic work after steps first+skip .. first+skip+recorded-1
+        start = first_step + skip
+        return not any(n % p == 0 for n in range(start, start + recorded) for p in periods)
 
-    def on_ready(prof) -> None:
-        tb_handler(prof)  # writes a Chrome trace (*.pt.trace.json) that TensorBoard's profiler plugin reads
+    for recorded in range(min(active, steps_left - warmup), 0, -1):
+        latest = steps_left - warmup - recorded
+        earliest = min(wait, latest)
+        for skip in range(earliest, min(latest, earliest + span) + 1):
+            if clean(skip + warmup, recorded):
+                return ProfileWindow(skip, warmup, recorded)
+    recorded = min(active, steps_left - warmup)
+    return ProfileWindow(min(wait, steps_left - warmup - recorded), warmup, recorded, clean=False)
+
+
+def _kernel_table_text(rows, device: torch.device, steps: range, clean: bool, limit: int | None) -> str:
+    from rich.console import Console
+
+    on_gpu = device.type == "cuda"
+    caption = "" if clean else "includes the periodic evaluation or checkpoint that runs between these steps"
+    which = f"step {steps.start}" if len(steps) == 1 else f"steps {steps.start}-{steps.stop - 1}"
+    title = f"DLRM training {which}: {'GPU kernels' if on_gpu else 'CPU ops'} per step"
+    table = render_kernel_table(rows, title=title, device=on_gpu, steps=len(steps), limit=limit, unit="step",
+                                caption=caption)
+    console = Console(file=io.StringIO(), width=150, record=True)
+    console.print(table)
+    return console.export_text()
+
+
+class StepProfiler:
+    """``torch.profiler`` over the training steps of a :class:`ProfileWindow`, used as ``with``, with
+    :meth:`step` called after every training step. When the window closes it writes into ``directory``:
+    ``kernels.txt`` (every kernel of one step on CUDA, every top-level CPU op on CPU: calls and time per step,
+    time per call, share; largest first), ``trace.json`` (Chrome trace) and ``tensorboard/``, and logs the
+    table's top rows and the paths. Kineto's ``USDT:`` lines are dropped from stderr (other output is kept)."""
+
+    def __init__(self, directory: Path, device: torch.device, log, window: ProfileWindow, first_step: int):
+        from torch.profiler import ProfilerActivity, profile, schedule, tensorboard_trace_handler
+
+        self.directory, self.device, self.log, self.window = Path(directory), device, log, window
+        self.first_step, self.calls, self.done = first_step, 0, False
+        self._tensorboard = tensorboard_trace_handler(str(self.directory / "tensorboard"))
+        activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.type == "cuda" else [])
+        self.prof = profile(activities=activities, on_trace_ready=self._ready, record_shapes=True,
+                            schedule=schedule(wait=window.wait, warmup=window.warmup, active=window.active, repeat=1))
+
+    def __enter__(self) -> StepProfiler:
+        with drop_stderr_lines(KINETO_NOISE):
+            self.prof.__enter__()
+        return self
+
+    def step(self) -> None:
+        if self.done:
+            return
+        self.calls += 1
+        with drop_stderr_lines(KINETO_NOISE):
+            self.prof.step()
+
+    def __exit__(self, *exc) -> None:
+        with drop_stderr_lines(KINETO_NOISE):
+            self.prof.__exit__(*exc)
+        if not self.done and exc[0] is None:
+            planned = self.window.steps(self.first_step)
+            self.log(f"profile: nothing recorded: the run stopped after step {self.first_step + self.calls}, "
+                     f"before the profiled steps {planned.start}-{planned.stop - 1}")
+
+    def _ready(self, prof) -> None:
+        self.done = True
+        directory, skipped = self.directory, self.window.wait + self.window.warmup
+        steps = self.window.steps(self.first_step)[:max(1, min(self.calls, skipped + self.window.active) - skipped)]
+        self._tensorboard(prof)  # writes a Chrome trace (*.pt.trace.json) that TensorBoard's profiler plugin reads
         newest = max((directory / "tensorboard").glob("*.pt.trace.json*"), key=lambda p: p.stat().st_mtime)
         with newest.open("rb") as src:  # one save per trace: copy it for chrome://tracing
             atomic_write(directory / "trace.json", lambda f: shutil.copyfileobj(src, f), "profiler trace")
-        text = _kernel_table_text(prof, device, active_steps)
-        atomic_write_text(directory / "kernels.txt", text, "kernel table")
-        log(text)
-        log(f"profile: {directory / 'trace.json'} (Chrome), {directory / 'tensorboard'} (TensorBoard), "
-            f"{directory / 'kernels.txt'}")
-
-    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.type == "cuda" else [])
-    return profile(activities=activities, schedule=schedule(wait=2, warmup=2, active=active_steps, repeat=1),
-                   on_trace_ready=on_ready, record_shapes=True)
+        rows = kernel_table(prof, device=self.device.type == "cuda")
+        table = directory / "kernels.txt"
+        atomic_write_text(table, _kernel_table_text(rows, self.device, steps, self.window.clean, None), "kernel table")
+        self.log(_kernel_table_text(rows, self.device, steps, self.window.clean, 15))
+        self.log(f"profile: per-{'kernel' if self.device.type == 'cuda' else 'op'} table of one step: {table}; "
+                 f"traces: {directory / 'trace.json'} (Chrome), {directory / 'tensorboard'} (TensorBoard)")
 
 
 class RateMeter:

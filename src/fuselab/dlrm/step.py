@@ -38,6 +38,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from fuselab.core.compile import compile_quietly
+
 from .optim import Optimizers
 
 PRECISIONS = ("fp32", "tf32", "bf16")
@@ -73,9 +75,9 @@ class TrainStep:
         self._dense_step = optimizers.dense_step
         if mode == "compile":
             options = compile_options or {}
-            self._loss_fn = torch.compile(self._loss_fn, **options)
+            self._loss_fn = compile_quietly(self._loss_fn, **options)
             if compile_optimizer:
-                self._dense_step = torch.compile(optimizers.dense_step, **options)
+                self._dense_step = compile_quietly(optimizers.dense_step, **options)
         self._graph: torch.cuda.CUDAGraph | None = None
         self.static_inputs: tuple[Tensor, Tensor, Tensor] | None = None
         self._static_loss: Tensor | None = None

@@ -18,7 +18,6 @@ import math
 import signal
 import threading
 import time
-import warnings
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -35,7 +34,16 @@ from .data.loader import BatchLoader, CriteoDataset, Hasher, kaggle_split, load_
 from .evaluation import best_auc, evaluate
 from .model import DLRM
 from .optim import Optimizers
-from .runtime import PhaseTimer, RateMeter, default_dataset, profiler, progress_bar, resolve_device, resolve_kernels
+from .runtime import (
+    PhaseTimer,
+    RateMeter,
+    StepProfiler,
+    default_dataset,
+    profile_window,
+    progress_bar,
+    resolve_device,
+    resolve_kernels,
+)
 from .schedule import LRSchedule
 from .step import TrainStep
 
@@ -114,7 +122,6 @@ class Trainer:
 
     def build(self) -> Trainer:
         """Open the data, build hasher, model, optimizers, step, schedule and loaders."""
-        warnings.filterwarnings("ignore", message="Sparse invariant checks")
         torch.manual_seed(self.cfg.seed)
         self._open_data()
         self._build_model()
@@ -287,7 +294,7 @@ class Trainer:
     def _loop(self, writer) -> None:
         opts = self.opts
         self._writer = writer
-        prof = profiler(Path(opts.profile_dir), self.device, self.log) if opts.profile_dir is not None else None
+        prof = self._profiler()
         self.timer = timer = PhaseTimer(self.device, opts.breakdown)
         meter = RateMeter(self.device, warmup=min(5, max(1, (self.total_steps - self.step_count) // 4)))
         bar = progress_bar(opts.progress)
@@ -319,6 +326,18 @@ class Trainer:
                     batches.close()
         meter.finish()
         self.meter = meter
+
+    def _profiler(self) -> StepProfiler | None:
+        """The ``--profile`` window of this run, clear of periodic evaluations and checkpoints where one fits."""
+        if self.opts.profile_dir is None:
+            return None
+        cfg, first = self.cfg, self.step_count
+        periods = (cfg.eval_every, cfg.checkpoint_every if self.checkpoint_dir is not None else 0)
+        window = profile_window(first, self.total_steps - first, periods)
+        if window is None:
+            self.log(f"profile: nothing recorded: {self.total_steps - first} step(s) to run, profiling needs 2")
+            return None
+        return StepProfiler(Path(self.opts.profile_dir), self.device, self.log, window, first)
 
     def _periodic(self, now: float) -> None:
         cfg, step = self.cfg, self.step_count

@@ -113,5 +113,6 @@ def bias_act_backward(
     dz = grad.to(compute_dtype(grad.dtype)) * activation_grad(saved, activation_name)
     grad_x = None if x_dtype is None else dz.to(x_dtype)
     grad_r = None if residual_dtype is None else (alpha * dz).to(residual_dtype)
-    grad_b = None if bias_dtype is None else dz.reshape(-1, dz.shape[-1]).sum(0).to(bias_dtype)
+    # rows named, not inferred (-1 has no single value for an empty dz); no rows: a zero bias gradient
+    grad_b = None if bias_dtype is None else dz.reshape(math.prod(dz.shape[:-1]), dz.shape[-1]).sum(0).to(bias_dtype)
     return grad_x, grad_r, grad_b

@@ -5,6 +5,7 @@ from __future__ import annotations
 import itertools
 import json
 import os
+import signal
 import subprocess
 import sys
 from dataclasses import dataclass
@@ -28,7 +29,7 @@ from fuselab.dlrm.distributed import (
     slice_batch,
     torch_factory,
 )
-from fuselab.dlrm.distributed.launch import main, torchrun_argv
+from fuselab.dlrm.distributed.launch import main, spawn_local, torchrun_argv
 from fuselab.dlrm.model import DLRM
 
 
@@ -142,3 +143,23 @@ def test_launcher_runs_a_module_in_n_processes(tmp_path):
     for r in range(2):
         got = json.loads((tmp_path / f"rank{r}.json").read_text())
         assert got == {"world": 2, "sum": 3.0, "backend": "gloo", "rows": [[0, 0], [1, 1], [1, 1]]}
+
+
+def test_spawn_local_gives_back_the_callers_signal_handlers():
+    """torch's elastic agent installs handlers that raise instead of ending the process and leaves them installed;
+    a pool forked afterwards could then not stop its workers with SIGTERM."""
+
+    def mine(signum, frame):
+        pass
+
+    watched = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGQUIT)
+    before = {sig: signal.getsignal(sig) for sig in watched}
+    signal.signal(signal.SIGTERM, mine)
+    signal.signal(signal.SIGHUP, mine)
+    try:
+        assert spawn_local(1, os.getpid)[0] != os.getpid()
+        after = {sig: signal.getsignal(sig) for sig in watched}
+    finally:
+        for sig, handler in before.items():
+            signal.signal(sig, handler)
+    assert after == {**before, signal.SIGTERM: mine, signal.SIGHUP: mine}

@@ -134,13 +134,11 @@ FUSED = [dict(case, factory="fused") for case in CASES]
 
 
 def test_one_rank_fused_local_module_equals_reference():
-    pytest.importorskip("fuselab.ops.embedding")
     _compare([embedding_cases(FUSED, ctx=_single())], 1)
 
 
 @pytest.mark.slow
 def test_two_ranks_fused_local_module_equals_reference():
-    pytest.importorskip("fuselab.ops.embedding")
     _compare(spawn_local(2, embedding_cases, (FUSED,)), 2)
 
 

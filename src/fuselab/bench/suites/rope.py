@@ -28,6 +28,7 @@ import torch
 
 import fuselab
 from fuselab.bench.spec import DTYPES, BenchCase, CaseQuery, OpSpec, Provider
+from fuselab.core.compile import compile_quietly
 from fuselab.reference import rope as ref
 
 DEFAULT_DTYPES = (torch.bfloat16,)
@@ -200,7 +201,7 @@ def _hf_provider(formula: Callable) -> Callable:
 
 def _build_compiled(case: BenchCase) -> Callable:
     torch._dynamo.reset()  # a fresh cache per case: no recompile-limit fallbacks
-    return _hf_provider(torch.compile(hf_formula, dynamic=False))
+    return _hf_provider(compile_quietly(hf_formula, dynamic=False))
 
 
 def _bshd_only(case: BenchCase) -> str | None:

@@ -23,6 +23,7 @@ import gzip
 import io
 import multiprocessing as mp
 import os
+import signal
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -192,6 +193,13 @@ def write_synthetic(out: str | Path, spec: SynthSpec | None = None, fmt: str = "
         return _write_synthetic(out, spec, fmt, shard_rows, workers, progress)
 
 
+def _worker_signals() -> None:
+    """A generator process ends on SIGTERM (how the pool stops it) whatever handler it inherited from its parent,
+    and leaves Ctrl-C to the parent."""
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+
+
 def _write_synthetic(out: str | Path, spec: SynthSpec | None, fmt: str, shard_rows: int, workers: int,
                      progress: bool) -> dict[str, Any]:
     spec = (spec or SynthSpec()).validate()
@@ -220,7 +228,7 @@ def _write_synthetic(out: str | Path, spec: SynthSpec | None, fmt: str, shard_ro
                 results.append(_shard_job(job))
                 bar.advance(task, job[6])
         else:
-            with mp.get_context("fork").Pool(workers) as pool:
+            with mp.get_context("fork").Pool(workers, initializer=_worker_signals) as pool:
                 for res in pool.imap(_shard_job, jobs):
                     results.append(res)
                     bar.advance(task, res["rows"])

@@ -12,10 +12,13 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
+import signal
 import sys
+import threading
 import uuid
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 from torch.distributed import run as torchrun
@@ -33,13 +36,18 @@ def spawn_local(nproc: int, fn: Callable[..., Any], args: Sequence[Any] = (), *,
     :func:`.parallel.init_from_env`. Returns ``[return value of rank 0, ..., rank nproc-1]``.
 
     Raises ``ValueError`` for ``nproc < 1``, ``torch.distributed.elastic.multiprocessing.errors.ChildFailedError``
-    when a rank fails (the others are terminated; no restarts)."""
+    when a rank fails (the others are terminated; no restarts).
+
+    The elastic agent installs handlers for SIGTERM, SIGINT, SIGHUP and SIGQUIT in the calling process (they raise
+    an exception instead of ending it) and leaves them there; the caller's handlers are put back on return, so
+    that a process forked later (a ``multiprocessing`` pool) still ends on SIGTERM."""
     if nproc < 1:
         raise ValueError(f"nproc must be >= 1, got {nproc}")
     config = LaunchConfig(min_nodes=1, max_nodes=1, nproc_per_node=nproc, run_id=f"fuselab-{uuid.uuid4().hex[:8]}",
                           rdzv_backend="c10d", rdzv_endpoint="localhost:0", max_restarts=0,
                           monitor_interval=monitor_interval, start_method="spawn")
-    results = elastic_launch(config, fn)(*args)
+    with _signal_handlers_kept():
+        results = elastic_launch(config, fn)(*args)
     return [results[r] for r in range(nproc)]
 
 
@@ -61,7 +69,8 @@ def run_module(nproc: int, module_args: Sequence[str], module: str = "fuselab", 
                           rdzv_backend="c10d", rdzv_endpoint="localhost:0", max_restarts=0,
                           monitor_interval=monitor_interval)
     try:
-        elastic_launch(config, sys.executable)("-m", module, *module_args)
+        with _signal_handlers_kept():
+            elastic_launch(config, sys.executable)("-m", module, *module_args)
     except ChildFailedError as exc:
         codes = {rank: (128 - f.exitcode if f.exitcode < 0 else f.exitcode) for rank, f in exc.failures.items()}
         # a rank that died on its own first; those stopped by a signal (the launcher ends the others with SIGTERM
@@ -71,6 +80,23 @@ def run_module(nproc: int, module_args: Sequence[str], module: str = "fuselab", 
     except SignalException as exc:
         return 128 + int(exc.sigval)
     return 0
+
+
+@contextlib.contextmanager
+def _signal_handlers_kept() -> Iterator[None]:
+    """Restore the handlers of the signals torch's elastic agent takes over (main thread only: elsewhere it takes
+    none, and Python allows no change)."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    names = ("SIGTERM", "SIGINT", "SIGHUP", "SIGQUIT")
+    saved = {sig: signal.getsignal(sig) for sig in (getattr(signal, n) for n in names if hasattr(signal, n))}
+    try:
+        yield
+    finally:
+        for sig, handler in saved.items():
+            if handler is not None:  # None: a handler not installed from Python, which cannot be put back
+                signal.signal(sig, handler)
 
 
 def torchrun_argv(nproc: int, module_args: Sequence[str], module: str = "fuselab") -> list[str]:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+
 import torch
 
 from fuselab.core.checks import require_float, require_same_device, require_tensor
@@ -38,11 +40,13 @@ def check_args(x, bias, residual, alpha, activation) -> None:
 
 
 def rows(t: torch.Tensor) -> torch.Tensor:
-    """``t`` as a 2-D ``[M, N]`` view (strides kept). Leading dims that cannot be merged without a copy
-    (exotic >2-D strides) fall back to ``reshape``, i.e. a copy: documented limit."""
+    """``t`` as a 2-D ``[M, N]`` view (strides kept), M the product of the leading dims (named, not inferred: an
+    empty ``t`` has no single M). Leading dims that cannot be merged without a copy (exotic >2-D strides) fall
+    back to ``reshape``, i.e. a copy: documented limit."""
     if t.dim() == 2:
         return t
+    shape = (math.prod(t.shape[:-1]), t.shape[-1])
     try:
-        return t.view(-1, t.shape[-1])
+        return t.view(shape)
     except RuntimeError:
-        return t.reshape(-1, t.shape[-1])
+        return t.reshape(shape)

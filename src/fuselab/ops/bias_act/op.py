@@ -14,6 +14,7 @@ when there is a residual; without one, ``x`` itself (and the bias), from which t
 from __future__ import annotations
 
 import functools
+import math
 
 import torch
 
@@ -49,14 +50,14 @@ def _forward(x, bias, residual, alpha: float, activation: str, save_pre: bool, *
     tensor); ``prepared`` repeats a kept record's launch."""
     y = x.new_empty(x.shape)
     pre = x.new_empty(x.shape) if save_pre else None
+    if x.numel() == 0:  # no rows or an empty last dim: nothing to compute
+        return (y, pre), None
     if prepared is not None:
         _launch().bias_act_fwd_again(prepared, x, bias, residual, y, pre, alpha)
         return (y, pre), None
     if use_triton(x.device):
-        n = x.shape[-1]
         x2, r2 = rows(x), None if residual is None else rows(residual)
-        record = _launch().bias_act_fwd_(x2, bias, r2, y.view(-1, n), pre.view(-1, n) if save_pre else None, alpha,
-                                         activation)
+        record = _launch().bias_act_fwd_(x2, bias, r2, rows(y), rows(pre) if save_pre else None, alpha, activation)
         if x2.data_ptr() != x.data_ptr() or (residual is not None and r2.data_ptr() != residual.data_ptr()):
             record = None
         return (y, pre), record
@@ -143,14 +144,15 @@ def _backward_launch(grad, saved, shift, alpha: float, activation: str, x_dtype,
         return grads, None
     launch = _launch()
     n = grad.shape[-1]
-    g2 = rows(grad)
     gx = torch.empty(grad.shape, dtype=x_dtype, device=dev) if want_x else None
     gr = torch.empty(grad.shape, dtype=residual_dtype, device=dev) if want_residual else None
     gb = torch.empty(n, dtype=bias_dtype, device=dev) if want_bias else None
+    if grad.numel() == 0:  # no rows (the bias gradient sums none: zeros) or an empty last dim
+        return (gx, gr, None if gb is None else gb.zero_()), None
+    g2 = rows(grad)
     partial = launch.bias_grad_partials(g2.shape[0], n, grad.dtype, dev) if want_bias else None
     record = launch.bias_act_bwd_(g2, None if saved is None else rows(saved), shift, alpha, activation,
-                                  None if gx is None else gx.view(-1, n), None if gr is None else gr.view(-1, n),
-                                  partial, gb)
+                                  None if gx is None else rows(gx), None if gr is None else rows(gr), partial, gb)
     if not (grad.is_contiguous() and g2.stride() == (n, 1) and grad.data_ptr() & 15 == 0
             and (saved is None or saved.dim() == 2 or saved.is_contiguous())):
         record = None
@@ -179,14 +181,14 @@ def _inplace(x, bias, residual, alpha: float, activation: str, *, prepared=None)
     launch = _launch()
     r2 = None if residual is None else rows(residual)
     try:
-        x2 = x if x.dim() == 2 else x.view(-1, x.shape[-1])
+        x2 = x if x.dim() == 2 else x.view(math.prod(x.shape[:-1]), x.shape[-1])
     except RuntimeError:  # leading dims cannot be viewed as rows: compute into a buffer, copy back (documented)
         x2 = None
     if x2 is not None:
         launch.bias_act_fwd_(x2, bias, r2, x2, None, alpha, activation)
     else:
         out = torch.empty(x.shape, dtype=x.dtype, device=x.device)
-        launch.bias_act_fwd_(rows(x), bias, r2, out.view(-1, x.shape[-1]), None, alpha, activation)
+        launch.bias_act_fwd_(rows(x), bias, r2, rows(out), None, alpha, activation)
         x.copy_(out)
     return x, None
 
