@@ -7,6 +7,9 @@ Presets (``src/fuselab/dlrm/configs/*.json``):
   recipe, scaled to one epoch of the Kaggle train split (599 steps of 65536): linear warm-up over 40 steps, constant,
   then quadratic decay from step 400 to 0 at step 600.
 * ``mlperf-v1``: D=128, bottom 13-512-256-128, top 1024-1024-512-256-1, tables capped at 40M rows.
+* ``mlperf-v2``: MLPerf's DLRM-DCNv2: D=128, bottom 13-512-256-128, DCNv2 interaction (3 layers, rank 512), top
+  1024-1024-512-256-1, multi-hot bags of fixed sizes per table (``multi_hot_sizes``, summed), the Criteo 1TB
+  cardinalities capped at 40M (``cardinalities``: what ``fuselab dlrm synth --config mlperf-v2`` generates).
 * ``tiny``: D=8, bottom 13-32-8, top 32-1, for tests and the CPU default run.
 
 Table sizes are not part of the config: they come from the dataset's metadata
@@ -29,7 +32,7 @@ from pathlib import Path
 from typing import Any
 
 CONFIG_DIR = Path(__file__).with_name("configs")
-PRESETS = ("tiny", "kaggle", "mlperf-v1")
+PRESETS = ("tiny", "kaggle", "mlperf-v1", "mlperf-v2")
 NUM_DENSE = 13
 #: directory of the synthetic dataset ``fuselab dlrm train`` makes when given no data
 DEFAULT_SYNTH_DIR = "runs/dlrm/synth-tiny"
@@ -49,8 +52,16 @@ class DLRMConfig:
     embedding_dim: int = 16
     bottom_mlp: list[int] = field(default_factory=lambda: [512, 256, 64, 16])
     top_mlp: list[int] = field(default_factory=lambda: [512, 256, 1])
-    interaction: str = "dot"  # dot | cat
+    interaction: str = "dot"  # dot | cat | dcn (DCNv2 low-rank cross network)
     self_interaction: bool = False
+    dcn_num_layers: int = 3
+    dcn_low_rank: int = 512
+    #: ids per sample of each table (fixed-size bags, MLPerf's multi-hot); None: one id per table
+    multi_hot_sizes: list[int] | None = None
+    pooling: str = "sum"  # sum | mean, over each bag
+    #: the tables of the synthetic data made for this config (``fuselab dlrm synth --config``); training reads the
+    #: table sizes from the dataset
+    cardinalities: list[int] | None = None
     hashing: str = "modulus"  # modulus | vocab
     max_rows_per_table: int | None = None
     embedding_layout: str = "fused"  # fused (one weight, row offsets per table) | per_table (nn.EmbeddingBag each)
@@ -101,12 +112,20 @@ class DLRMConfig:
             raise bad(f"embedding_dim must be positive, got {self.embedding_dim}")
         if not self.bottom_mlp or any(int(w) <= 0 for w in self.bottom_mlp):
             raise bad(f"bottom_mlp must be a non-empty list of positive widths, got {self.bottom_mlp}")
-        if self.interaction == "dot" and self.bottom_mlp[-1] != self.embedding_dim:
-            raise bad(f"bottom_mlp must end at embedding_dim={self.embedding_dim} for the dot interaction, "
-                      f"got {self.bottom_mlp}")
+        if self.interaction in ("dot", "dcn") and self.bottom_mlp[-1] != self.embedding_dim:
+            raise bad(f"bottom_mlp must end at embedding_dim={self.embedding_dim} for the {self.interaction} "
+                      f"interaction, got {self.bottom_mlp}")
+        if self.interaction == "dcn" and (self.dcn_num_layers < 1 or self.dcn_low_rank < 1):
+            raise bad(f"dcn_num_layers and dcn_low_rank must be >= 1, got {self.dcn_num_layers}, "
+                      f"{self.dcn_low_rank}")
+        for key in ("multi_hot_sizes", "cardinalities"):
+            value = getattr(self, key)
+            if value is not None and (not value or any(int(n) < 1 for n in value)):
+                raise bad(f"{key} must be null or a non-empty list of positive ints, got {value}")
         if not self.top_mlp or self.top_mlp[-1] != 1 or any(int(w) <= 0 for w in self.top_mlp):
             raise bad(f"top_mlp must be positive widths ending in 1, got {self.top_mlp}")
-        choices = {"interaction": ("dot", "cat"), "hashing": ("modulus", "vocab"), "optimizer": OPTIMIZERS,
+        choices = {"interaction": ("dot", "cat", "dcn"), "hashing": ("modulus", "vocab"), "optimizer": OPTIMIZERS,
+                   "pooling": ("sum", "mean"),
                    "embedding_layout": ("fused", "per_table"), "shuffle": ("batch", "row", "none"),
                    "kernels": ("auto", "fuselab", "torch"), "precision": ("fp32", "tf32", "bf16")}
         for key, allowed in choices.items():
@@ -280,3 +299,19 @@ def table_sizes(cfg: DLRMConfig, meta: dict[str, Any]) -> list[int]:
     if cfg.max_rows_per_table:
         sizes = [min(n, cfg.max_rows_per_table) for n in sizes]
     return sizes
+
+
+def check_layout(cfg: DLRMConfig, sizes: list[int], ds: Any) -> None:
+    """The dataset's sparse columns fit the config: one per table, or the config's ``multi_hot_sizes`` (the
+    dataset's own, when its metadata records them). Raises ``ValueError`` naming both."""
+    width, bags = ds.num_sparse, ds.meta.get("multi_hot_sizes")
+    if cfg.multi_hot_sizes is None:
+        if bags is not None or width != len(sizes):
+            raise ValueError(f"the dataset has {width} sparse columns{' (multi-hot bags)' if bags else ''} for "
+                             f"{len(sizes)} tables; the config has no multi_hot_sizes")
+        return
+    if len(cfg.multi_hot_sizes) != len(sizes) or width != sum(cfg.multi_hot_sizes):
+        raise ValueError(f"config multi_hot_sizes (sum {sum(cfg.multi_hot_sizes)}, {len(cfg.multi_hot_sizes)} "
+                         f"tables) do not fit the dataset: {width} sparse columns, {len(sizes)} tables")
+    if bags is not None and list(bags) != list(cfg.multi_hot_sizes):
+        raise ValueError(f"config multi_hot_sizes {cfg.multi_hot_sizes[:8]} differ from the dataset's {bags[:8]}")

@@ -10,7 +10,7 @@ import torch
 from torch import Tensor, nn
 
 from .checkpoint import load_checkpoint, resolve_checkpoint
-from .config import config_from_dict
+from .config import check_layout, config_from_dict
 from .data.batch import Batch
 from .data.loader import BatchLoader, CriteoDataset, Hasher, kaggle_split, load_vocabs, open_dataset
 from .layout import torch_model_from_state
@@ -76,11 +76,12 @@ def evaluate_checkpoint(checkpoint: str | Path, data: str | Path, split: str = "
     cfg = config_from_dict(state["config"])
     ds = open_dataset(data)
     sizes = list(state["table_sizes"])
-    if len(sizes) != ds.num_sparse:
-        raise ValueError(f"checkpoint {path} has {len(sizes)} tables, dataset {data} has {ds.num_sparse} sparse "
-                         "columns")
+    try:
+        check_layout(cfg, sizes, ds)
+    except ValueError as exc:
+        raise ValueError(f"checkpoint {path} and dataset {data}: {exc}") from None
     vocabs = load_vocabs(ds.meta["root"], ds.num_sparse) if cfg.hashing == "vocab" else None
-    hasher = Hasher(sizes, cfg.hashing, vocabs).to(dev)
+    hasher = Hasher(sizes, cfg.hashing, vocabs, cfg.multi_hot_sizes).to(dev)
     model = torch_model_from_state(cfg, sizes, state).to(dev)
     start, stop = split_rows(ds, split)
     loader = BatchLoader(ds, start, stop, batch_size, dev, "none", prefetch=2)

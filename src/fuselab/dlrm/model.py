@@ -40,7 +40,12 @@ from torch import Tensor, nn
 from fuselab.core.compile import compile_quietly
 from fuselab.nn import fused_linear
 
+from .bags import FixedBags, check_sizes
 from .config import NUM_DENSE, DLRMConfig
+from .interaction import InteractionArch, pair_indices, torchrec_permutation
+
+__all__ = ["DLRM", "KERNELS", "MLP_IMPLS", "DenseArch", "InteractionArch", "LinearAct", "OverArch", "SparseArch",
+           "pair_indices", "torchrec_permutation"]
 
 KERNELS = ("torch", "fuselab")
 #: LinearAct implementations: F.linear + relu, cuBLASLt's bias+ReLU epilogue, fuselab's Triton epilogue
@@ -163,12 +168,16 @@ class SparseArch(nn.Module):
     ``layout="fused"`` stores the F tables as row ranges of one weight (one lookup kernel per step);
     ``layout="per_table"`` is one ``nn.EmbeddingBag(mode="sum")`` per feature (bags of one id). Both
     initialise table ``t`` with U(-1/sqrt(rows_t), 1/sqrt(rows_t)) and give ``sparse=True`` gradients when
-    ``sparse_grad`` (SGD and Adagrad handle them; only the looked-up rows are touched).
+    ``sparse_grad`` (SGD and Adagrad handle them; only the looked-up rows are touched). Bags (``forward(ids,
+    offsets)``, ``layout="fused"`` only) are pooled by ``pooling`` (``sum`` or ``mean``).
     """
 
     def __init__(self, table_sizes: Sequence[int], dim: int, layout: str = "fused", sparse_grad: bool = True,
-                 generator: torch.Generator | None = None):
+                 generator: torch.Generator | None = None, pooling: str = "sum"):
         super().__init__()
+        if pooling not in ("sum", "mean"):
+            raise ValueError(f"pooling must be 'sum' or 'mean', got {pooling!r}")
+        self.pooling = pooling
         if not table_sizes or any(int(n) <= 0 for n in table_sizes):
             raise ValueError(f"table_sizes must be positive row counts, got {list(table_sizes)[:8]}...")
         self.table_sizes = [int(n) for n in table_sizes]
@@ -197,82 +206,22 @@ class SparseArch(nn.Module):
     def num_features(self) -> int:
         return len(self.table_sizes)
 
-    def forward(self, ids: Tensor) -> Tensor:
-        """ids [B, F] int64, ``0 <= ids[:, t] < table_sizes[t]`` -> [B, F, D]"""
+    def forward(self, ids: Tensor, offsets: Tensor | None = None) -> Tensor:
+        """ids [B, F] int64, ``0 <= ids[:, t] < table_sizes[t]`` -> [B, F, D]; or bags: ids (N,) and offsets
+        (B*F + 1,), bag ``b*F + f`` holding rows of table ``f``."""
+        if offsets is not None:
+            if self.layout != "fused":
+                raise ValueError("bags need layout='fused'")
+            f_count = self.num_features
+            table = torch.arange(offsets.shape[0] - 1, device=ids.device).remainder(f_count)
+            rows = ids + self.offsets[table].repeat_interleave(offsets.diff(), output_size=ids.shape[0])
+            out = nn.functional.embedding_bag(rows, self.weight, offsets, mode=self.pooling,
+                                              sparse=self.sparse_grad, include_last_offset=True)
+            return out.view(-1, f_count, self.dim)
         if self.layout == "fused":
             rows = ids + self.offsets
             return nn.functional.embedding(rows, self.weight, sparse=self.sparse_grad)
         return torch.stack([bag(ids[:, t: t + 1]) for t, bag in enumerate(self.tables)], dim=1)
-
-
-def pair_indices(num_vectors: int, self_interaction: bool = False) -> tuple[Tensor, Tensor]:
-    """Row and column of each kept Gram-matrix entry, strict lower triangle (or with diagonal) row-major."""
-    rows, cols = [], []
-    for i in range(num_vectors):
-        for j in range(i + 1 if self_interaction else i):
-            rows.append(i)
-            cols.append(j)
-    return torch.tensor(rows, dtype=torch.int64), torch.tensor(cols, dtype=torch.int64)
-
-
-def torchrec_permutation(num_sparse: int, self_interaction: bool = False) -> Tensor:
-    """Index map from our pair order to torchrec's: ``ours[:, perm] == torchrec's`` (length (F+1)F/2).
-
-    torchrec keeps the upper triangle row-major, pairs ``(r, c)``, ``r < c`` (``r <= c`` with the diagonal);
-    the same dot product is our pair ``(c, r)`` at index ``c(c-1)/2 + r`` (``c(c+1)/2 + r``).
-    """
-    n = num_sparse + 1
-    perm = []
-    for r in range(n):
-        for c in range(r if self_interaction else r + 1, n):
-            perm.append(c * (c + 1) // 2 + r if self_interaction else c * (c - 1) // 2 + r)
-    return torch.tensor(perm, dtype=torch.int64)
-
-
-class InteractionArch(nn.Module):
-    """Dense/sparse interaction: dense [B, D], emb [B, F, D] -> [B, out_features].
-
-    ``"dot"``: ``[dense, Z[:, i, j] for the pairs of the module docstring]``, width D + (F+1)F/2
-    (+ F+1 with self-interaction). ``"cat"``: ``[dense, emb.flatten(1)]``, width D_dense + F·D.
-    ``dot_fn``: the fused dot interaction (:func:`fuselab.ops.interaction.dot_interaction`); None: ``bmm`` + gather.
-    With ``dot_fn``, ``pad_to`` rounds ``out_features`` up to a multiple of it (zero columns at the end);
-    ``width`` is the unpadded width. emb is cast to dense's dtype (bf16 under autocast).
-    """
-
-    def __init__(self, num_sparse: int, dim: int, kind: str = "dot", self_interaction: bool = False,
-                 dense_dim: int | None = None, dot_fn=None, pad_to: int = 1):
-        super().__init__()
-        if kind not in ("dot", "cat"):
-            raise ValueError(f"interaction must be 'dot' or 'cat', got {kind!r}")
-        if not isinstance(pad_to, int) or pad_to < 1 or (pad_to > 1 and (dot_fn is None or kind != "dot")):
-            raise ValueError(f"pad_to must be 1, or a positive int with the fused dot interaction, got {pad_to!r}")
-        self.kind = kind
-        self.num_sparse = num_sparse
-        self.self_interaction = self_interaction
-        self.dot_fn = dot_fn if kind == "dot" else None
-        self.pad_to = pad_to
-        dense_dim = dim if dense_dim is None else dense_dim
-        if kind == "dot":
-            if dense_dim != dim:
-                raise ValueError(f"dot interaction needs the dense output width ({dense_dim}) == embedding dim ({dim})")
-            rows, cols = pair_indices(num_sparse + 1, self_interaction)
-            self.register_buffer("rows", rows, persistent=False)
-            self.register_buffer("cols", cols, persistent=False)
-            self.width = dim + len(rows)
-        else:
-            self.width = dense_dim + num_sparse * dim
-        self.out_features = -(-self.width // pad_to) * pad_to
-
-    def forward(self, dense: Tensor, emb: Tensor) -> Tensor:
-        """dense [B, D], emb [B, F, D] -> [B, out_features]"""
-        if self.kind == "cat":
-            return torch.cat([dense, emb.flatten(1)], dim=1)
-        emb = emb.to(dense.dtype)
-        if self.dot_fn is not None:
-            return self.dot_fn(dense, emb, self_interaction=self.self_interaction, pad_to=self.pad_to)
-        vectors = torch.cat([dense.unsqueeze(1), emb], dim=1)  # [B, F+1, D]
-        gram = torch.bmm(vectors, vectors.transpose(1, 2))  # [B, F+1, F+1]
-        return torch.cat([dense, gram[:, self.rows, self.cols]], dim=1)
 
 
 class OverArch(nn.Module):
@@ -308,7 +257,9 @@ class DLRM(nn.Module):
     :class:`LinearAct` implementation, default ``"addmm"``). ``embeddings=False`` builds no tables
     (``sparse_arch`` is None: they live elsewhere, e.g. sharded over ranks by :mod:`fuselab.dlrm.distributed`; only
     :meth:`dense_forward` works; the top MLP's initial values then differ from a model with tables, whose
-    initialisation draws the tables in between). The torch path's embedding optimizer lives in
+    initialisation draws the tables in between). ``multi_hot_sizes``: fixed-size bags (``sparse`` is then (B, S),
+    ``S = sum(multi_hot_sizes)``, see :mod:`fuselab.dlrm.bags`) pooled by ``pooling``; ``interaction="dcn"`` with
+    ``dcn_num_layers``/``dcn_low_rank`` is MLPerf's DLRM-DCNv2. The torch path's embedding optimizer lives in
     :class:`fuselab.dlrm.optim.Optimizers` (``optimizer`` etc. are only recorded). Build from a config with
     :meth:`from_config`; the seed makes initialisation reproducible and equal across the two paths.
     Raises ValueError for an unknown kernels/optimizer/mlp or a ``pad_to`` below 1, ImportError when
@@ -320,7 +271,8 @@ class DLRM(nn.Module):
                  embedding_layout: str = "fused", sparse_grad: bool = True, seed: int = 0, *,
                  kernels: str = "torch", optimizer: str = "adagrad", lr_sparse: float = 0.05,
                  adagrad_eps: float = 1e-8, mlp: str | None = None, pad_to: int = 8, deterministic: bool = True,
-                 embeddings: bool = True):
+                 embeddings: bool = True, multi_hot_sizes: Sequence[int] | None = None, pooling: str = "sum",
+                 dcn_num_layers: int = 3, dcn_low_rank: int = 512):
         super().__init__()
         if kernels not in KERNELS:
             raise ValueError(f"kernels must be one of {KERNELS}, got {kernels!r}")
@@ -341,15 +293,19 @@ class DLRM(nn.Module):
             collection, dot_fn = _fuselab_ops()
             if embeddings:
                 self.sparse_arch = collection(list(table_sizes), embedding_dim, optimizer=optimizer, lr=lr_sparse,
-                                              eps=adagrad_eps, deterministic=deterministic, generator=gen)
+                                              eps=adagrad_eps, deterministic=deterministic, generator=gen,
+                                              pooling=pooling)
         else:
             dot_fn, pad_to = None, 1
             if embeddings:
-                self.sparse_arch = SparseArch(table_sizes, embedding_dim, embedding_layout, sparse_grad, gen)
+                self.sparse_arch = SparseArch(table_sizes, embedding_dim, embedding_layout, sparse_grad, gen, pooling)
+        self.bags = FixedBags(check_sizes(multi_hot_sizes, len(table_sizes))) if multi_hot_sizes else None
         if interaction != "dot":
             pad_to = 1
         self.interaction_arch = InteractionArch(len(table_sizes), embedding_dim, interaction, self_interaction,
-                                                dense_dim=self.dense_arch.out_features, dot_fn=dot_fn, pad_to=pad_to)
+                                                dense_dim=self.dense_arch.out_features, dot_fn=dot_fn, pad_to=pad_to,
+                                                dcn_num_layers=dcn_num_layers, dcn_low_rank=dcn_low_rank,
+                                                generator=gen)
         inter = self.interaction_arch
         self.over_arch = OverArch(inter.width, top_mlp, gen, mlp, in_pad=inter.out_features - inter.width)
         self._dense_part = self.dense_forward
@@ -359,8 +315,10 @@ class DLRM(nn.Module):
         """The model of ``cfg``: its architecture, ``seed``, ``kernels`` ("torch" or "fuselab"; the trainer
         resolves "auto"), ``optimizer``, ``lr_sparse``, ``adagrad_eps`` (defaults where a config lacks them);
         ``overrides`` are passed to the constructor (e.g. ``mlp="fused_linear"``)."""
-        options = {"kernels": getattr(cfg, "kernels", "torch"), "optimizer": cfg.optimizer,
-                   "lr_sparse": cfg.lr_sparse, "adagrad_eps": getattr(cfg, "adagrad_eps", 1e-8)}
+        defaults = {"kernels": "torch", "adagrad_eps": 1e-8, "multi_hot_sizes": None, "pooling": "sum",
+                    "dcn_num_layers": 3, "dcn_low_rank": 512}
+        options = {key: getattr(cfg, key, value) for key, value in defaults.items()}
+        options.update(optimizer=cfg.optimizer, lr_sparse=cfg.lr_sparse)
         options.update(overrides)
         return cls(table_sizes, cfg.embedding_dim, cfg.bottom_mlp, cfg.top_mlp, cfg.interaction,
                    cfg.self_interaction, getattr(cfg, "embedding_layout", "fused"), getattr(cfg, "sparse_grad", True),
@@ -375,9 +333,15 @@ class DLRM(nn.Module):
         """``torch.compile`` the MLPs and the interaction (the lookup stays eager: sparse gradients)."""
         self._dense_part = compile_quietly(self.dense_forward, **kwargs)
 
+    def sparse_forward(self, sparse: Tensor) -> Tensor:
+        """The lookup: sparse [B, F] int64 (multi-hot: [B, S]) -> pooled embeddings [B, F, D]."""
+        if self.bags is not None:
+            return self.sparse_arch(*self.bags(sparse))
+        return self.sparse_arch(sparse)
+
     def forward(self, dense: Tensor, sparse: Tensor) -> Tensor:
-        """dense [B, 13] float, sparse [B, F] int64 -> logits [B]"""
-        return self._dense_part(dense, self.sparse_arch(sparse))
+        """dense [B, 13] float, sparse [B, F] int64 (multi-hot: [B, S]) -> logits [B]"""
+        return self._dense_part(dense, self.sparse_forward(sparse))
 
     def embedding_parameters(self) -> list[nn.Parameter]:
         return list(self.sparse_arch.parameters())

@@ -90,7 +90,7 @@ class TrainStep:
 
     def _forward_loss(self, dense: Tensor, sparse: Tensor, labels: Tensor) -> Tensor:
         with self._autocast():
-            logits = self.model.dense_forward(dense, self.model.sparse_arch(sparse))
+            logits = self.model.dense_forward(dense, self.model.sparse_forward(sparse))
         return F.binary_cross_entropy_with_logits(logits.float(), labels)
 
     def _dense_loss(self, dense: Tensor, emb: Tensor, labels: Tensor) -> Tensor:
@@ -101,7 +101,7 @@ class TrainStep:
     def _loss(self, dense: Tensor, sparse: Tensor, labels: Tensor) -> Tensor:
         if self._whole:
             return self._loss_fn(dense, sparse, labels)
-        return self._loss_fn(dense, self.model.sparse_arch(sparse), labels)
+        return self._loss_fn(dense, self.model.sparse_forward(sparse), labels)
 
     def _matmul_precision(self):
         if self.precision == "bf16":

@@ -27,7 +27,7 @@ import torch
 from fuselab._io import writable_dir, writable_file
 
 from . import checkpoint as ckpt
-from .config import DEFAULT_RUN_DIR, DLRMConfig, table_sizes
+from .config import DEFAULT_RUN_DIR, DLRMConfig, check_layout, table_sizes
 from .data.batch import Batch
 from .data.device import DeviceBatches
 from .data.loader import BatchLoader, CriteoDataset, Hasher, kaggle_split, load_vocabs, open_dataset
@@ -141,11 +141,9 @@ class Trainer:
                                                                         else default_dataset(self.log))
         self.ds, self.split = ds, kaggle_split(len(ds))
         self.sizes = table_sizes(cfg, ds.meta)
-        if len(self.sizes) != ds.num_sparse:
-            raise ValueError(f"metadata lists {len(self.sizes)} cardinalities, data has {ds.num_sparse} sparse "
-                             "columns")
+        check_layout(cfg, self.sizes, ds)
         vocabs = load_vocabs(ds.meta["root"], ds.num_sparse) if cfg.hashing == "vocab" else None
-        self.hasher = Hasher(self.sizes, cfg.hashing, vocabs).to(self.device)
+        self.hasher = Hasher(self.sizes, cfg.hashing, vocabs, cfg.multi_hot_sizes).to(self.device)
 
     def _build_model(self) -> None:
         cfg = self.cfg

@@ -228,3 +228,42 @@ def static_vs_dynamic(cfgs: list[dict], ctx=None) -> list[dict]:
     if ctx.world_size > 1:
         shutdown()
     return results
+
+
+#: fixed bag sizes of the tables of SIZES (multi-hot): table 1 one id, others several
+BAG_SIZES = [2, 1, 3, 2, 4]
+
+
+def multi_hot_static_vs_dynamic(cfgs: list[dict], ctx=None) -> list[dict]:
+    """:func:`static_vs_dynamic` for fixed-size bags: ids (B, sum(BAG_SIZES)); the dynamic path takes the same
+    bags as flat ids + offsets."""
+    from fuselab.dlrm.bags import FixedBags
+
+    ctx = ctx or _context()
+    plan = plan_sharding(SIZES, DIM, ctx.world_size, row_wise_share=float("inf"))
+    bags, width = FixedBags(BAG_SIZES), sum(BAG_SIZES)
+    results = []
+    for cfg in cfgs:
+        factory = fused_factory if cfg.get("factory") == "fused" else torch_factory
+        paths = {}
+        for name, uniform in (("static", True), ("dynamic", False)):
+            emb = ShardedEmbeddingCollection(plan, ctx.rank, factory=factory, optimizer=cfg["optimizer"], lr=0.3,
+                                             seed=5, grad_divisor=1.0, group=ctx.embedding_group,
+                                             pooling=cfg["pooling"], uniform_batch=uniform,
+                                             multi_hot_sizes=BAG_SIZES)
+            gen = torch.Generator().manual_seed(17)
+            outs = []
+            for _ in range(2):
+                ids = torch.randint(-1000, 1000, (cfg["batch"] * ctx.world_size, width), generator=gen)
+                weight = torch.randn(cfg["batch"] * ctx.world_size, len(SIZES), DIM, generator=gen)
+                part = local_slice(cfg["batch"] * ctx.world_size, ctx.rank, ctx.world_size)
+                out = emb(ids[part]) if uniform else emb(*bags(ids[part]))
+                (out.float() * weight[part]).sum().backward()
+                outs.append(out.detach().float())
+            paths[name] = {"outs": outs, "taken": emb.static,
+                           "shards": [(s.table, w.clone(), None if m is None else m.clone())
+                                      for s, w, m in emb.shard_states()]}
+        results.append(paths)
+    if ctx.world_size > 1:
+        shutdown()
+    return results

@@ -6,7 +6,15 @@ from __future__ import annotations
 
 import pytest
 import torch
-from dist_workers import DIM, SIZES, embedding_cases, make_bags, make_plan, static_vs_dynamic
+from dist_workers import (
+    DIM,
+    SIZES,
+    embedding_cases,
+    make_bags,
+    make_plan,
+    multi_hot_static_vs_dynamic,
+    static_vs_dynamic,
+)
 
 from fuselab.dlrm.distributed import ShardedEmbeddingCollection, init_rows, torch_factory
 from fuselab.dlrm.distributed.launch import spawn_local
@@ -174,3 +182,20 @@ def test_static_exchange_equals_dynamic(world):
     """One id per feature, whole tables, the same B on every rank: the exchange with split sizes from the plan
     (no host synchronization) equals the general one, through the backward's updates too."""
     _compare_static(spawn_local(world, static_vs_dynamic, (STATIC,)), world, STATIC)
+
+
+MULTI_HOT = [{"optimizer": "rowwise_adagrad", "pooling": "sum", "batch": 5},
+             {"optimizer": "adagrad", "pooling": "mean", "batch": 4}]
+
+
+def test_static_exchange_of_fixed_bags_one_rank():
+    cases = [*MULTI_HOT, dict(MULTI_HOT[1], factory="fused")]
+    _compare_static([multi_hot_static_vs_dynamic(cases, ctx=_single())], 1, cases)
+
+
+@pytest.mark.slow
+def test_static_exchange_of_fixed_bags_two_ranks():
+    """Fixed-size bags (MLPerf's multi-hot, ids (B, S)): the static exchange sends each table's bag columns to its
+    owner and pools them there; the same outputs and updates as the general path given the same bags as
+    (ids, offsets), sum and mean pooling."""
+    _compare_static(spawn_local(2, multi_hot_static_vs_dynamic, (MULTI_HOT,)), 2, MULTI_HOT)

@@ -30,16 +30,23 @@ __all__ = ["BatchLoader", "CriteoDataset", "Hasher", "batch_order", "kaggle_spli
 
 
 class Hasher(nn.Module):
-    """Raw categorical ids [B, F] int64 -> table rows [B, F] int64, on the ids' device.
+    """Raw categorical ids [B, F] int64 -> table rows [B, F] int64, on the ids' device (multi-hot: [B, S], the
+    columns of table f's bag taken modulo its size).
 
     ``modulus``: ``id mod rows_t``. ``vocab``: position in the sorted vocabulary of feature t, plus 1; ids not
     in it (rarer than the preprocessing threshold) map to row 0; then ``mod rows_t`` (a no-op unless capped).
     """
 
-    def __init__(self, table_sizes: list[int], mode: str = "modulus", vocabs: list[np.ndarray] | None = None):
+    def __init__(self, table_sizes: list[int], mode: str = "modulus", vocabs: list[np.ndarray] | None = None,
+                 multi_hot_sizes: list[int] | None = None):
         super().__init__()
         self.mode = mode
-        self.register_buffer("sizes", torch.tensor(table_sizes, dtype=torch.int64), persistent=False)
+        sizes = torch.tensor(table_sizes, dtype=torch.int64)
+        if multi_hot_sizes is not None:  # ids [B, S]: table f's size repeated over its bag's columns
+            if mode != "modulus":
+                raise ValueError("multi-hot bags support hashing='modulus' only")
+            sizes = sizes.repeat_interleave(torch.tensor(multi_hot_sizes, dtype=torch.int64))
+        self.register_buffer("sizes", sizes, persistent=False)
         if mode == "vocab":
             if vocabs is None or len(vocabs) != len(table_sizes):
                 raise ValueError("vocab hashing needs one sorted vocabulary array per feature")

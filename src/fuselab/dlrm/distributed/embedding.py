@@ -15,18 +15,22 @@ Forward, on every rank (the data-parallel input meets the model-parallel tables)
 
 The backward of the local module applies the optimizer to the rows (fused update or torch sparse step).
 
-Static exchange (``uniform_batch=True``, one id per feature, every table whole on one rank: the Kaggle model's
-table-wise plans): every split size follows from the plan and B, so steps 1-2 are one column gather and one
-``all_to_all_single`` with sizes known on the host. No host synchronization is left in the forward or backward,
-and a training step with it can be captured in a CUDA graph.
+Static exchange (``uniform_batch=True``, 2-D ids: one id per table or fixed-size bags, every table whole on one
+rank: the Kaggle model's table-wise plans): every split size follows from the plan, the bag sizes and B, so steps
+1-2 are one column gather and one ``all_to_all_single`` with sizes known on the host. No host synchronization is
+left in the forward or backward, and a training step with it can be captured in a CUDA graph.
 """
 
 from __future__ import annotations
+
+import itertools
+from collections.abc import Sequence
 
 import torch
 import torch.distributed as dist
 from torch import Tensor, nn
 
+from ..bags import FixedBags, check_sizes
 from .local import LocalFactory, default_factory, init_rows
 from .plan import Shard, ShardingPlan
 
@@ -81,8 +85,9 @@ class ShardedEmbeddingCollection(nn.Module):
     ``pooling``: ``sum`` or ``mean`` over each bag. ``group``: the process group of the exchanges (a dedicated one
     lets the embedding exchanges and DDP's all-reduce run independently); unused when the plan has one rank.
     ``uniform_batch``: the caller promises that every rank passes the same B at every call in training mode; with
-    one id per feature and a plan of whole tables the exchange is then static (module docstring); otherwise, and
-    in eval mode, the flag changes nothing.
+    2-D ids and a plan of whole tables the exchange is then static (module docstring); otherwise, and in eval mode,
+    the flag changes nothing. ``multi_hot_sizes``: 2-D ids are fixed-size bags (B, S), ``S = sum(sizes)``, table
+    ``f``'s bag in its own columns (:mod:`fuselab.dlrm.bags`); None: one id per table.
 
     Raises ``ValueError`` for a plan/rank mismatch, a bad pooling, or malformed ids/offsets in :meth:`forward`
     (``TypeError`` for non-integer ones).
@@ -92,7 +97,7 @@ class ShardedEmbeddingCollection(nn.Module):
                  optimizer: str = "rowwise_adagrad", lr: float = 0.01, eps: float = 1e-8, pooling: str = "sum",
                  seed: int = 0, grad_divisor: float | None = None, group=None,
                  device: torch.device | str | None = None, comm_dtype: torch.dtype | None = None,
-                 uniform_batch: bool = False):
+                 uniform_batch: bool = False, multi_hot_sizes: Sequence[int] | None = None):
         super().__init__()
         plan.validate()
         if not 0 <= rank < plan.world_size:
@@ -117,6 +122,9 @@ class ShardedEmbeddingCollection(nn.Module):
                     self.local.weight[start: start + s.rows] = init_rows(
                         seed, s.table, plan.table_sizes[s.table], s.row_start, s.row_end, self.dim,
                         device=self.local.weight.device)
+        self.bag_sizes = (check_sizes(multi_hot_sizes, self.num_features) if multi_hot_sizes is not None
+                          else [1] * self.num_features)
+        self.bags = FixedBags(self.bag_sizes).to(device)
         self._build_routing(device)
         #: the static exchange applies to (B, F) ids: every table whole on one rank, the same B on every rank
         self.static = bool(uniform_batch) and all(s.rows == plan.table_sizes[s.table] for s in plan.shards)
@@ -128,6 +136,18 @@ class ShardedEmbeddingCollection(nn.Module):
                 values = [where[f][column] for f in range(self.num_features)]
                 self.register_buffer(name, torch.tensor(values, dtype=torch.int64, device=device), persistent=False)
             self._identity_order = [s.table for s in exchange] == list(range(self.num_features))
+            # the id columns in exchange order (each table's bag columns), what each owner receives, its bags
+            start = [0, *itertools.accumulate(self.bag_sizes)]
+            columns = [c for s in exchange for c in range(start[s.table], start[s.table + 1])]
+            self.register_buffer("_send_columns", torch.tensor(columns, dtype=torch.int64, device=device),
+                                 persistent=False)
+            self.register_buffer("_column_rows", self.table_sizes.repeat_interleave(
+                torch.tensor(self.bag_sizes, device=self.table_sizes.device)), persistent=False)
+            self._columns_of = [sum(self.bag_sizes[s.table] for s in plan.shards_of(q)) for q in range(self.world)]
+            local_sizes = [self.bag_sizes[s.table] for s in self.local_shards]
+            self._local_bags = FixedBags(local_sizes).to(device) if any(n > 1 for n in local_sizes) else None
+            self.register_buffer("_mean_scale", torch.tensor([1.0 / n for n in local_sizes], device=device),
+                                 persistent=False)
             self._row_index: dict[int, Tensor] = {}
 
     def _build_routing(self, device) -> None:
@@ -181,6 +201,8 @@ class ShardedEmbeddingCollection(nn.Module):
         (B, F, D) pooled embeddings (``id mod table_sizes[f]`` picks the row). Collective: every rank calls it."""
         if offsets is None and self.static and self.training:  # evaluation batches may be uneven: dynamic
             return self._forward_static(ids)
+        if offsets is None and ids.dim() == 2 and any(n > 1 for n in self.bag_sizes):
+            ids, offsets = self.bags(ids)
         values, bag, batch = self._bags(ids, offsets)
         f_count, counts = self.num_features, self.counts
         feature = bag.remainder(f_count)
@@ -200,26 +222,31 @@ class ShardedEmbeddingCollection(nn.Module):
         return out
 
     def _forward_static(self, ids: Tensor) -> Tensor:
-        """(B, F) ids -> (B, F, D) with split sizes from the plan (``uniform_batch``): no host synchronization."""
-        if ids.dim() != 2 or ids.shape[1] != self.num_features:
-            raise ValueError(f"ids must be (B, {self.num_features}) without offsets, got {tuple(ids.shape)}")
+        """(B, S) ids -> (B, F, D) with split sizes from the plan (``uniform_batch``): no host synchronization."""
+        width = self.bags.width
+        if ids.dim() != 2 or ids.shape[1] != width:
+            raise ValueError(f"ids must be (B, {width}) without offsets, got {tuple(ids.shape)}")
         if ids.dtype.is_floating_point or ids.dtype.is_complex or ids.dtype == torch.bool:
             raise TypeError(f"ids must be an integer tensor, got {ids.dtype}")
-        batch, k_self = ids.shape[0], self.counts[self.rank]
-        rows = ids.to(torch.int64).remainder(self.table_sizes)
-        send = rows.t()[self.shard_table]  # (F, B): tables in exchange order (owner, then its local order)
+        batch, s_self = ids.shape[0], self._columns_of[self.rank]
+        rows = ids.to(torch.int64).remainder(self._column_rows)
+        send = rows.t()[self._send_columns]  # (S, B): the tables' columns in exchange order (owner, local order)
         if self.world == 1:
             local_ids = send.t()
         else:
-            recv = send.new_empty(self.world * k_self * batch)
-            dist.all_to_all_single(recv, send.reshape(-1), [k_self * batch] * self.world,
-                                   [c * batch for c in self.counts], group=self.group)
-            local_ids = recv.view(self.world, k_self, batch).transpose(1, 2).reshape(self.world * batch, k_self)
+            recv = send.new_empty(self.world * s_self * batch)
+            dist.all_to_all_single(recv, send.reshape(-1), [s_self * batch] * self.world,
+                                   [c * batch for c in self._columns_of], group=self.group)
+            local_ids = recv.view(self.world, s_self, batch).transpose(1, 2).reshape(self.world * batch, s_self)
         if self.local is None:
             pooled = torch.zeros(self.world * batch, 0, self.dim, device=ids.device)
             pooled.requires_grad_(torch.is_grad_enabled() and self.training)
-        else:
+        elif self._local_bags is None:
             pooled = self.local(local_ids)
+        else:
+            pooled = self.local(*self._local_bags(local_ids))
+            if self.pooling == "mean":  # every bag of local table k holds bag_sizes[k] ids
+                pooled = pooled * self._mean_scale[:, None]
         return self._return_static(pooled, batch)
 
     def _return_static(self, pooled: Tensor, batch: int) -> Tensor:

@@ -169,7 +169,8 @@ class DistributedDLRM(nn.Module):
 
     It offers the interface of :class:`fuselab.dlrm.model.DLRM` that :class:`fuselab.dlrm.step.TrainStep` and
     :class:`fuselab.dlrm.optim.Optimizers` use: ``sparse_arch`` (the sharded tables, which update themselves in the
-    backward: ``embedding_update_in_backward``), ``dense_forward(dense, emb)``, :meth:`dense_parameters`,
+    backward: ``embedding_update_in_backward``), ``sparse_forward(ids)``, ``dense_forward(dense, emb)``,
+    :meth:`dense_parameters`,
     ``kernels`` (``"fuselab"`` when the local tables are the fused op, else ``"torch"``) and ``optimizer``.
     """
 
@@ -199,6 +200,10 @@ class DistributedDLRM(nn.Module):
 
     def forward(self, dense: Tensor, ids: Tensor, offsets: Tensor | None = None) -> Tensor:
         return self.dense(dense, self.sparse(ids, offsets))
+
+    def sparse_forward(self, ids: Tensor) -> Tensor:
+        """The lookup: ids (B, F), or (B, S) fixed-size bags -> (B, F, D) (collective)."""
+        return self.sparse(ids)
 
     def dense_forward(self, dense: Tensor, emb: Tensor) -> Tensor:
         """Everything after the lookup (through DDP when it is on): dense (B, I), emb (B, F, D) -> logits (B,)."""

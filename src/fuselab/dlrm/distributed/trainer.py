@@ -60,7 +60,8 @@ def build_hybrid(cfg: DLRMConfig, sizes: list[int], ctx: ParallelContext, *, ker
     sparse = ShardedEmbeddingCollection(
         plan, ctx.rank, factory=fused_factory if kernels == "fuselab" else torch_factory, optimizer=cfg.optimizer,
         lr=cfg.lr_sparse, eps=cfg.adagrad_eps, seed=cfg.seed, group=ctx.embedding_group, device=ctx.device,
-        uniform_batch=True, comm_dtype=torch.bfloat16 if cfg.precision == "bf16" else None)
+        uniform_batch=True, comm_dtype=torch.bfloat16 if cfg.precision == "bf16" else None,
+        multi_hot_sizes=cfg.multi_hot_sizes, pooling=cfg.pooling)
     dense = DLRM.from_config(dataclasses.replace(cfg, kernels=kernels), sizes, embeddings=False)
     model = DistributedDLRM(sparse, DenseParts(dense).to(ctx.device), device=ctx.device, ddp=mode != "cuda_graph")
     optimizers = Optimizers(model, optimizer=cfg.optimizer, lr_dense=cfg.lr_dense, lr_sparse=cfg.lr_sparse,
