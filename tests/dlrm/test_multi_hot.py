@@ -1,0 +1,137 @@
+"""MLPerf DLRM-DCNv2 pieces in the model: fixed-size multi-hot bags (per element against a float64 loop written
+here, both kernel paths, sum and mean), the DCNv2 interaction in the DLRM, the torch and fuselab paths training
+alike, the mlperf-v2 config and its checks against a dataset."""
+
+from __future__ import annotations
+
+import types
+
+import pytest
+import torch
+
+from fuselab.dlrm.bags import FixedBags
+from fuselab.dlrm.config import check_layout, load_config
+from fuselab.dlrm.data.loader import Hasher
+from fuselab.dlrm.model import DLRM
+from fuselab.dlrm.optim import Optimizers
+from fuselab.dlrm.step import TrainStep
+from fuselab.testing import assert_close
+
+SIZES = [7, 1, 130, 33, 5]
+BAGS = [3, 1, 2, 4, 2]  # ids per sample of each table
+WIDTH = sum(BAGS)
+
+
+def _ids(batch: int, gen: torch.Generator) -> torch.Tensor:
+    """Raw ids (B, S), negative and past the table sizes too (the hasher folds them)."""
+    return torch.randint(-500, 500, (batch, WIDTH), generator=gen)
+
+
+def test_fixed_bags_offsets():
+    bags = FixedBags(BAGS)
+    ids = torch.arange(3 * WIDTH).view(3, WIDTH)
+    flat, offsets = bags(ids)
+    assert flat.data_ptr() == ids.data_ptr() and flat.shape == (3 * WIDTH,)
+    want, at = [0], 0
+    for _b in range(3):
+        for n in BAGS:
+            at += n
+            want.append(at)
+    assert offsets.tolist() == want
+    assert bags.offsets(3) is offsets  # memoized per batch
+    with pytest.raises(ValueError, match=f"multi-hot ids must be \\(B, {WIDTH}\\)"):
+        bags(torch.zeros(3, WIDTH + 1, dtype=torch.int64))
+    with pytest.raises(ValueError, match="positive"):
+        FixedBags([2, 0])
+
+
+def _model(kernels: str, pooling: str = "sum", interaction: str = "dot") -> DLRM:
+    return DLRM(SIZES, 4, [8, 4], [6, 1], interaction=interaction, seed=3, kernels=kernels,
+                optimizer="rowwise_adagrad", lr_sparse=0.2, multi_hot_sizes=BAGS, pooling=pooling,
+                dcn_num_layers=2, dcn_low_rank=3)
+
+
+def _reference_pooled(model: DLRM, rows: torch.Tensor, pooling: str) -> torch.Tensor:
+    """(B, F, D) float64: each table's bag of rows summed (or averaged) one row at a time."""
+    arch = model.sparse_arch
+    weight = arch.weight.double()
+    starts = torch.tensor([0, *SIZES]).cumsum(0)
+    out = torch.zeros(rows.shape[0], len(SIZES), arch.weight.shape[1], dtype=torch.float64)
+    col = 0
+    for f, n in enumerate(BAGS):
+        for b in range(rows.shape[0]):
+            for c in range(col, col + n):
+                out[b, f] += weight[int(starts[f]) + int(rows[b, c])]
+            if pooling == "mean":
+                out[b, f] /= n
+        col += n
+    return out
+
+
+@pytest.mark.parametrize("pooling", ["sum", "mean"])
+@pytest.mark.parametrize("kernels", ["torch", "fuselab"])
+def test_multi_hot_lookup_per_element(kernels, pooling):
+    model = _model(kernels, pooling)
+    hasher = Hasher(SIZES, multi_hot_sizes=BAGS)
+    rows = hasher(_ids(6, torch.Generator().manual_seed(1)))
+    assert ((rows >= 0) & (rows < torch.tensor(SIZES).repeat_interleave(torch.tensor(BAGS)))).all()
+    out = torch.full((6, len(SIZES), 4), float("nan"))
+    out.copy_(model.sparse_forward(rows))
+    assert_close(out, _reference_pooled(model, rows, pooling), torch.float32)
+
+
+def test_multi_hot_lookup_triton_kernels(triton_backend):
+    """The fused collection's kernels (interpreter on CPU) pool the bags as the float64 loop does."""
+    model = _model("fuselab", "mean")
+    rows = Hasher(SIZES, multi_hot_sizes=BAGS)(_ids(4, torch.Generator().manual_seed(2)))
+    assert_close(model.sparse_forward(rows).cpu(), _reference_pooled(model.cpu(), rows.cpu(), "mean"),
+                 torch.float32)
+
+
+def test_dcn_dlrm_paths_start_equal_and_train_alike():
+    """interaction='dcn' with multi-hot bags: both kernel paths draw the same initial values, so their logits agree;
+    30 steps of row-wise Adagrad on a learnable label give the same losses (fp32 rounding apart), and they fall."""
+    gen = torch.Generator().manual_seed(4)
+    batches = []
+    for _ in range(30):
+        dense = torch.rand(32, 13, generator=gen)
+        labels = (dense[:, 0] + 0.2 * torch.rand(32, generator=gen) < 0.6).float()
+        batches.append((dense, Hasher(SIZES, multi_hot_sizes=BAGS)(_ids(32, gen)), labels))
+    losses = {}
+    for kernels in ("torch", "fuselab"):
+        model = _model(kernels, "sum", "dcn")
+        assert model.interaction_arch.out_features == (len(SIZES) + 1) * 4
+        if kernels == "torch":
+            first = model(*batches[0][:2]).detach()
+        else:
+            torch.testing.assert_close(model(*batches[0][:2]).detach(), first, rtol=1e-5, atol=1e-6)
+        step = TrainStep(model, Optimizers(model, optimizer="rowwise_adagrad", lr_dense=0.05, lr_sparse=0.2))
+        losses[kernels] = torch.stack([step(*batch) for batch in batches])
+    torch.testing.assert_close(losses["fuselab"], losses["torch"], rtol=1e-4, atol=1e-5)
+    assert losses["torch"][-5:].mean() < 0.9 * losses["torch"][:5].mean()
+
+
+def test_mlperf_v2_config_and_layout_checks():
+    cfg = load_config("mlperf-v2")
+    assert (cfg.interaction, cfg.embedding_dim, cfg.dcn_num_layers, cfg.dcn_low_rank) == ("dcn", 128, 3, 512)
+    assert len(cfg.multi_hot_sizes) == len(cfg.cardinalities) == 26 and sum(cfg.multi_hot_sizes) == 214
+    assert max(cfg.cardinalities) == cfg.max_rows_per_table == 40_000_000
+
+    def dataset(width: int, bags=None):
+        return types.SimpleNamespace(num_sparse=width, meta={"multi_hot_sizes": bags} if bags else {})
+
+    small = load_config("tiny", multi_hot_sizes=BAGS)
+    check_layout(small, SIZES, dataset(WIDTH, BAGS))
+    check_layout(small, SIZES, dataset(WIDTH))  # a dataset that does not record its bags
+    with pytest.raises(ValueError, match="do not fit the dataset"):
+        check_layout(small, SIZES, dataset(len(SIZES)))
+    with pytest.raises(ValueError, match="differ from the dataset"):
+        check_layout(small, SIZES, dataset(WIDTH, [2, 2, 2, 4, 2]))
+    with pytest.raises(ValueError, match="no multi_hot_sizes"):
+        check_layout(load_config("tiny"), SIZES, dataset(WIDTH, BAGS))
+    with pytest.raises(ValueError, match="multi_hot_sizes must be"):
+        load_config("tiny", multi_hot_sizes=[1, 0])
+    with pytest.raises(ValueError, match="one of"):
+        load_config("tiny", pooling="max")
+    with pytest.raises(ValueError, match="hashing='modulus'"):
+        Hasher(SIZES, "vocab", [torch.arange(3).numpy()] * len(SIZES), multi_hot_sizes=BAGS)
