@@ -1,9 +1,10 @@
 """``fuselab dlrm export --onnx FILE``: a trained checkpoint -> ONNX, checked in onnxruntime.
 
 The ONNX graph takes ``dense`` [B, 13] float32 (already log-transformed, as in the shards) and ``sparse``
-[B, F] int64, and returns ``logits`` [B] and ``probabilities`` [B] (sigmoid). With ``hashing="modulus"`` the
-graph applies ``id mod rows`` itself, so raw ids work; with ``hashing="vocab"`` ``sparse`` must already be
-vocabulary rows (the vocabulary lookup, a sorted search, stays outside the graph). B is a dynamic axis.
+[B, F] int64 ([B, S] for multi-hot bags, S the sum of the bag sizes), and returns ``logits`` [B] and
+``probabilities`` [B] (sigmoid). With ``hashing="modulus"`` the graph applies ``id mod rows`` itself, so raw ids
+work; with ``hashing="vocab"`` ``sparse`` must already be vocabulary rows (the vocabulary lookup, a sorted search,
+stays outside the graph). B is a dynamic axis.
 
 The output path is checked before the checkpoint is read; the file is exported to a temporary name beside it,
 checked, then renamed over it with the usual permissions, so a failed export leaves no partial file.
@@ -34,11 +35,17 @@ from .model import DLRM
 
 
 class ExportedDLRM(nn.Module):
-    def __init__(self, model: DLRM, sizes: list[int], hashing: str):
+    """``forward(dense (B, 13), sparse (B, S)) -> (logits, probabilities)``; ``S`` = F, or the sum of the
+    multi-hot bag sizes (``sizes`` then holds each column's table size)."""
+
+    def __init__(self, model: DLRM, sizes: list[int], hashing: str, multi_hot_sizes: list[int] | None = None):
         super().__init__()
         self.model = model
         self.hashing = hashing
-        self.register_buffer("sizes", torch.tensor(sizes, dtype=torch.int64))
+        columns = torch.tensor(sizes, dtype=torch.int64)
+        if multi_hot_sizes is not None:
+            columns = columns.repeat_interleave(torch.tensor(multi_hot_sizes, dtype=torch.int64))
+        self.register_buffer("sizes", columns)
 
     def forward(self, dense: Tensor, sparse: Tensor) -> tuple[Tensor, Tensor]:
         if self.hashing == "modulus":
@@ -52,7 +59,7 @@ def model_from_checkpoint(path: str | Path) -> tuple[ExportedDLRM, DLRMConfig]:
     state = load_checkpoint(resolve_checkpoint(path, None))
     cfg = config_from_dict(state["config"])
     model = torch_model_from_state(cfg, list(state["table_sizes"]), state)
-    return ExportedDLRM(model.eval(), state["table_sizes"], cfg.hashing).eval(), cfg
+    return ExportedDLRM(model.eval(), state["table_sizes"], cfg.hashing, cfg.multi_hot_sizes).eval(), cfg
 
 
 def _example(sizes: list[int], batch: int, seed: int = 0) -> tuple[Tensor, Tensor]:
