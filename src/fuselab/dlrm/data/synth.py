@@ -15,6 +15,10 @@ The true logit of every row is stored (``truth`` column, npy format), so the bes
 true probabilities on the data, is exact; it is written to the metadata for all rows and for the Kaggle test split
 (in the TSV formats it is computed from the logits in memory, which are not written). Every file is written
 atomically (:mod:`fuselab._io`); the output folder is checked for writing before anything is generated.
+
+For analyses of the hidden model (``benchmarks/dlrm_oracle_auc.py``): :func:`hidden_model` (table sizes, parameters,
+bias of a spec), :func:`generate_shard` (a shard's rows in memory, the same as written) and :func:`logit_parts` (the
+true logit split into its dense term and one term per feature).
 """
 
 from __future__ import annotations
