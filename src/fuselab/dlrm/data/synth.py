@@ -15,6 +15,10 @@ The true logit of every row is stored (``truth`` column, npy format), so the bes
 true probabilities on the data, is exact; it is written to the metadata for all rows and for the Kaggle test split
 (in the TSV formats it is computed from the logits in memory, which are not written). Every file is written
 atomically (:mod:`fuselab._io`); the output folder is checked for writing before anything is generated.
+
+For analyses of the hidden model (``benchmarks/dlrm_oracle_auc.py``): :func:`hidden_model` (table sizes, parameters,
+bias of a spec), :func:`generate_shard` (a shard's rows in memory, the same as written) and :func:`logit_parts` (the
+true logit split into its dense term and one term per feature).
 """
 
 from __future__ import annotations
@@ -125,11 +129,51 @@ def _calibrate_bias(spec: SynthSpec, cards: list[int], params: dict[str, np.ndar
     return (lo + hi) / 2
 
 
-def _shard_job(job: tuple) -> dict[str, Any]:
-    spec, cards, params, bias, index, start, n, root, fmt = job
+@dataclass(frozen=True)
+class HiddenModel:
+    """The generator's hidden model of a spec: table sizes, parameters, and the bias calibrated to the positive
+    rate."""
+
+    cardinalities: list[int]
+    params: dict[str, np.ndarray]
+    bias: float
+
+
+def hidden_model(spec: SynthSpec) -> HiddenModel:
+    """The hidden model of ``spec`` (validated first: ``ValueError`` for a bad spec)."""
+    spec = spec.validate()
+    cards = spec.table_cardinalities()
+    params = _hidden_params(spec.seed, len(cards))
+    return HiddenModel(cards, params, _calibrate_bias(spec, cards, params))
+
+
+def generate_shard(spec: SynthSpec, model: HiddenModel, index: int, n: int) -> dict[str, np.ndarray]:
+    """Rows of shard ``index`` (``n`` of them), exactly as :func:`write_synthetic` writes them: ``raw`` dense
+    counts (NaN = missing), ``dense`` (transformed), ``sparse`` ids, ``logit`` (float64, the true logit) and
+    ``labels`` (float32 draws of Bernoulli(sigmoid(logit)))."""
     rng = np.random.default_rng([spec.seed, index])
-    data = _generate(spec, cards, params, rng, n, bias)
-    labels = (rng.uniform(size=n) < 1.0 / (1.0 + np.exp(-data["logit"]))).astype(np.float32)
+    data = _generate(spec, model.cardinalities, model.params, rng, n, model.bias)
+    data["labels"] = (rng.uniform(size=n) < 1.0 / (1.0 + np.exp(-data["logit"]))).astype(np.float32)
+    return data
+
+
+def logit_parts(spec: SynthSpec, model: HiddenModel, dense: np.ndarray, sparse: np.ndarray
+                ) -> tuple[np.ndarray, np.ndarray]:
+    """The true logit of rows split into its terms: ``(dense_term [n], id_terms [n, F])`` (float64) with
+    ``logit = bias + dense_term + id_terms.sum(1)`` (the signal factor included in both terms); a feature
+    without an effect has a zero column."""
+    dense_term = spec.signal * (dense.astype(np.float64) @ model.params["dense_w"])
+    id_terms = np.zeros(sparse.shape, dtype=np.float64)
+    for f, weight in enumerate(model.params["sparse_w"]):
+        if weight != 0:
+            id_terms[:, f] = spec.signal * weight * _id_effect(f, sparse[:, f], spec.seed)
+    return dense_term, id_terms
+
+
+def _shard_job(job: tuple) -> dict[str, Any]:
+    spec, model, index, start, n, root, fmt = job
+    data = generate_shard(spec, model, index, n)
+    labels = data["labels"]
     name = f"part-{index:05d}"
     if fmt == "npy":
         write_shard(Path(root), name, data["dense"], data["sparse"], labels, truth=data["logit"].astype(np.float32))
@@ -210,12 +254,10 @@ def _write_synthetic(out: str | Path, spec: SynthSpec | None, fmt: str, shard_ro
     root = writable_dir(out, "output folder")
     if fmt == "npy":
         writable_dir(root / "shards", "output folder")
-    cards = spec.table_cardinalities()
-    params = _hidden_params(spec.seed, len(cards))
-    bias = _calibrate_bias(spec, cards, params)
+    model = hidden_model(spec)
+    cards = model.cardinalities
     starts = list(range(0, spec.rows, shard_rows))
-    jobs = [(spec, cards, params, bias, k, s, min(shard_rows, spec.rows - s), str(root), fmt)
-            for k, s in enumerate(starts)]
+    jobs = [(spec, model, k, s, min(shard_rows, spec.rows - s), str(root), fmt) for k, s in enumerate(starts)]
     workers = workers or min(16, os.cpu_count() or 1)
     workers = max(1, min(workers, len(jobs)))
     results: list[dict[str, Any]] = []
@@ -226,7 +268,7 @@ def _write_synthetic(out: str | Path, spec: SynthSpec | None, fmt: str, shard_ro
         if workers == 1:
             for job in jobs:
                 results.append(_shard_job(job))
-                bar.advance(task, job[6])
+                bar.advance(task, job[4])
         else:
             with mp.get_context("fork").Pool(workers, initializer=_worker_signals) as pool:
                 for res in pool.imap(_shard_job, jobs):
@@ -242,7 +284,7 @@ def _write_synthetic(out: str | Path, spec: SynthSpec | None, fmt: str, shard_ro
         "cardinalities": cards,
         "positive_rate": positives / spec.rows,
         "shards": [{"name": r["name"], "rows": r["rows"]} for r in results],
-        "synth": {**asdict(spec), "bias": bias, "cardinalities": cards},
+        "synth": {**asdict(spec), "bias": model.bias, "cardinalities": cards},
     }
     from .loader import kaggle_split
 
