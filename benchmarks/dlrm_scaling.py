@@ -1,6 +1,7 @@
 """DLRM weak scaling over the GPUs of one host: the hybrid-parallel training step at 1, 2, ... ranks.
 
-Kaggle model (the 26 Kaggle cardinalities, D=16, bottom 13-512-256-64-16, top 368-512-256-1, row-wise Adagrad),
+Kaggle model (the 26 Kaggle cardinalities, D=16, bottom 13-512-256-64-16, top 368-512-256-1, row-wise Adagrad;
+``--model mlperf-v2``: MLPerf's DLRM-DCNv2 with its multi-hot bags, tables times ``--scale``),
 ``--batch`` samples per rank (weak scaling: the global batch grows with the ranks), random device-resident
 batches (power-law ids, a different stream per rank). The step is :func:`fuselab.dlrm.distributed.trainer.
 build_hybrid`'s, the one ``fuselab dlrm train --nproc N`` trains with: tables sharded whole (table-wise), fused
@@ -140,12 +141,14 @@ def worker(spec: dict[str, Any]) -> None:
     ctx = init_from_env(backend="gloo" if on_cpu else None, timeout_s=spec["hang_s"])
     if on_cpu:
         torch.set_num_threads(1)
-    sizes = [max(2, round(n * spec["scale"])) for n in KAGGLE_CARDINALITIES]
     batch, world = spec["batch"], ctx.world_size
-    cfg = load_config("kaggle", precision=spec["precision"], optimizer=spec["optimizer"], batch_size=batch * world,
-                      seed=0)
+    cfg = load_config(spec["model"], precision=spec["precision"], optimizer=spec["optimizer"],
+                      batch_size=batch * world, seed=0)
+    sizes = [max(2, round(n * spec["scale"])) for n in (cfg.cardinalities or KAGGLE_CARDINALITIES)]
+    sizes = [min(n, cfg.max_rows_per_table or n) for n in sizes]
     kernels = "torch" if on_cpu else "fuselab"
-    batches = random_batches(batch, sizes, ctx.device, spec["ids"], count=4, seed=1234 + ctx.rank)
+    batches = random_batches(batch, sizes, ctx.device, spec["ids"], count=4, seed=1234 + ctx.rank,
+                             multi_hot_sizes=cfg.multi_hot_sizes)
     runs = []
     modes = [m for m in spec["modes"] if not (on_cpu and m == "cuda_graph")]
     if world == 1 and not on_cpu and spec.get("single", True):
@@ -267,6 +270,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--worker", help=argparse.SUPPRESS)
     parser.add_argument("--nproc", default=None, help="world sizes, e.g. 1,2 (default: 1, 2, 4, ... GPUs here)")
     parser.add_argument("--batch", type=int, default=65536, help="samples per rank")
+    parser.add_argument("--model", choices=("kaggle", "mlperf-v2"), default="kaggle",
+                        help="kaggle, or MLPerf's DLRM-DCNv2 (D=128, DCNv2, multi-hot bags, the 1TB tables)")
+    parser.add_argument("--scale", type=float, default=1.0, help="multiply the table sizes by this")
     parser.add_argument("--precision", choices=("fp32", "tf32", "bf16"), default="bf16")
     parser.add_argument("--optimizer", default="rowwise_adagrad")
     parser.add_argument("--ids", choices=("powerlaw", "uniform"), default="powerlaw")
@@ -294,7 +300,8 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(f"--nproc asks for {max(worlds)} ranks, this host has {gpus} GPUs")
     for key, value in MULTICAST_OFF.items():
         os.environ.setdefault(key, value)
-    spec = {"batch": 512 if args.quick else args.batch, "scale": 1e-4 if args.quick else 1.0,
+    spec = {"batch": 512 if args.quick else args.batch, "scale": 1e-4 if args.quick else args.scale,
+            "model": args.model,
             "precision": args.precision, "optimizer": args.optimizer, "ids": args.ids,
             "modes": args.modes.split(","), "steps": 3 if args.quick else args.steps,
             "windows": 2 if args.quick else args.windows, "device": args.device, "no_profile": args.no_profile,

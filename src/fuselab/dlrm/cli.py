@@ -49,8 +49,16 @@ def _auc_text(auc: float | None) -> str:
 def _cmd_synth(args: argparse.Namespace) -> int:
     from .data.synth import SynthSpec, write_synthetic
 
+    cards = bags = None
+    if args.config is not None:  # the config's tables (times --scale) and bags
+        from .config import load_config
+
+        cfg = load_config(args.config)
+        if cfg.cardinalities is not None:
+            cards = tuple(max(2, round(n * args.scale)) for n in cfg.cardinalities)
+        bags = tuple(cfg.multi_hot_sizes) if cfg.multi_hot_sizes is not None else None
     spec = SynthSpec(rows=args.rows, scale=args.scale, seed=args.seed, positive_rate=args.positive_rate,
-                     zipf_alpha=args.zipf_alpha, signal=args.signal)
+                     zipf_alpha=args.zipf_alpha, signal=args.signal, cardinalities=cards, multi_hot_sizes=bags)
     meta = write_synthetic(args.out, spec, fmt=args.format, shard_rows=args.shard_rows, workers=args.workers,
                            progress=not args.quiet)
     print(f"wrote {meta['num_rows']:,} rows ({args.format}) to {args.out}; positive rate "
@@ -294,7 +302,10 @@ def configure_parser(parser: argparse.ArgumentParser) -> None:
     p.add_argument("--out", required=True, help="output directory")
     p.add_argument("--rows", type=int, default=200_000)
     p.add_argument("--scale", type=float, default=1e-3,
-                   help="multiply the Kaggle cardinalities by this (1.0 = full Kaggle, ~33.8M rows)")
+                   help="multiply the Kaggle cardinalities (or the --config's) by this (1.0: full Kaggle, 33.8M rows)")
+    p.add_argument("--config", default=None,
+                   help="take the tables and multi-hot bag sizes of this config (e.g. mlperf-v2: the Criteo 1TB "
+                        "cardinalities capped at 40M, MLPerf's bags; npy only)")
     p.add_argument("--format", choices=("npy", "tsv", "tsv.gz"), default="npy")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--positive-rate", type=float, default=0.256)

@@ -168,16 +168,20 @@ class SparseArch(nn.Module):
     ``layout="fused"`` stores the F tables as row ranges of one weight (one lookup kernel per step);
     ``layout="per_table"`` is one ``nn.EmbeddingBag(mode="sum")`` per feature (bags of one id). Both
     initialise table ``t`` with U(-1/sqrt(rows_t), 1/sqrt(rows_t)) and give ``sparse=True`` gradients when
-    ``sparse_grad`` (SGD and Adagrad handle them; only the looked-up rows are touched). Bags (``forward(ids,
-    offsets)``, ``layout="fused"`` only) are pooled by ``pooling`` (``sum`` or ``mean``).
+    ``sparse_grad`` (SGD and Adagrad handle them; only the looked-up rows are touched). ``multi_hot_sizes``
+    (``layout="fused"`` only): fixed-size bags, ids [B, S] (see :mod:`fuselab.dlrm.bags`), pooled by ``pooling``
+    (``sum`` or ``mean``) as one product with a (F, S) matrix of 0/1 (or 1/size): plain ops that ONNX exports.
     """
 
     def __init__(self, table_sizes: Sequence[int], dim: int, layout: str = "fused", sparse_grad: bool = True,
-                 generator: torch.Generator | None = None, pooling: str = "sum"):
+                 generator: torch.Generator | None = None, pooling: str = "sum",
+                 multi_hot_sizes: Sequence[int] | None = None):
         super().__init__()
         if pooling not in ("sum", "mean"):
             raise ValueError(f"pooling must be 'sum' or 'mean', got {pooling!r}")
-        self.pooling = pooling
+        if multi_hot_sizes is not None and layout != "fused":
+            raise ValueError("multi_hot_sizes needs layout='fused'")
+        self.register_buffer("pool", None, persistent=False)  # (F, S) with multi_hot_sizes
         if not table_sizes or any(int(n) <= 0 for n in table_sizes):
             raise ValueError(f"table_sizes must be positive row counts, got {list(table_sizes)[:8]}...")
         self.table_sizes = [int(n) for n in table_sizes]
@@ -187,6 +191,12 @@ class SparseArch(nn.Module):
             offsets = torch.tensor([0, *self.table_sizes], dtype=torch.int64).cumsum(0)
             self.register_buffer("offsets", offsets[:-1].clone(), persistent=False)
             self.weight = nn.Parameter(torch.empty(int(offsets[-1]), dim))
+            if multi_hot_sizes is not None:
+                bags = torch.tensor(check_sizes(multi_hot_sizes, len(self.table_sizes)))
+                table = torch.arange(len(self.table_sizes)).repeat_interleave(bags)  # table of each column
+                pool = (table[None, :] == torch.arange(len(self.table_sizes))[:, None]).float()
+                self.register_buffer("pool", pool / bags[:, None] if pooling == "mean" else pool, persistent=False)
+                self.register_buffer("column_offsets", offsets[table], persistent=False)
             with torch.no_grad():
                 for t, n in enumerate(self.table_sizes):
                     bound = 1.0 / math.sqrt(n)
@@ -206,18 +216,12 @@ class SparseArch(nn.Module):
     def num_features(self) -> int:
         return len(self.table_sizes)
 
-    def forward(self, ids: Tensor, offsets: Tensor | None = None) -> Tensor:
-        """ids [B, F] int64, ``0 <= ids[:, t] < table_sizes[t]`` -> [B, F, D]; or bags: ids (N,) and offsets
-        (B*F + 1,), bag ``b*F + f`` holding rows of table ``f``."""
-        if offsets is not None:
-            if self.layout != "fused":
-                raise ValueError("bags need layout='fused'")
-            f_count = self.num_features
-            table = torch.arange(offsets.shape[0] - 1, device=ids.device).remainder(f_count)
-            rows = ids + self.offsets[table].repeat_interleave(offsets.diff(), output_size=ids.shape[0])
-            out = nn.functional.embedding_bag(rows, self.weight, offsets, mode=self.pooling,
-                                              sparse=self.sparse_grad, include_last_offset=True)
-            return out.view(-1, f_count, self.dim)
+    def forward(self, ids: Tensor) -> Tensor:
+        """ids [B, F] int64, ``0 <= ids[:, t] < table_sizes[t]`` -> [B, F, D]; with ``multi_hot_sizes``: ids
+        [B, S], each table's bag in its columns -> [B, F, D] pooled"""
+        if self.pool is not None:
+            emb = nn.functional.embedding(ids + self.column_offsets, self.weight, sparse=self.sparse_grad)
+            return torch.matmul(self.pool, emb)  # (F, S) @ (B, S, D): each table's columns summed / averaged
         if self.layout == "fused":
             rows = ids + self.offsets
             return nn.functional.embedding(rows, self.weight, sparse=self.sparse_grad)
@@ -298,8 +302,10 @@ class DLRM(nn.Module):
         else:
             dot_fn, pad_to = None, 1
             if embeddings:
-                self.sparse_arch = SparseArch(table_sizes, embedding_dim, embedding_layout, sparse_grad, gen, pooling)
-        self.bags = FixedBags(check_sizes(multi_hot_sizes, len(table_sizes))) if multi_hot_sizes else None
+                self.sparse_arch = SparseArch(table_sizes, embedding_dim, embedding_layout, sparse_grad, gen, pooling,
+                                              multi_hot_sizes)
+        # the fused collection takes fixed-size bags as (ids, offsets); SparseArch pools them itself
+        self.bags = FixedBags(check_sizes(multi_hot_sizes, len(table_sizes))) if multi_hot_sizes and fused else None
         if interaction != "dot":
             pad_to = 1
         self.interaction_arch = InteractionArch(len(table_sizes), embedding_dim, interaction, self_interaction,

@@ -176,3 +176,24 @@ def test_global_batch_must_divide_over_the_ranks(synth_dir, tmp_path):
     two = ParallelContext(0, 2, 0, torch.device("cpu"), "gloo")
     with pytest.raises(ValueError, match="multiple of the 2 ranks"):
         DistributedTrainer(load_config("tiny", batch_size=255, device="cpu"), synth_dir, context=two)
+
+
+@pytest.mark.slow
+def test_dcn_multi_hot_two_ranks_train_like_one(tmp_path):
+    """The DLRM-DCNv2 config (fixed-size bags through the static exchange, the cross network data-parallel) at 2
+    ranks gives the 1-rank loss curve."""
+    from fuselab.dlrm.config import load_config
+    from fuselab.dlrm.data.synth import SynthSpec, write_synthetic
+
+    cfg = load_config("mlperf-v2")
+    cards = tuple(max(2, round(n * 1e-5)) for n in cfg.cardinalities)
+    write_synthetic(tmp_path / "data", SynthSpec(rows=20_000, seed=4, cardinalities=cards,
+                                                 multi_hot_sizes=tuple(cfg.multi_hot_sizes)), workers=1)
+    small = ["--config", "mlperf-v2", "--data", str(tmp_path / "data"), "--steps", "12", *RUN, "--set",
+             "embedding_dim=4", "--set", "bottom_mlp=[8,4]", "--set", "top_mlp=[8,1]", "--set", "dcn_low_rank=2",
+             "--precision", "fp32"]
+    for n in (1, 2):
+        code, _, err = _finish(_fuselab(["--nproc", str(n), *small, "--run-dir", str(tmp_path / f"run{n}"),
+                                         "--json", str(tmp_path / f"{n}.json")]))
+        assert code == 0, err
+    _close(_losses(tmp_path / "2.json"), _losses(tmp_path / "1.json"))

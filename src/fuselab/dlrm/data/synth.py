@@ -9,7 +9,9 @@ depend on the number of worker processes):
   missing with a per-feature probability (empty in TSV, 0 after the transform);
 * labels: Bernoulli(sigmoid(logit)), the hidden model
   ``logit = bias + signal * (Σ_j a_j·log1p(max(x_j, 0)) + Σ_f s_f·g(f, id_f))`` with ``g`` a hash of (feature,
-  id) mapped to a unit-variance uniform, and ``bias`` calibrated to ``positive_rate`` (25.6% by default).
+  id) mapped to a unit-variance uniform, and ``bias`` calibrated to ``positive_rate`` (25.6% by default);
+* multi-hot (``multi_hot_sizes``, MLPerf's DLRM-DCNv2 data): feature ``f`` draws a bag of ``n_f`` ids per row
+  (stored as ``n_f`` columns, table order); its term is ``s_f·Σ g(f, id) / sqrt(n_f)`` over the bag. npy only.
 
 The true logit of every row is stored (``truth`` column, npy format), so the best achievable AUC, the AUC of the
 true probabilities on the data, is exact; it is written to the metadata for all rows and for the Kaggle test split
@@ -51,6 +53,8 @@ class SynthSpec:
     zipf_alpha: float = 1.2
     signal: float = 1.0
     cardinalities: tuple[int, ...] | None = None  # default: Kaggle's times scale
+    #: ids per sample of each table (fixed-size multi-hot bags, npy format only); None: one id per table
+    multi_hot_sizes: tuple[int, ...] | None = None
 
     def validate(self) -> SynthSpec:
         if self.rows <= 0:
@@ -61,12 +65,21 @@ class SynthSpec:
             raise ValueError(f"positive_rate must be in (0, 1), got {self.positive_rate}")
         if self.zipf_alpha <= 0:
             raise ValueError(f"zipf_alpha must be positive, got {self.zipf_alpha}")
+        if self.multi_hot_sizes is not None and (len(self.multi_hot_sizes) != len(self.table_cardinalities())
+                                                 or any(int(n) < 1 for n in self.multi_hot_sizes)):
+            raise ValueError(f"multi_hot_sizes must be {len(self.table_cardinalities())} positive ints (one per "
+                             f"table), got {list(self.multi_hot_sizes)[:8]}")
         return self
 
     def table_cardinalities(self) -> list[int]:
         if self.cardinalities is not None:
             return [int(n) for n in self.cardinalities]
         return [max(2, round(n * self.scale)) for n in KAGGLE_CARDINALITIES]
+
+    def bag_sizes(self) -> list[int]:
+        """Ids per sample of each table (1 each without ``multi_hot_sizes``)."""
+        cards = self.table_cardinalities()
+        return [1] * len(cards) if self.multi_hot_sizes is None else [int(n) for n in self.multi_hot_sizes]
 
 
 def _hidden_params(seed: int, num_sparse: int) -> dict[str, np.ndarray]:
@@ -102,19 +115,22 @@ def _generate(spec: SynthSpec, cards: list[int], params: dict[str, np.ndarray], 
     raw[rng.uniform(size=(n, 13)) < params["missing"]] = np.nan
     dense = dense_transform(np.nan_to_num(raw, nan=0.0))
     logit = dense.astype(np.float64) @ params["dense_w"]
-    sparse = np.empty((n, len(cards)), dtype=np.int64)
+    bags = spec.bag_sizes()
+    sparse = np.empty((n, sum(bags)), dtype=np.int64)
     a = 1.0 - spec.zipf_alpha
-    for f, card in enumerate(cards):
-        u = rng.uniform(size=n)
+    col = 0
+    for f, (card, size) in enumerate(zip(cards, bags)):
+        u = rng.uniform(size=(n, size))
         if abs(a) < 1e-9:
             x = np.exp(u * np.log(card + 1.0))
         else:
             x = (u * ((card + 1.0) ** a - 1.0) + 1.0) ** (1.0 / a)
         rank = np.minimum(x.astype(np.int64) - 1, card - 1)
         ids = (rank * _SCRAMBLE) % card
-        sparse[:, f] = ids
-        if params["sparse_w"][f] != 0:
-            logit += params["sparse_w"][f] * _id_effect(f, ids, spec.seed)
+        sparse[:, col: col + size] = ids
+        col += size
+        if params["sparse_w"][f] != 0:  # a bag of s ids: their effects summed / sqrt(s) (unit variance as one id)
+            logit += params["sparse_w"][f] * (_id_effect(f, ids, spec.seed).sum(1) / np.sqrt(size))
     logit *= spec.signal
     return {"raw": raw, "dense": dense, "sparse": sparse, "logit": logit + bias}
 
@@ -163,10 +179,14 @@ def logit_parts(spec: SynthSpec, model: HiddenModel, dense: np.ndarray, sparse: 
     ``logit = bias + dense_term + id_terms.sum(1)`` (the signal factor included in both terms); a feature
     without an effect has a zero column."""
     dense_term = spec.signal * (dense.astype(np.float64) @ model.params["dense_w"])
-    id_terms = np.zeros(sparse.shape, dtype=np.float64)
-    for f, weight in enumerate(model.params["sparse_w"]):
+    bags = spec.bag_sizes()
+    id_terms = np.zeros((sparse.shape[0], len(bags)), dtype=np.float64)
+    col = 0
+    for f, (weight, size) in enumerate(zip(model.params["sparse_w"], bags)):
         if weight != 0:
-            id_terms[:, f] = spec.signal * weight * _id_effect(f, sparse[:, f], spec.seed)
+            effect = _id_effect(f, sparse[:, col: col + size], spec.seed).sum(1) / np.sqrt(size)
+            id_terms[:, f] = spec.signal * weight * effect
+        col += size
     return dense_term, id_terms
 
 
@@ -249,6 +269,8 @@ def _write_synthetic(out: str | Path, spec: SynthSpec | None, fmt: str, shard_ro
     spec = (spec or SynthSpec()).validate()
     if fmt not in ("npy", "tsv", "tsv.gz"):
         raise ValueError(f"fmt must be npy, tsv or tsv.gz, got {fmt!r}")
+    if fmt != "npy" and spec.multi_hot_sizes is not None:
+        raise ValueError("multi-hot bags have no Criteo TSV form: write them as npy")
     if shard_rows <= 0:
         raise ValueError(f"shard_rows must be positive, got {shard_rows}")
     root = writable_dir(out, "output folder")
@@ -286,6 +308,8 @@ def _write_synthetic(out: str | Path, spec: SynthSpec | None, fmt: str, shard_ro
         "shards": [{"name": r["name"], "rows": r["rows"]} for r in results],
         "synth": {**asdict(spec), "bias": model.bias, "cardinalities": cards},
     }
+    if spec.multi_hot_sizes is not None:  # the sparse columns: each table's bag of ids, in table order
+        meta["multi_hot_sizes"] = spec.bag_sizes()
     from .loader import kaggle_split
 
     test = kaggle_split(spec.rows)["test"] if spec.rows >= 7 else (0, spec.rows)

@@ -1,0 +1,38 @@
+"""benchmarks/dlrm_scaling.py on CPU (gloo, tiny tables): both world sizes run, the JSON holds each run's
+throughput and the efficiency against one rank, and a second call at one world size keeps the other's runs."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[3]
+
+
+def _run(*args: str) -> subprocess.CompletedProcess:
+    env = {**os.environ, "OMP_NUM_THREADS": "1",
+           "PYTHONPATH": os.pathsep.join([str(ROOT / "src"), os.environ.get("PYTHONPATH", "")])}
+    return subprocess.run([sys.executable, str(ROOT / "benchmarks" / "dlrm_scaling.py"), "--device", "cpu",
+                           "--quick", "--no-profile", *args], env=env, capture_output=True, text=True, timeout=600)
+
+
+@pytest.mark.slow
+def test_scaling_smoke(tmp_path):
+    done = _run("--nproc", "1,2", "--out", str(tmp_path))
+    assert done.returncode == 0, done.stderr
+    record = json.loads((tmp_path / "dlrm_scaling.json").read_text())
+    runs = {(r["ranks"], r["mode"]): r for r in record["runs"]}
+    assert set(runs) == {(1, "eager"), (2, "eager")}
+    for run in runs.values():
+        assert run["samples_per_s"] > 0 and run["global_batch"] == run["ranks"] * run["batch_per_rank"]
+    assert runs[(1, "eager")]["efficiency"] == 1.0 and runs[(2, "eager")]["efficiency"] > 0
+    assert "ranks" in done.stdout and "samples/s" in done.stdout
+    again = _run("--nproc", "2", "--model", "mlperf-v2", "--out", str(tmp_path))  # another spec: a new file
+    assert again.returncode == 0, again.stderr
+    record = json.loads((tmp_path / "dlrm_scaling.json").read_text())
+    assert [r["ranks"] for r in record["runs"]] == [2] and record["spec"]["model"] == "mlperf-v2"
