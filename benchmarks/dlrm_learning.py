@@ -101,6 +101,7 @@ _GRID = [
     (A, 2.5e-4, 0.05, 10, _AFTER, "dense rate /2"),
     (R, 5e-4, 0.1, 10, _AFTER, "sparse rate x2: ids are rarer at full scale"),
     (A, 5e-4, 0.1, 10, _AFTER, "sparse rate x2"),
+    (S, 0.1, 24.0, 10, _AFTER, "warm-up 10 as the Adagrads' lead: one schedule serves every optimizer"),
     (S, 0.1, 32.0, 40, _AFTER, "proxy: AUC +0.024 over 16, spike on seed 1 (48+ spike, 256 diverges)"),
     (R, 5e-4, 0.05, 20, _AFTER, "longer warm-up"),
     (R, 2.5e-4, 0.1, 10, _AFTER, "dense /2, sparse x2"),
