@@ -10,6 +10,8 @@
 #   rope | bias_act | mlp | reduce   fuselab bench OP --plot
 #   graphs      fuselab bench --cuda-graph: rope, bias_act, mlp fwd+bwd and reduce (into cuda_graph/)
 #   summary     benchmarks/summarize.py --write: the GPU's SUMMARY.md from the JSON files now in its folder
+#   learning    benchmarks/dlrm_learning.py: the one-epoch learning sweep of the kaggle config (7-8 min; its 8M-row
+#               synthetic data in /tmp/dlrm-kaggle8m)
 #   profiles    fuselab profile (tables, Chrome traces, Inductor's sources) into $OUT/profiles: gelu_tanh eager and
 #               torch.compile, bias_act gelu_tanh per provider, rope decode per provider, reduce dim=0
 set -uo pipefail
@@ -42,6 +44,7 @@ for stage in "$@"; do
         --providers eager torch.compile torchscript liger fuselab cuda
       run fuselab bench reduce --cuda-graph --plot ;;
     summary) run python3 benchmarks/summarize.py "$RES" --write ;;
+    learning) run python3 benchmarks/dlrm_learning.py --data /tmp/dlrm-kaggle8m --out "$RES" ;;
     profiles)
       profile gelu_tanh eager fp32 fwd gelu_tanh_eager
       profile gelu_tanh torch.compile fp32 fwd gelu_tanh_compile
