@@ -3,9 +3,10 @@
 Presets (``src/fuselab/dlrm/configs/*.json``):
 
 * ``kaggle``: D=16, bottom 13-512-256-64-16, top 512-256-1 (facebookresearch/dlrm's Kaggle run), batch 65536,
-  row-wise Adagrad; learning rates for every optimizer in ``learning_rates``. Schedule after NVIDIA's and MLPerf's
-  recipe, scaled to one epoch of the Kaggle train split (599 steps of 65536): linear warm-up over 40 steps, constant,
-  then quadratic decay from step 400 to 0 at step 600.
+  row-wise Adagrad; learning rates for every optimizer in ``learning_rates`` (the MLPs' Adagrad at 5e-4: at 0.01
+  the loss rose to 1.5x the untrained model's, ``benchmarks/notes/dlrm.md``). Schedule after NVIDIA's and MLPerf's
+  recipe, scaled to one epoch of the Kaggle train split (599 steps of 65536): linear warm-up over 10 steps,
+  constant, then quadratic decay from step 400 to 0 at step 600.
 * ``mlperf-v1``: D=128, bottom 13-512-256-128, top 1024-1024-512-256-1, tables capped at 40M rows.
 * ``mlperf-v2``: MLPerf's DLRM-DCNv2: D=128, bottom 13-512-256-128, DCNv2 interaction (3 layers, rank 512), top
   1024-1024-512-256-1, multi-hot bags of fixed sizes per table (``multi_hot_sizes``, summed), the Criteo 1TB
