@@ -2,33 +2,22 @@
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import math
-import sys
-from pathlib import Path
 from types import ModuleType
 
 import pytest
+from bench_scripts import load_benchmark
 
 from fuselab.dlrm.config import OPTIMIZERS, load_config
 
-SCRIPT = Path(__file__).resolve().parents[2] / "benchmarks" / "dlrm_learning.py"
 NUMBERS = ("test_auc", "best_auc", "gap", "test_logloss", "first_loss", "max_loss_after_first", "max_over_first",
            "last10_loss", "final_loss", "max_over_untrained", "samples_per_s", "train_s", "wall_s")
 
 
 @pytest.fixture(scope="module")
 def sweep() -> ModuleType:
-    spec = importlib.util.spec_from_file_location("dlrm_learning", SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # dataclasses look their module up while the script is executed
-    try:
-        spec.loader.exec_module(module)
-    except BaseException:
-        del sys.modules[spec.name]
-        raise
-    return module
+    return load_benchmark("dlrm_learning")
 
 
 @pytest.mark.slow

@@ -6,34 +6,22 @@ which is fuselab's ``InteractionArch`` order, so with the same weights both mode
 
 from __future__ import annotations
 
-import importlib.util
 import json
-import sys
-from pathlib import Path
 from types import ModuleType
 
 import pytest
 import torch
+from bench_scripts import load_benchmark
 from dlrm_fake_ops import fuselab_ops  # noqa: F401  (a fixture)
 from torch import nn
 
 from fuselab.dlrm.model import DLRM, InteractionArch
 from fuselab.testing import assert_close
 
-SCRIPT = Path(__file__).resolve().parents[2] / "benchmarks" / "dlrm_speed.py"
-
 
 @pytest.fixture(scope="module")
 def speed() -> ModuleType:
-    spec = importlib.util.spec_from_file_location("dlrm_speed", SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # dataclasses look their module up while the script is executed
-    try:
-        spec.loader.exec_module(module)
-    except BaseException:
-        del sys.modules[spec.name]
-        raise
-    return module
+    return load_benchmark("dlrm_speed")
 
 
 @pytest.mark.usefixtures("fuselab_ops")

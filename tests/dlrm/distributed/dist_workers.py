@@ -197,67 +197,38 @@ def hang_in_exchange(cfg: dict) -> None:
     train_steps(ctx, model, opt, 1, 2, cfg["batch"])
 
 
-def static_vs_dynamic(cfgs: list[dict], ctx=None) -> list[dict]:
-    """For each config: two collections over a plan of whole tables, one with the static exchange
-    (``uniform_batch=True``), one without; two steps on the same one-id-per-feature batches (the same B on every
-    rank). Returns both paths' outputs of each step and final shard rows and state, and whether the static path
-    was taken."""
-    ctx = ctx or _context()
-    plan = plan_sharding(SIZES, DIM, ctx.world_size, row_wise_share=float("inf"))
-    results = []
-    for cfg in cfgs:
-        factory = fused_factory if cfg.get("factory") == "fused" else torch_factory
-        paths = {}
-        for name, uniform in (("static", True), ("dynamic", False)):
-            emb = ShardedEmbeddingCollection(plan, ctx.rank, factory=factory, optimizer=cfg["optimizer"], lr=0.3,
-                                             seed=5, grad_divisor=1.0, group=ctx.embedding_group,
-                                             comm_dtype=cfg.get("comm_dtype"), uniform_batch=uniform)
-            gen = torch.Generator().manual_seed(13)
-            outs = []
-            for _ in range(2):
-                ids = torch.randint(-1000, 1000, (cfg["batch"] * ctx.world_size, len(SIZES)), generator=gen)
-                weight = torch.randn(cfg["batch"] * ctx.world_size, len(SIZES), DIM, generator=gen)
-                part = local_slice(cfg["batch"] * ctx.world_size, ctx.rank, ctx.world_size)
-                out = emb(ids[part])
-                (out.float() * weight[part]).sum().backward()
-                outs.append(out.detach().float())
-            paths[name] = {"outs": outs, "taken": emb.static,
-                           "shards": [(s.table, w.clone(), None if m is None else m.clone())
-                                      for s, w, m in emb.shard_states()]}
-        results.append(paths)
-    if ctx.world_size > 1:
-        shutdown()
-    return results
-
-
 #: fixed bag sizes of the tables of SIZES (multi-hot): table 1 one id, others several
 BAG_SIZES = [2, 1, 3, 2, 4]
 
 
-def multi_hot_static_vs_dynamic(cfgs: list[dict], ctx=None) -> list[dict]:
-    """:func:`static_vs_dynamic` for fixed-size bags: ids (B, sum(BAG_SIZES)); the dynamic path takes the same
-    bags as flat ids + offsets."""
+def static_vs_dynamic(cfgs: list[dict], ctx=None) -> list[dict]:
+    """For each config: two collections over a plan of whole tables, one with the static exchange
+    (``uniform_batch=True``), one without; two steps on the same 2-D batches (the same B on every rank): one id
+    per table, or with ``cfg["bags"]`` fixed-size bags of :data:`BAG_SIZES` (the general path gets them as flat
+    ids + offsets). Returns both paths' outputs of each step and final shard rows and state, and whether the
+    static path was taken."""
     from fuselab.dlrm.bags import FixedBags
 
     ctx = ctx or _context()
     plan = plan_sharding(SIZES, DIM, ctx.world_size, row_wise_share=float("inf"))
-    bags, width = FixedBags(BAG_SIZES), sum(BAG_SIZES)
     results = []
     for cfg in cfgs:
         factory = fused_factory if cfg.get("factory") == "fused" else torch_factory
+        sizes = BAG_SIZES if cfg.get("bags") else None
+        bags = FixedBags(sizes or [1] * len(SIZES))
         paths = {}
         for name, uniform in (("static", True), ("dynamic", False)):
             emb = ShardedEmbeddingCollection(plan, ctx.rank, factory=factory, optimizer=cfg["optimizer"], lr=0.3,
                                              seed=5, grad_divisor=1.0, group=ctx.embedding_group,
-                                             pooling=cfg["pooling"], uniform_batch=uniform,
-                                             multi_hot_sizes=BAG_SIZES)
-            gen = torch.Generator().manual_seed(17)
+                                             comm_dtype=cfg.get("comm_dtype"), pooling=cfg.get("pooling", "sum"),
+                                             uniform_batch=uniform, multi_hot_sizes=sizes)
+            gen = torch.Generator().manual_seed(13)
             outs = []
             for _ in range(2):
-                ids = torch.randint(-1000, 1000, (cfg["batch"] * ctx.world_size, width), generator=gen)
+                ids = torch.randint(-1000, 1000, (cfg["batch"] * ctx.world_size, bags.width), generator=gen)
                 weight = torch.randn(cfg["batch"] * ctx.world_size, len(SIZES), DIM, generator=gen)
                 part = local_slice(cfg["batch"] * ctx.world_size, ctx.rank, ctx.world_size)
-                out = emb(ids[part]) if uniform else emb(*bags(ids[part]))
+                out = emb(ids[part]) if uniform or sizes is None else emb(*bags(ids[part]))
                 (out.float() * weight[part]).sum().backward()
                 outs.append(out.detach().float())
             paths[name] = {"outs": outs, "taken": emb.static,

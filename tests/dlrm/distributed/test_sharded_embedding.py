@@ -12,7 +12,6 @@ from dist_workers import (
     embedding_cases,
     make_bags,
     make_plan,
-    multi_hot_static_vs_dynamic,
     static_vs_dynamic,
 )
 
@@ -184,13 +183,13 @@ def test_static_exchange_equals_dynamic(world):
     _compare_static(spawn_local(world, static_vs_dynamic, (STATIC,)), world, STATIC)
 
 
-MULTI_HOT = [{"optimizer": "rowwise_adagrad", "pooling": "sum", "batch": 5},
-             {"optimizer": "adagrad", "pooling": "mean", "batch": 4}]
+MULTI_HOT = [{"optimizer": "rowwise_adagrad", "pooling": "sum", "batch": 5, "bags": True},
+             {"optimizer": "adagrad", "pooling": "mean", "batch": 4, "bags": True}]
 
 
 def test_static_exchange_of_fixed_bags_one_rank():
     cases = [*MULTI_HOT, dict(MULTI_HOT[1], factory="fused")]
-    _compare_static([multi_hot_static_vs_dynamic(cases, ctx=_single())], 1, cases)
+    _compare_static([static_vs_dynamic(cases, ctx=_single())], 1, cases)
 
 
 @pytest.mark.slow
@@ -198,4 +197,4 @@ def test_static_exchange_of_fixed_bags_two_ranks():
     """Fixed-size bags (MLPerf's multi-hot, ids (B, S)): the static exchange sends each table's bag columns to its
     owner and pools them there; the same outputs and updates as the general path given the same bags as
     (ids, offsets), sum and mean pooling."""
-    _compare_static(spawn_local(2, multi_hot_static_vs_dynamic, (MULTI_HOT,)), 2, MULTI_HOT)
+    _compare_static(spawn_local(2, static_vs_dynamic, (MULTI_HOT,)), 2, MULTI_HOT)
