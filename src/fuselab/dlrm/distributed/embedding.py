@@ -126,7 +126,7 @@ class ShardedEmbeddingCollection(nn.Module):
                           else [1] * self.num_features)
         self.bags = FixedBags(self.bag_sizes).to(device)
         self._build_routing(device)
-        #: the static exchange applies to (B, F) ids: every table whole on one rank, the same B on every rank
+        #: the static exchange applies to 2-D ids (B, S): every table whole on one rank, the same B on every rank
         self.static = bool(uniform_batch) and all(s.rows == plan.table_sizes[s.table] for s in plan.shards)
         if self.static:  # where table f arrives: owner's block start (in shards), block width, index in it
             exchange = [s for q in range(self.world) for s in plan.shards_of(q)]
