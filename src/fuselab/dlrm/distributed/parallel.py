@@ -212,6 +212,11 @@ class DistributedDLRM(nn.Module):
     def dense_parameters(self) -> list[nn.Parameter]:
         return list(self.dense_module.parameters())
 
+    def unwrap(self) -> None:
+        """Drop the DDP wrapper (its reducer holds the process group): the dense part runs unwrapped from here on,
+        without gradient averaging. For the end of a run, before the process group is destroyed."""
+        self.dense, self.ddp = self.dense_module, False
+
     @torch.no_grad()
     def reduce_gradients(self) -> None:
         """Average the dense gradients over the ranks (``ddp=False``; nothing with DDP or one rank): one

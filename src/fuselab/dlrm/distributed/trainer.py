@@ -20,6 +20,7 @@ Rank 0 logs, shows progress and writes the JSON summary, profile and TensorBoard
 from __future__ import annotations
 
 import dataclasses
+import gc
 import math
 from pathlib import Path
 from typing import Any
@@ -163,10 +164,20 @@ class DistributedTrainer(Trainer):
             return super().run()
         finally:
             if self._owns_group:
-                step = getattr(self, "train_step", None)
-                if step is not None:
-                    step.release()  # a graph holding NCCL operations must go before the communicators
-                shutdown()
+                self._leave()
+
+    def _leave(self) -> None:
+        """Leave the process group this trainer joined: first free what holds its communicators (a CUDA graph
+        with NCCL operations, pytorch/pytorch#115388; the DDP wrapper, whose reducer outliving its group ended the
+        process with std::terminate at exit), then destroy it. The model stays usable on this rank's shards."""
+        step = getattr(self, "train_step", None)
+        if step is not None:
+            step.release()
+        model = getattr(self, "model", None)
+        if model is not None:
+            model.unwrap()
+        gc.collect()
+        shutdown()
 
     def _stopping(self) -> bool:
         """Every rank stops at the same step: the local reasons (signal, time budget) are combined every
