@@ -122,8 +122,11 @@ def _worker(rank: int, world: int, port: int, spec: dict, result: str) -> None:
                 if mode == "cuda_graph":
                     del graph
             rows.append(row)
-    if rank == 0:
-        Path(result).write_text(json.dumps(rows))
+    if rank == 0:  # the whole record, before the process group goes (a hang there keeps it)
+        record = json.loads(Path(result).read_text())
+        record["rows"] += rows
+        atomic_write_json(Path(result).with_name("collectives.json"), record)
+        print_table(record["rows"])
     dist.destroy_process_group()
 
 
@@ -132,6 +135,17 @@ def _topology() -> str:
         return "nvidia-smi not found"
     out = subprocess.run(["nvidia-smi", "topo", "-m"], capture_output=True, text=True, timeout=30)
     return out.stdout.strip() or out.stderr.strip()
+
+
+def print_table(rows: list[dict]) -> None:
+    print(f"{'what':>10} {'MB':>6} {'eager ms':>9} {'GB/s':>6} {'graph ms':>9} {'GB/s':>6}")
+    for r in rows:
+        if r["what"] == "peer_copy":
+            print(f"{'peer copy':>10} {r['mb']:>6.1f} {r['one_way_ms']:>9.3f} {r['one_way_gbps']:>6.0f} "
+                  f"{r['both_ways_ms']:>9.3f} {r['per_direction_gbps']:>6.0f}  (one way | both ways)")
+        else:
+            print(f"{r['what']:>10} {r['mb']:>6.1f} {r['eager_ms']:>9.3f} {r['eager_gbps']:>6.0f} "
+                  f"{r['cuda_graph_ms']:>9.3f} {r['cuda_graph_gbps']:>6.0f}")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -152,19 +166,12 @@ def main(argv: list[str] | None = None) -> int:
               "environment": envinfo.environment(), "topology": _topology(), "spec": spec, "ranks": world}
     print(record["topology"])
     record["rows"] = peer_copy(args.sizes_mb, args.iters, args.windows)
-    result = out / ".collectives_ranks.json"
-    mp.spawn(_worker, args=(world, args.port, spec, str(result)), nprocs=world, join=True)
-    record["rows"] += json.loads(result.read_text())
-    result.unlink()
-    atomic_write_json(out / "collectives.json", record)
-    print(f"{'what':>10} {'MB':>6} {'eager ms':>9} {'GB/s':>6} {'graph ms':>9} {'GB/s':>6}")
-    for r in record["rows"]:
-        if r["what"] == "peer_copy":
-            print(f"{'peer copy':>10} {r['mb']:>6.1f} {r['one_way_ms']:>9.3f} {r['one_way_gbps']:>6.0f} "
-                  f"{r['both_ways_ms']:>9.3f} {r['per_direction_gbps']:>6.0f}  (one way | both ways)")
-        else:
-            print(f"{r['what']:>10} {r['mb']:>6.1f} {r['eager_ms']:>9.3f} {r['eager_gbps']:>6.0f} "
-                  f"{r['cuda_graph_ms']:>9.3f} {r['cuda_graph_gbps']:>6.0f}")
+    partial_record = out / ".collectives_peer.json"
+    partial_record.write_text(json.dumps(record))
+    try:
+        mp.spawn(_worker, args=(world, args.port, spec, str(partial_record)), nprocs=world, join=True)
+    finally:
+        partial_record.unlink(missing_ok=True)
     return 0
 
 

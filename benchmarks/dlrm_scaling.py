@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import argparse
 import faulthandler
+import itertools
 import json
 import os
 import signal
@@ -112,6 +113,56 @@ def _comm_profile(step, batches, device: torch.device, steps: int = 5) -> dict[s
             "kernel_us": sum(r.total_us for r in rows) / steps, "kernels": sum(r.calls for r in rows) / steps}
 
 
+class CollectiveTimeline:
+    """While active, every ``all_to_all_single`` / ``all_reduce`` issued during a CUDA graph capture is bracketed by
+    two timing events recorded into the graph (``external=True``): one replay then gives each collective's time
+    (its transfer plus any wait for the other ranks) and the compute between collectives, on this rank."""
+
+    NAMES = ("all_to_all_single", "all_reduce")
+
+    def __init__(self) -> None:
+        self.marks: list[tuple[str, torch.cuda.Event, torch.cuda.Event]] = []
+        self._saved: dict[str, Any] = {}
+
+    def _wrap(self, name: str, call):
+        def wrapped(*args, **kwargs):
+            if not torch.cuda.is_current_stream_capturing():
+                return call(*args, **kwargs)
+            begin, end = (torch.cuda.Event(enable_timing=True, external=True) for _ in range(2))
+            begin.record()
+            result = call(*args, **kwargs)
+            end.record()
+            self.marks.append((name, begin, end))
+            return result
+        return wrapped
+
+    def __enter__(self) -> CollectiveTimeline:
+        for name in self.NAMES:
+            self._saved[name] = getattr(dist, name)
+            setattr(dist, name, self._wrap(name, self._saved[name]))
+        return self
+
+    def __exit__(self, *exc) -> None:
+        for name, call in self._saved.items():
+            setattr(dist, name, call)
+
+    def replay(self, step, batches, replays: int = 10) -> list[dict[str, Any]]:
+        """Median µs, over ``replays`` steps, of each segment of the captured step: ``compute`` before each
+        collective, the collective itself, and the compute after the last one."""
+        spans: list[list[float]] = []
+        for k in range(replays):
+            start, stop = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            step(*batches[k % len(batches)])
+            stop.record()
+            stop.synchronize()
+            edges = [0.0] + [start.elapsed_time(ev) for _, b0, e0 in self.marks for ev in (b0, e0)]
+            edges.append(start.elapsed_time(stop))
+            spans.append([1e3 * (b - a) for a, b in itertools.pairwise(edges)])
+        names = [x for n, _, _ in self.marks for x in ("compute", n)] + ["compute"]
+        return [{"segment": n, "us": statistics.median(col)} for n, col in zip(names, zip(*spans))]
+
+
 def _measure(step, batches, device: torch.device, steps: int, windows: int) -> dict[str, Any]:
     for k in range(3):  # warm-up (capture in graph mode)
         step(*batches[k % len(batches)])
@@ -168,7 +219,17 @@ def worker(spec: dict[str, Any]) -> None:
         run: dict[str, Any] = {"mode": mode, "ranks": world, "batch_per_rank": batch, "global_batch": batch * world}
         try:
             _say(ctx, f"{mode}: measure")
-            run.update(_measure(step, batches, ctx.device, spec["steps"], spec["windows"]))
+            timeline = CollectiveTimeline() if spec.get("timeline") and mode == "cuda_graph" else None
+            if timeline is None:
+                run.update(_measure(step, batches, ctx.device, spec["steps"], spec["windows"]))
+            else:
+                with timeline:
+                    run.update(_measure(step, batches, ctx.device, spec["steps"], spec["windows"]))
+                run["timeline"] = timeline.replay(step, batches)
+                if world > 1:  # every rank's, in rank order
+                    gathered = [None] * world
+                    dist.all_gather_object(gathered, run["timeline"])
+                    run["timeline"] = gathered
             _say(ctx, f"{mode}: {run['step_ms']:.3f} ms/step; profile")
             run["samples_per_s"] = batch * world / (run["step_ms"] / 1e3)
             # torch.profiler over replays of a graph holding NCCL kernels hung at 2 ranks (H100, torch 2.11): the
@@ -282,6 +343,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--device", choices=("cuda", "cpu"), default="cuda" if torch.cuda.is_available() else "cpu")
     parser.add_argument("--quick", action="store_true", help="tiny tables and batches, 2 windows (smoke test)")
     parser.add_argument("--no-profile", action="store_true")
+    parser.add_argument("--timeline", action="store_true",
+                        help="cuda_graph: time each collective and the compute between them inside the graph")
     parser.add_argument("--limit-s", type=int, default=240, help="wall-time limit of each world size's launch")
     parser.add_argument("--hang-s", type=float, default=120.0,
                         help="a mode still running after this many seconds is a hang: stacks printed, ranks ended")
@@ -305,6 +368,7 @@ def main(argv: list[str] | None = None) -> int:
             "precision": args.precision, "optimizer": args.optimizer, "ids": args.ids,
             "modes": args.modes.split(","), "steps": 3 if args.quick else args.steps,
             "windows": 2 if args.quick else args.windows, "device": args.device, "no_profile": args.no_profile,
+            "timeline": args.timeline,
             "hang_s": args.hang_s}
     record = _record(out / "dlrm_scaling.json", spec)
     for world in worlds:
