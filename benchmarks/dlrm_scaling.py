@@ -109,8 +109,10 @@ def _comm_profile(step, batches, device: torch.device, steps: int = 5) -> dict[s
 
     def total(*keys: str) -> float:
         return sum(r.total_us for r in rows if any(k in r.name.lower() for k in keys)) / steps
+    top = [{"name": r.name[:120], "us": r.total_us / steps, "calls": r.calls / steps} for r in rows[:25]]
     return {"all_to_all_us": total("alltoall", "all_to_all", "sendrecv"), "all_reduce_us": total("allreduce"),
-            "kernel_us": sum(r.total_us for r in rows) / steps, "kernels": sum(r.calls for r in rows) / steps}
+            "kernel_us": sum(r.total_us for r in rows) / steps, "kernels": sum(r.calls for r in rows) / steps,
+            "top_kernels": top}
 
 
 class CollectiveTimeline:
