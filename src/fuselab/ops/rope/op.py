@@ -153,8 +153,8 @@ def apply_rope(q: torch.Tensor, k: torch.Tensor | None, cos: torch.Tensor | None
     op = ROPE_ if inplace else ROPE
     call = _call_key(q, k, cos, sin, layout, interleaved, inplace, positions, seqlen_offsets, cu_seqlens, max_seqlen,
                      base, scaling, rotary_dim, check_positions)
-    try:
-        prepared = op.launches.get(call)
+    try:  # no lookup without a key (under torch.compile: torch 2.11's dynamo cannot trace the cache's dict.get)
+        prepared = None if call is None else op.launches.get(call)
     except TypeError:  # an unhashable argument in the key: validate names it
         prepared = None
     if prepared is not None and triton_for(q):  # a checked call of this key kept its launch
