@@ -657,3 +657,12 @@ def test_strided_offsets_and_grad(backend, device):
         results.append((w2, s2))
     assert torch.equal(results[0][0], results[1][0]) and torch.equal(results[0][1], results[1][1])
     assert not torch.equal(results[0][0], w)
+
+
+def test_init_ignores_default_device_context():
+    """The rows are drawn on the generator's device even inside ``with torch.device(...)`` (a CPU generator with a
+    CUDA default device failed on the GPU): the same bits as outside the context."""
+    want = EmbeddingBagCollection([3, 5], 4, generator=torch.Generator().manual_seed(4)).weight
+    with torch.device("meta"):
+        got = EmbeddingBagCollection([3, 5], 4, device="cpu", generator=torch.Generator().manual_seed(4)).weight
+    assert got.device.type == "cpu" and torch.equal(got, want)

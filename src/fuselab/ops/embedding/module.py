@@ -24,9 +24,9 @@ class EmbeddingBagCollection(nn.Module):
     require grad; the empty parameter ``grad_anchor`` does, so that autograd runs the fused update. It never gets a
     gradient: no dense or sparse gradient of the tables is ever allocated.
 
-    Initialisation: table ``t`` drawn U(-1/sqrt(n_t), 1/sqrt(n_t)) in table order on the CPU from ``generator`` (the
-    global generator when None), then moved to ``device``: bit-identical to
-    ``fuselab.dlrm.model.SparseArch(layout="fused")`` with the same generator.
+    Initialisation: table ``t`` drawn U(-1/sqrt(n_t), 1/sqrt(n_t)) in table order from ``generator`` on its device
+    (the global CPU generator when None; a default-device context does not move it), then moved to ``device``:
+    bit-identical to ``fuselab.dlrm.model.SparseArch(layout="fused")`` with the same generator.
 
     Training: in training mode with grad enabled, the gradient of the output applies the optimizer to the looked-up
     rows in place when it reaches the backward (``loss.backward()``; running the backward twice updates twice).
@@ -57,8 +57,10 @@ class EmbeddingBagCollection(nn.Module):
         self.sizes = tuple(sizes)
         self.dim, self.optimizer, self.eps, self.pooling = dim, optimizer, float(eps), pooling
         self.deterministic, self.config = bool(deterministic), config
-        starts = torch.tensor([0, *sizes], dtype=torch.int64).cumsum(0)
-        weight = torch.empty(int(starts[-1]), dim)
+        # on the generator's device (the CPU's by default), whatever the default device, then moved to ``device``
+        init_device = generator.device if generator is not None else torch.device("cpu")
+        starts = torch.tensor([0, *sizes], dtype=torch.int64, device="cpu").cumsum(0)
+        weight = torch.empty(int(starts[-1]), dim, device=init_device)
         with torch.no_grad():
             for t, n in enumerate(sizes):
                 bound = 1.0 / math.sqrt(n)
