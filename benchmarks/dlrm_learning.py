@@ -71,6 +71,7 @@ class Candidate:
     decay_steps: int
     note: str = ""
     seed: int = 0  # the config's: initial weights and batch order (the data stay the same)
+    adagrad_eps: float = 1e-8  # added to sqrt(state) by both Adagrads (the config's)
 
     def overrides(self) -> dict[str, Any]:
         return {k: v for k, v in asdict(self).items() if k != "note"}
@@ -158,7 +159,7 @@ def confirmations(runs: list[dict[str, Any]], count: int, seed: int = 1) -> list
                     key=lambda r: r["gap"])
     picked += [r for r in steady if r not in picked]
     fields = [f for f in Candidate.__dataclass_fields__ if f not in ("note", "seed")]
-    return [Candidate(**{f: r[f] for f in fields}, note=f"seed {seed} of a best run", seed=seed)
+    return [Candidate(**{f: r[f] for f in fields if f in r}, note=f"seed {seed} of a best run", seed=seed)
             for r in sorted(picked[:count], key=lambda r: r["gap"])]
 
 
@@ -236,13 +237,13 @@ def _release(device: str) -> None:
 # -- output ----------------------------------------------------------------------------------------------------
 def table(runs: list[dict[str, Any]]) -> str:
     """One line per run: candidate, test AUC, gap, loss ratios, last-10 loss, rate, wall time."""
-    head = (f"{'optimizer':<16} {'lr_d':>7} {'lr_s':>6} {'warm':>4} {'decay':>6} {'seed':>4} {'AUC':>7} {'gap':>7} "
-            f"{'max/first':>9} {'max/init':>8} {'last10':>7} {'Msamp/s':>7} {'s':>5}  note")
+    head = (f"{'optimizer':<16} {'lr_d':>7} {'lr_s':>6} {'eps':>6} {'warm':>4} {'decay':>6} {'seed':>4} {'AUC':>7} "
+            f"{'gap':>7} {'max/first':>9} {'max/init':>8} {'last10':>7} {'Msamp/s':>7} {'s':>5}  note")
     lines = [head]
     for r in runs:
         decay = f"{r['decay_start_step']}+{r['decay_steps']}" if r["decay_steps"] else "-"
-        what = (f"{r['optimizer']:<16} {r['lr_dense']:>7g} {r['lr_sparse']:>6g} {r['warmup_steps']:>4} {decay:>6} "
-                f"{r['seed']:>4}")
+        what = (f"{r['optimizer']:<16} {r['lr_dense']:>7g} {r['lr_sparse']:>6g} {r.get('adagrad_eps', 1e-8):>6g} "
+                f"{r['warmup_steps']:>4} {decay:>6} {r['seed']:>4}")
         if r["status"] != "ok":
             lines.append(f"{what} {r['status']}: {r.get('reason', '')}")
             continue
