@@ -13,6 +13,11 @@ import torch
 HAS_CUDA = torch.cuda.is_available()
 if not HAS_CUDA:
     os.environ.setdefault("TRITON_INTERPRET", "1")
+if os.environ.get("PYTEST_XDIST_WORKER") and not HAS_CUDA:
+    # one thread per test process (and the processes tests start) when several share the cores: intra-op thread
+    # pools of 2 per process on 2 cores spin against each other
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
+    torch.set_num_threads(1)
 
 import pytest  # noqa: E402
 
