@@ -7,6 +7,9 @@
 #               world size bounded in time; a hung mode prints its stacks and ends after 60 s)
 #   train       8M synthetic rows at the full Kaggle cardinalities, one epoch of `fuselab dlrm train --config kaggle
 #               --cuda-graph --data-on-device --precision bf16`: one process, --nproc 1 and --nproc N
+#   collectives benchmarks/collectives.py: peer copies, all_to_all and all_reduce at the DLRM's exchange sizes
+#   timeline    the N-GPU graph step with each collective timed inside the graph (dlrm_scaling.py --timeline), into
+#               dlrm_scaling_timeline.json
 #   disttests   the distributed tests (tests/dlrm/distributed: gloo, on this machine's CPUs)
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -34,6 +37,11 @@ for stage in "$@"; do
       [ -n "${TRAIN_ALL:-}" ] && run timeout 120 fuselab dlrm train "${common[@]}" --nproc 1 --run-dir /tmp/run-n1 \
         --json "$RES/dlrm_train_nproc1.json"
       grep -A6 "^+ .*fuselab dlrm train" "$LOG" | grep -v "^  (" > "$RES/dlrm_train.txt" ;;
+    collectives) run timeout 120 python3 benchmarks/collectives.py --out "$RES" ;;
+    timeline)
+      run timeout 120 python3 benchmarks/dlrm_scaling.py --nproc "$NGPU" --hang-s 60 --limit-s 90 --modes cuda_graph \
+        --timeline --no-profile --out "$OUT/timeline"
+      cp "$OUT/timeline/dlrm_scaling.json" "$RES/dlrm_scaling_timeline.json" ;;
     disttests) run timeout 400 python3 -m pytest -q -p no:cacheprovider tests/dlrm/distributed ;;
     *) echo "unknown stage $stage"; exit 2 ;;
   esac
