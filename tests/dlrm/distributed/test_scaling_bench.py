@@ -1,5 +1,6 @@
 """benchmarks/dlrm_scaling.py on CPU (gloo, tiny tables): both world sizes run, the JSON holds each run's
-throughput and the efficiency against one rank, and a second call at one world size keeps the other's runs."""
+throughput and the efficiency against one rank, and a second call with another spec (the DCNv2 model, one rank)
+starts a new file."""
 
 from __future__ import annotations
 
@@ -32,7 +33,7 @@ def test_scaling_smoke(tmp_path):
         assert run["samples_per_s"] > 0 and run["global_batch"] == run["ranks"] * run["batch_per_rank"]
     assert runs[(1, "eager")]["efficiency"] == 1.0 and runs[(2, "eager")]["efficiency"] > 0
     assert "ranks" in done.stdout and "samples/s" in done.stdout
-    again = _run("--nproc", "2", "--model", "mlperf-v2", "--out", str(tmp_path))  # another spec: a new file
+    again = _run("--nproc", "1", "--model", "mlperf-v2", "--out", str(tmp_path))  # another spec: a new file
     assert again.returncode == 0, again.stderr
     record = json.loads((tmp_path / "dlrm_scaling.json").read_text())
-    assert [r["ranks"] for r in record["runs"]] == [2] and record["spec"]["model"] == "mlperf-v2"
+    assert [r["ranks"] for r in record["runs"]] == [1] and record["spec"]["model"] == "mlperf-v2"
