@@ -84,7 +84,7 @@ def baseline(optimizer: str) -> Candidate:
     """The kaggle config's own rates and schedule for ``optimizer``."""
     cfg = load_config("kaggle", optimizer=optimizer)
     return Candidate(optimizer, cfg.lr_dense, cfg.lr_sparse, cfg.warmup_steps, cfg.decay_start_step, cfg.decay_steps,
-                     "kaggle config")
+                     "kaggle config", adagrad_eps=cfg.adagrad_eps)
 
 
 _AFTER = (400, 200)  # the kaggle config's decay: it starts after the epoch's 104 steps

@@ -55,15 +55,15 @@ class _Exchange(torch.autograd.Function):
         return out, None, None, None, None
 
 
-def _as_words(t: Tensor) -> Tensor:
-    """``t`` with its last dim viewed as 64-bit words where its rows' bytes and alignment allow (index copies of
-    32-byte rows then move 4 words each instead of 16 bf16 values), else ``t`` itself."""
-    if t.shape[-1] * t.element_size() % 8 or t.element_size() >= 8:
-        return t
+def _as_words(src: Tensor, dst: Tensor) -> tuple[Tensor, Tensor]:
+    """``src`` and ``dst`` with their last dim viewed as 64-bit words where both rows' bytes and alignment allow it
+    (index copies of 32-byte rows then move 4 words each instead of 16 bf16 values), else both as they are."""
+    if src.shape[-1] * src.element_size() % 8 or src.element_size() >= 8:
+        return src, dst
     try:
-        return t.view(torch.int64)
+        return src.view(torch.int64), dst.view(torch.int64)
     except RuntimeError:  # a stride or storage offset that is not a whole word
-        return t
+        return src, dst
 
 
 class _TableOrder(torch.autograd.Function):
@@ -77,28 +77,22 @@ class _TableOrder(torch.autograd.Function):
     def forward(ctx, flat: Tensor, batch: int, owner_tables: Sequence[Tensor], row_index: Tensor) -> Tensor:
         dim = flat.numel() // row_index.numel()
         ctx.save_for_backward(row_index)
-        ctx.flat_numel = flat.numel()
         out = flat.new_empty(batch, row_index.shape[1], dim)
-        out_words, start = _as_words(out), 0
-        for tables in owner_tables:
-            size = batch * tables.numel() * dim
-            if size:
-                block = _as_words(flat[start: start + size].view(batch, tables.numel(), dim))
-                if block.dtype == out_words.dtype:
-                    out_words.index_copy_(1, tables, block)
-                else:
-                    out.index_copy_(1, tables, block.view(out.dtype))
-            start += size
+        src, dst = _as_words(flat.view(-1, dim), out)
+        start = 0
+        for tables in owner_tables:  # owner q's rows [start, start + B*K_q) hold its tables for every sample
+            count = batch * tables.numel()
+            if count:
+                dst.index_copy_(1, tables, src[start: start + count].view(batch, tables.numel(), src.shape[-1]))
+            start += count
         return out
 
     @staticmethod
     def backward(ctx, grad: Tensor):
         (row_index,) = ctx.saved_tensors
         grad = grad.contiguous()
-        rows = grad.new_empty(ctx.flat_numel // grad.shape[-1], grad.shape[-1])
-        src, dst = _as_words(grad), _as_words(rows)
-        if src.dtype != dst.dtype:
-            src, dst = grad, rows
+        rows = grad.new_empty(row_index.numel(), grad.shape[-1])
+        src, dst = _as_words(grad, rows)
         dst.index_copy_(0, row_index.reshape(-1), src.reshape(-1, src.shape[-1]))
         return rows.reshape(-1), None, None, None
 
