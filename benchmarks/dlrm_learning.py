@@ -321,7 +321,7 @@ class Sweep:
         self.result: dict[str, Any] = {
             "benchmark": "dlrm_learning", "command": [sys.executable, *sys.argv],
             "started_utc": datetime.now(timezone.utc).isoformat(timespec="seconds"),
-            "environment": envinfo.environment(),
+            "environment": envinfo.environment(args.device),
             "options": {k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items()},
             "best_auc_test": data.meta.get("best_auc_test"), "target_gap": TARGET_GAP, "untrained": {},
             "runs": [], "not_run": []}

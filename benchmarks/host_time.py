@@ -4,7 +4,12 @@ queue never fills and only host time is measured.
 
 Cases: RoPE decode (B=64, bshd, one token, 32 q heads / 8 k heads, head_dim 128, bf16, fp32 cos/sin tables of
 4096 rows) in place and out of place, with an int offset (changing every call, as in decoding) and with a tensor
-offset; ``bias_act`` forward, relu, bf16, 16384x4096 and 256x4096, with a bias.
+offset; ``bias_act`` forward, relu, bf16, 16384x4096 and 256x4096, with a bias; the DLRM's ops at B=2048 (Kaggle's
+F=26, D=16): ``dot_interaction`` forward (bf16, padded to 8) without and with its backward, and the embedding
+collection's lookup and its training call (forward, then the backward that runs the fused row-wise Adagrad update).
+
+``--trace`` prints, per case, the Python and C calls of one steady-state call (``sys.setprofile``): run it against
+both trees and diff the two outputs to see what one of them does more.
 
 Run it against two trees alternately, each installed in turn (``pip install -e <tree>``) or selected with
 ``PYTHONPATH=<tree>/src``; it prints which ``fuselab`` it imported::
@@ -17,6 +22,8 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
+import sys
+import threading
 import time
 from collections.abc import Callable
 
@@ -63,19 +70,90 @@ def bias_act_cases() -> dict[str, Callable[[int], object]]:
     return cases
 
 
+def dlrm_cases() -> dict[str, Callable[[int], object]]:
+    from fuselab.ops.embedding import embedding_bag_collection
+
+    gen = torch.Generator(device="cuda").manual_seed(0)
+    batch, features, dim = 2048, 26, 16
+    dense = torch.randn(batch, dim, device="cuda", dtype=torch.bfloat16, generator=gen)
+    emb = torch.randn(batch, features, dim, device="cuda", dtype=torch.bfloat16, generator=gen)
+    dense_g = dense.clone().requires_grad_()
+    emb_g = emb.clone().requires_grad_()
+    width = fuselab.dot_interaction(dense, emb, pad_to=8).shape[1]
+    grad_out = torch.randn(batch, width, device="cuda", dtype=torch.bfloat16, generator=gen)
+
+    sizes = [1000 + 37 * f for f in range(features)]
+    table_sizes = torch.tensor(sizes, dtype=torch.int64, device="cuda")
+    row_offsets = torch.cumsum(table_sizes, 0) - table_sizes
+    weight = torch.randn(sum(sizes), dim, device="cuda", generator=gen)
+    momentum = torch.zeros(sum(sizes), device="cuda")
+    lr = torch.tensor(0.01, device="cuda")
+    ids = torch.randint(0, 10**6, (batch, features), device="cuda", generator=gen)
+    anchor = torch.empty(0, device="cuda", requires_grad=True)
+    grad_emb = torch.randn(batch, features, dim, device="cuda", generator=gen)
+
+    def interaction_train(i: int) -> None:
+        fuselab.dot_interaction(dense_g, emb_g, pad_to=8).backward(grad_out)
+
+    def embedding_train(i: int) -> None:
+        embedding_bag_collection(weight, momentum, lr, ids, table_sizes, row_offsets, anchor=anchor).backward(grad_emb)
+
+    return {
+        "dot_interaction fwd, B2048 F26 D16 bf16": lambda i: fuselab.dot_interaction(dense, emb, pad_to=8),
+        "dot_interaction fwd+bwd, B2048 F26 D16 bf16": interaction_train,
+        "embedding lookup, B2048 F26 D16": lambda i: embedding_bag_collection(weight, momentum, lr, ids, table_sizes,
+                                                                              row_offsets),
+        "embedding fwd+bwd (row-wise Adagrad), B2048": embedding_train,
+    }
+
+
+def trace_call(fn: Callable[[int], object], i: int) -> list[str]:
+    """The Python and C calls (``file:function`` / ``C name``) made by one call of ``fn(i)``, in order."""
+    events: list[str] = []
+
+    def record(frame, event, arg) -> None:
+        if event == "call":
+            code = frame.f_code
+            events.append(f"{'/'.join(code.co_filename.split('/')[-2:])}:{code.co_name}")
+        elif event == "c_call":
+            events.append(f"C {getattr(arg, '__qualname__', repr(arg))}")
+
+    set_all = getattr(threading, "setprofile_all_threads", None)  # the autograd engine's thread too (3.12+)
+    (set_all or sys.setprofile)(record)
+    try:
+        fn(i)
+    finally:
+        (set_all or sys.setprofile)(None)
+    return events[:-1]  # the last is the setprofile call itself
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--calls", type=int, default=3000, help="timed calls per case (default 3000)")
     parser.add_argument("--warmup", type=int, default=300, help="untimed calls first (default 300)")
     parser.add_argument("--json", help="also write the results to this JSON file")
+    parser.add_argument("--trace", action="store_true",
+                        help="print the calls of one steady-state call per case instead of timing")
+    parser.add_argument("--cases", nargs="*", default=["rope", "bias_act", "dlrm"],
+                        help="case groups: rope bias_act dlrm (default: all)")
     args = parser.parse_args()
     if not torch.cuda.is_available():
         raise SystemExit("host_time.py measures CUDA launches: no CUDA device here")
     print(f"fuselab {fuselab.__version__} from {fuselab.__file__}; torch {torch.__version__}; "
           f"{torch.cuda.get_device_name()}")
+    groups = {"rope": rope_cases, "bias_act": bias_act_cases, "dlrm": dlrm_cases}
+    cases = {name: fn for group in args.cases for name, fn in groups[group]().items()}
     results = {}
-    # grad mode on, as a user calls (no tensor needs grad)
-    for name, fn in {**rope_cases(), **bias_act_cases()}.items():
+    # grad mode on, as a user calls
+    for name, fn in cases.items():
+        if args.trace:
+            for i in range(args.warmup):
+                fn(i)
+            torch.cuda.synchronize()
+            events = trace_call(fn, args.warmup)
+            print(f"## {name}: {len(events)} calls")
+            print("\n".join(events))
+            continue
         results[name] = host_us(fn, args.calls, args.warmup)
         print(f"{name:45s} {results[name]:8.2f} µs/call (median of {args.calls})")
     if args.json:

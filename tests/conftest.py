@@ -20,13 +20,34 @@ if os.environ.get("PYTEST_XDIST_WORKER") and not HAS_CUDA:
     torch.set_num_threads(1)
 
 import pytest  # noqa: E402
+from torch.overrides import _get_current_function_mode_stack  # noqa: E402
+from torch.utils._device import DeviceContext, _device_constructors  # noqa: E402
 
 #: device the kernel tests run on: CUDA when present, else CPU through the interpreter
 DEVICE = torch.device("cuda" if HAS_CUDA else "cpu")
 
 
+class TestDevice(DeviceContext):
+    """``with torch.device(device)`` for tests: factory calls without a device make their tensors on ``device``;
+    a call drawing from a generator on another device (a seeded CPU ``torch.Generator``) draws there and moves
+    the result, so that a test's data are the same numbers on a CPU machine and on a GPU machine. (A
+    ``DeviceContext``: ``torch.compile`` treats it as the default device, as it does ``torch.device(...)``.)"""
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        if func in _device_constructors() and kwargs.get("device") is None:
+            gen = kwargs.get("generator")
+            if gen is not None and gen.device.type != self.device.type:
+                return func(*args, **kwargs, device=gen.device).to(self.device)
+            kwargs["device"] = self.device
+        return func(*args, **kwargs)
+
+
 def pytest_collection_modifyitems(config, items):
-    if HAS_CUDA:
+    if HAS_CUDA:  # several xdist workers share the GPU: its big tests one after another (--dist loadgroup)
+        for item in items:
+            if "big_memory" in item.keywords:
+                item.add_marker(pytest.mark.xdist_group("big_memory"))
         return
     skip_gpu = pytest.mark.skip(reason="needs a CUDA device")
     for item in items:
@@ -35,9 +56,18 @@ def pytest_collection_modifyitems(config, items):
 
 
 @pytest.fixture(autouse=True)
-def _seed():
+def _seed_and_clean_state(request):
+    """Seed torch; after the test, fail it if it left a torch function mode (a default-device context) behind,
+    and on CUDA give its cached memory back (several test processes share one GPU)."""
     torch.manual_seed(0)
     yield
+    left = _get_current_function_mode_stack()
+    if left:
+        while _get_current_function_mode_stack():
+            torch._C._pop_torch_function_stack()
+        pytest.fail(f"{request.node.nodeid} left torch function modes active: {left}")
+    if HAS_CUDA and torch.cuda.is_initialized():
+        torch.cuda.empty_cache()
 
 
 @pytest.fixture
@@ -51,7 +81,7 @@ def triton_backend(monkeypatch):
     naming a device go to :data:`DEVICE`, where the kernels run (the CPU tensors of a test written for the
     interpreter become CUDA tensors on a GPU machine)."""
     monkeypatch.setenv("FUSELAB_BACKEND", "triton")
-    with torch.device(DEVICE):
+    with TestDevice(DEVICE):
         yield
 
 

@@ -276,8 +276,8 @@ def _bad_rope(draw):
                                           seqlen_offsets=1)
     if case == "rotary":
         return lambda: fuselab.apply_rope(q, None, None, None, rotary_dim=draw(st.sampled_from([0, -2, 3, 10])))
-    if case == "pos":
-        return lambda: fuselab.apply_rope(q, None, cos, sin,
+    if case == "pos":  # checked on the host (on CUDA only with check_positions: else clamped in the kernel)
+        return lambda: fuselab.apply_rope(q, None, cos, sin, check_positions=True,
                                           positions=torch.full((2, 3), draw(st.sampled_from([-1, 6, 2**33]))))
     if case == "cu":
         bad = draw(st.sampled_from([[0, 3, 4], [0, 4, 3, 6], [1, 6], [0, 6, 9]]))

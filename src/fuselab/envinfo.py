@@ -98,13 +98,14 @@ def git_commit(cwd: str | os.PathLike | None = None) -> str | None:
     return rev.stdout.strip() + ("+dirty" if dirty.stdout.strip() else "")
 
 
-def environment() -> dict[str, Any]:
-    """Everything the JSON header and ``fuselab env`` report (no measurement)."""
-    cuda = has_cuda()
+def environment(device: torch.device | str | None = None) -> dict[str, Any]:
+    """Everything the JSON header and ``fuselab env`` report (no measurement), for the run's ``device`` (default:
+    CUDA when present, else the CPU; a CPU run on a GPU machine reports the CPU)."""
+    cuda = has_cuda() and (device is None or torch.device(device).type == "cuda")
     info: dict[str, Any] = {
         "device_type": "cuda" if cuda else "cpu",
         "device": torch.cuda.get_device_name() if cuda else cpu_name(),
-        "device_slug": device_slug(),
+        "device_slug": device_slug() if cuda else "cpu",
         "cpu_threads": torch.get_num_threads(),
         "driver": driver_version() if cuda else None,
         "cuda_runtime": torch.version.cuda,

@@ -312,10 +312,10 @@ def _find_case(spec: Any, device: torch.device, dtype: str, mode: str, shape: st
     opts = BenchOptions(dtypes=(dtype,), modes=(mode,))
     quick = spec.cases(spec_query(device, BenchOptions(dtypes=(dtype,), modes=(mode,), quick=True)))
     full = spec.cases(spec_query(device, opts))
-    if shape is None:
-        if not quick:
+    if shape is None:  # the first quick case, else the first of the full list (a dtype the quick list lacks)
+        if not (quick or full):
             raise ValueError(f"op {spec.name!r} has no {dtype} {mode} case on {device.type}")
-        return quick[0]
+        return (quick or full)[0]
     for case in [*quick, *full]:
         if case.label == shape:
             return case

@@ -30,9 +30,9 @@ def double_rounding(x: torch.Tensor, *params: torch.Tensor):
     return _outputs(acts)
 
 
-def _bf16_case():
+def _bf16_case(device: str = "cpu"):
     spec = get_spec("mlp")
-    return spec, spec.cases(CaseQuery("cpu", quick=True, dtypes=(torch.bfloat16,)))[0]
+    return spec, spec.cases(CaseQuery(device, quick=True, dtypes=(torch.bfloat16,)))[0]
 
 
 @pytest.mark.slow
@@ -69,9 +69,9 @@ def test_mlp_check_still_fails_a_wrong_branch():
 
 
 @pytest.mark.slow
-def test_fuselab_provider_passes_over_seeds(triton_backend):
+def test_fuselab_provider_passes_over_seeds(triton_backend, device):
     """The fuselab provider itself (Triton kernels; the interpreter on a CPU), a few seeds: far inside the bar."""
-    spec, case = _bf16_case()
+    spec, case = _bf16_case(device.type)
     fn = spec.provider("fuselab").build(case)
     for seed in range(4):
         torch.manual_seed(seed)

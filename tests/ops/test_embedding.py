@@ -589,6 +589,7 @@ def test_matches_torch_optim_on_sparse_gradients(backend, device, optimizer):
         torch.testing.assert_close(m.momentum.cpu(), opt.state[weight]["sum"], atol=1e-6, rtol=1e-5)
 
 
+@pytest.mark.big_memory
 @pytest.mark.gpu
 @pytest.mark.parametrize("optimizer", OPTIMIZERS)
 def test_kaggle_scale_update(device, optimizer):

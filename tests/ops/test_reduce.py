@@ -411,6 +411,7 @@ def test_tma_reads_in_a_cuda_graph(device, tma_everywhere):
         assert_close(out, x.double().mean(0), dtype=torch.float32, what="graph replay of a TMA mean(dim=0)")
 
 
+@pytest.mark.big_memory
 @pytest.mark.gpu
 def test_tma_reads_past_2_31_elements(device):
     """fp32 dim=0 over more than 2^31 elements, read through TMA where the device has it (64-bit addresses in the
@@ -466,6 +467,7 @@ def test_int64_variant(triton_backend, device, monkeypatch, plans_anew):
         _check(y, dim, False, "sum")
 
 
+@pytest.mark.big_memory
 @pytest.mark.gpu
 def test_int64_offsets_large(device):
     n = 2**31 + 2**20 + 5

@@ -317,6 +317,7 @@ def test_reference_backend_matches(torch_backend, device):
     check(q, k.to(device), cos, sin)
 
 
+@pytest.mark.big_memory
 @pytest.mark.gpu
 @pytest.mark.parametrize("b,s,hq,hk,d", [(2, 4096, 32, 8, 128), (4, 2048, 16, 16, 64)])
 def test_large_shapes_gpu(b, s, hq, hk, d):
@@ -326,6 +327,7 @@ def test_large_shapes_gpu(b, s, hq, hk, d):
     check(q, k, cos, sin)
 
 
+@pytest.mark.big_memory
 @pytest.mark.gpu
 def test_over_2_31_elements_gpu():
     """q with 2^31 + extra elements (4.3 GB bf16): the 64-bit offset path on real hardware."""

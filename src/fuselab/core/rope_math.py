@@ -158,6 +158,7 @@ def rope_cos_sin(seqlen: int, rotary_dim: int, *, base: float = 10000.0, scaling
     if dtype not in (torch.float32, torch.float16, torch.bfloat16, torch.float64):
         raise TypeError(f"dtype must be a floating dtype, got {dtype}")
     inv_freq, mscale = rope_frequencies(rotary_dim, base, scaling)
-    angles = torch.arange(seqlen, dtype=torch.float64)[:, None] * inv_freq[None, :]
+    # on inv_freq's device (the CPU) whatever default device a caller's context sets
+    angles = torch.arange(seqlen, dtype=torch.float64, device=inv_freq.device)[:, None] * inv_freq[None, :]
     cos, sin = angles.cos() * mscale, angles.sin() * mscale
     return cos.to(device=device, dtype=dtype), sin.to(device=device, dtype=dtype)

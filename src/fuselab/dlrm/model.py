@@ -55,8 +55,10 @@ OPTIMIZERS = ("sgd", "adagrad", "rowwise_adagrad")
 
 def _init_values(fan_in: int, fan_out: int, gen: torch.Generator | None) -> tuple[Tensor, Tensor]:
     """facebookresearch/dlrm's initialisation: W ~ N(0, sqrt(2/(fan_in+fan_out))) [out, in], b ~ N(0, sqrt(1/out))."""
-    weight = torch.empty(fan_out, fan_in).normal_(0.0, math.sqrt(2.0 / (fan_in + fan_out)), generator=gen)
-    bias = torch.empty(fan_out).normal_(0.0, math.sqrt(1.0 / fan_out), generator=gen)
+    device = None if gen is None else gen.device  # the generator's, whatever default device a context sets
+    weight = torch.empty(fan_out, fan_in, device=device).normal_(0.0, math.sqrt(2.0 / (fan_in + fan_out)),
+                                                                 generator=gen)
+    bias = torch.empty(fan_out, device=device).normal_(0.0, math.sqrt(1.0 / fan_out), generator=gen)
     return weight, bias
 
 

@@ -7,7 +7,8 @@ import io
 import math
 import shutil
 import time
-from collections.abc import Sequence
+import warnings
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -137,6 +138,15 @@ def _kernel_table_text(rows, device: torch.device, steps: range, clean: bool, li
     return console.export_text()
 
 
+@contextlib.contextmanager
+def _quiet_profiler() -> Iterator[None]:
+    """Kineto's ``USDT:`` stderr lines dropped, and torch's notice that a schedule's cycle drops the events of the
+    cycle before (one cycle here: nothing is dropped)."""
+    with drop_stderr_lines(KINETO_NOISE), warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message="Warning: Profiler clears events", category=UserWarning)
+        yield
+
+
 class StepProfiler:
     """``torch.profiler`` over the training steps of a :class:`ProfileWindow`, used as ``with``, with
     :meth:`step` called after every training step. When the window closes it writes into ``directory``:
@@ -155,7 +165,7 @@ class StepProfiler:
                             schedule=schedule(wait=window.wait, warmup=window.warmup, active=window.active, repeat=1))
 
     def __enter__(self) -> StepProfiler:
-        with drop_stderr_lines(KINETO_NOISE):
+        with _quiet_profiler():
             self.prof.__enter__()
         return self
 
@@ -163,11 +173,11 @@ class StepProfiler:
         if self.done:
             return
         self.calls += 1
-        with drop_stderr_lines(KINETO_NOISE):
+        with _quiet_profiler():
             self.prof.step()
 
     def __exit__(self, *exc) -> None:
-        with drop_stderr_lines(KINETO_NOISE):
+        with _quiet_profiler():
             self.prof.__exit__(*exc)
         if not self.done and exc[0] is None:
             planned = self.window.steps(self.first_step)

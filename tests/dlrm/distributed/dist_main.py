@@ -11,7 +11,7 @@ import torch.distributed as dist
 from fuselab.dlrm.distributed import gather_rows, init_from_env, shutdown
 
 if __name__ == "__main__":
-    ctx = init_from_env(timeout_s=60)
+    ctx = init_from_env(backend="gloo", timeout_s=60)  # CPU processes, also on a GPU machine
     value = torch.tensor([ctx.rank + 1.0])
     dist.all_reduce(value, group=ctx.embedding_group)
     rows = gather_rows(torch.full((ctx.rank + 1, 2), ctx.rank, dtype=torch.int64))

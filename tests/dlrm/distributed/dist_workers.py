@@ -40,7 +40,7 @@ def make_plan(world: int, sizes: list[int] = SIZES):
 
 
 def _context(timeout_s: float = TIMEOUT_S):
-    ctx = init_from_env(timeout_s=timeout_s)
+    ctx = init_from_env(backend="gloo", timeout_s=timeout_s)  # CPU processes, also on a GPU machine
     torch.set_num_threads(1)
     return ctx
 

@@ -56,7 +56,7 @@ DECODE_TABLE_ROWS = {"cuda": 4096, "cpu": 64}
 def seq_lengths(n_seqs: int, total: int) -> list[int]:
     """Deterministic uneven lengths (ratio up to ~7x) summing to ``total``."""
     g = torch.Generator().manual_seed(n_seqs * 7919 + total)
-    w = 0.25 + 1.5 * torch.rand(n_seqs, generator=g, dtype=torch.float64)
+    w = 0.25 + 1.5 * torch.rand(n_seqs, generator=g, dtype=torch.float64, device="cpu")
     lengths = [max(1, int(x)) for x in (w / w.sum() * total).tolist()]
     lengths[-1] += total - sum(lengths)
     return lengths

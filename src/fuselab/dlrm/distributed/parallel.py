@@ -62,7 +62,8 @@ def init_from_env(backend: str | None = None, timeout_s: float = 600.0) -> Paral
 
     ``backend``: ``nccl`` when CUDA is available, else ``gloo``. Each process uses ``cuda:LOCAL_RANK`` with NCCL.
     ``timeout_s`` bounds every collective. Sets NCCL_NVLS_ENABLE=0 and TORCH_SYMM_MEM_DISABLE_MULTICAST=1 (unless
-    already set). Raises ``ValueError`` for inconsistent variables or an unknown backend.
+    already set). Raises ``ValueError`` for inconsistent variables, an unknown backend, or NCCL with a
+    ``LOCAL_RANK`` past the host's GPUs (one process per GPU).
     """
     for key, value in MULTICAST_OFF.items():
         os.environ.setdefault(key, value)
@@ -77,6 +78,10 @@ def init_from_env(backend: str | None = None, timeout_s: float = 600.0) -> Paral
     if backend not in ("nccl", "gloo"):
         raise ValueError(f"backend must be 'nccl' or 'gloo', got {backend!r}")
     if backend == "nccl":
+        if local_rank >= torch.cuda.device_count():
+            raise ValueError(f"LOCAL_RANK={local_rank} needs GPU {local_rank}, but this host has "
+                             f"{torch.cuda.device_count()}: NCCL runs one process per GPU (use the gloo backend, "
+                             "e.g. --device cpu, to run more processes than GPUs)")
         device = torch.device("cuda", local_rank)
         torch.cuda.set_device(device)
     else:
