@@ -21,26 +21,11 @@ if os.environ.get("PYTEST_XDIST_WORKER") and not HAS_CUDA:
 
 import pytest  # noqa: E402
 from torch.overrides import _get_current_function_mode_stack  # noqa: E402
-from torch.utils._device import DeviceContext, _device_constructors  # noqa: E402
+
+from fuselab.testing import TestDevice  # noqa: E402
 
 #: device the kernel tests run on: CUDA when present, else CPU through the interpreter
 DEVICE = torch.device("cuda" if HAS_CUDA else "cpu")
-
-
-class TestDevice(DeviceContext):
-    """``with torch.device(device)`` for tests: factory calls without a device make their tensors on ``device``;
-    a call drawing from a generator on another device (a seeded CPU ``torch.Generator``) draws there and moves
-    the result, so that a test's data are the same numbers on a CPU machine and on a GPU machine. (A
-    ``DeviceContext``: ``torch.compile`` treats it as the default device, as it does ``torch.device(...)``.)"""
-
-    def __torch_function__(self, func, types, args=(), kwargs=None):
-        kwargs = kwargs or {}
-        if func in _device_constructors() and kwargs.get("device") is None:
-            gen = kwargs.get("generator")
-            if gen is not None and gen.device.type != self.device.type:
-                return func(*args, **kwargs, device=gen.device).to(self.device)
-            kwargs["device"] = self.device
-        return func(*args, **kwargs)
 
 
 def pytest_collection_modifyitems(config, items):
@@ -78,8 +63,9 @@ def device() -> torch.device:
 @pytest.fixture
 def triton_backend(monkeypatch):
     """Route every op through the Triton kernels (interpreter on CPU, compiled on GPU). Tensors a test makes without
-    naming a device go to :data:`DEVICE`, where the kernels run (the CPU tensors of a test written for the
-    interpreter become CUDA tensors on a GPU machine)."""
+    naming a device or a generator go to :data:`DEVICE`, where the kernels run (the CPU tensors of a test written for
+    the interpreter become CUDA tensors on a GPU machine); seeded draws stay on their generator's device
+    (:class:`fuselab.testing.TestDevice`)."""
     monkeypatch.setenv("FUSELAB_BACKEND", "triton")
     with TestDevice(DEVICE):
         yield

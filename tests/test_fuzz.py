@@ -32,11 +32,13 @@ def budget(n: int):
 
 def randn(draw, shape, dtype, strided: bool, scale: float = 1.0) -> torch.Tensor:
     """A random tensor of ``shape``: contiguous, or a view of a padded, reversed-order buffer (no stride is
-    the contiguous one). Values from a seed drawn by hypothesis."""
+    the contiguous one), on the default device (the kernels' device under ``triton_backend``). Values from a seed
+    drawn by hypothesis (drawn on the CPU: the same numbers on every machine)."""
     g = torch.Generator().manual_seed(draw(st.integers(0, 2**31 - 1)))
+    device = torch.get_default_device()
     if not strided or len(shape) == 0:
-        return (torch.randn(shape, generator=g) * scale).to(dtype)
-    big = torch.randn(*reversed(shape[:-1]), shape[-1] + 3, generator=g) * scale
+        return (torch.randn(shape, generator=g) * scale).to(device, dtype)
+    big = (torch.randn(*reversed(shape[:-1]), shape[-1] + 3, generator=g) * scale).to(device)
     return big[..., : shape[-1]].permute(*reversed(range(len(shape) - 1)), len(shape) - 1).to(dtype)
 
 
@@ -132,11 +134,11 @@ def test_fuzz_apply_rope(triton_backend, call, seed):
     if k is not None:
         check_low_or_fp32(k_out, want_k, "k_out", atol)
     g = torch.Generator().manual_seed(seed)
-    gq = torch.randn(q_out.shape, generator=g).to(q.dtype)
+    gq = torch.randn(q_out.shape, generator=g).to(q.device, q.dtype)
     outs, grads = [q_out], [gq]
     if k is not None:
         outs.append(k_out)
-        grads.append(torch.randn(k_out.shape, generator=g).to(k.dtype))
+        grads.append(torch.randn(k_out.shape, generator=g).to(k.device, k.dtype))
     torch.autograd.backward(outs, grads)
     torch.autograd.backward([want_q] + ([want_k] if k is not None else []), [t.double() for t in grads])
     gscale = max(float(t.double().abs().max()) if t.numel() else 0.0 for t in grads)
@@ -174,7 +176,7 @@ def test_fuzz_bias_act(triton_backend, call, seed):
     assert y.shape == x.shape and y.dtype == x.dtype
     zmax = max([float(t.double().abs().max()) for t in (x, bias, residual) if t is not None and t.numel()] or [0])
     check_low_or_fp32(y, want, f"{activation} y", 64 * 2.0**-24 * (zmax + 1) ** 2)
-    g = torch.randn(y.shape, generator=torch.Generator().manual_seed(seed)).to(y.dtype)
+    g = torch.randn(y.shape, generator=torch.Generator().manual_seed(seed)).to(y.device, y.dtype)
     y.backward(g)
     want.backward(g.double())
     for name, t, t64 in zip(("grad_x", "grad_bias", "grad_residual"), xs, x64):

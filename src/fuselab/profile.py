@@ -23,7 +23,8 @@ import re
 import sys
 import tempfile
 import time
-from collections.abc import Callable, Sequence
+import warnings
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -165,7 +166,7 @@ def profile_fn(step: Callable[[], Any], steps: int = 10, warmup: int = 3,
         step()
     sync()
     activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])
-    with drop_stderr_lines(KINETO_NOISE), profile(activities=activities) as prof:
+    with drop_stderr_lines(KINETO_NOISE), no_cycle_notice(), profile(activities=activities) as prof:
         t0 = time.perf_counter()
         for _ in range(steps):
             with record_function(STEP_RANGE):
@@ -175,6 +176,15 @@ def profile_fn(step: Callable[[], Any], steps: int = 10, warmup: int = 3,
     if trace is not None:
         export_trace(prof, trace)
     return prof, wall
+
+
+@contextlib.contextmanager
+def no_cycle_notice() -> Iterator[None]:
+    """The block without torch's warning that a profiler cycle drops the events of the cycle before (given where
+    nothing is dropped: one cycle, or a schedule with ``repeat=1``)."""
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message="Warning: Profiler clears events", category=UserWarning)
+        yield
 
 
 #: stderr lines kineto prints at every profiler start and stop, whatever KINETO_LOG_LEVEL says

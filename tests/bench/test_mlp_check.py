@@ -75,5 +75,5 @@ def test_fuselab_provider_passes_over_seeds(triton_backend, device):
     fn = spec.provider("fuselab").build(case)
     for seed in range(4):
         torch.manual_seed(seed)
-        result = check(spec, case, fn)
+        result = check(spec, case, fn, device=device)
         assert result.ok and result.error < result.tolerance / 4, (seed, result)

@@ -222,3 +222,14 @@ def test_fuselab_path_starts_from_the_torch_path_function():
     sparse = torch.stack([torch.randint(0, n, (5,)) for n in sizes], dim=1)
     with torch.no_grad():
         assert_close(ours(dense, sparse), ref(dense, sparse).double(), torch.float32, "fuselab vs torch path")
+
+
+@pytest.mark.parametrize("kernels", ["torch", "fuselab"])
+def test_seeded_init_follows_the_default_device(kernels):
+    """Inside ``with torch.device(...)`` a seeded model draws its values on the CPU generator (no device clash) and
+    lives on the context's device: every parameter and buffer there, as nn.Module layers are."""
+    with torch.device("meta"):
+        model = DLRM([3, 5, 7], 4, [8, 4], [6, 1], seed=3, kernels=kernels, interaction="dcn", dcn_num_layers=1,
+                     dcn_low_rank=2)
+    tensors = [*model.parameters(), *model.buffers()]
+    assert tensors and all(t.device.type == "meta" for t in tensors)

@@ -80,11 +80,11 @@ def test_multi_hot_lookup_per_element(kernels, pooling):
     assert_close(out, _reference_pooled(model, rows, pooling), torch.float32)
 
 
-def test_multi_hot_lookup_triton_kernels(triton_backend):
+def test_multi_hot_lookup_triton_kernels(triton_backend, device):
     """The fused collection's kernels (interpreter on CPU) pool the bags as the float64 loop does."""
     model = _model("fuselab", "mean")
     rows = Hasher(SIZES, multi_hot_sizes=BAGS)(_ids(4, torch.Generator().manual_seed(2)))
-    assert_close(model.sparse_forward(rows).cpu(), _reference_pooled(model.cpu(), rows.cpu(), "mean"),
+    assert_close(model.sparse_forward(rows.to(device)).cpu(), _reference_pooled(model.cpu(), rows.cpu(), "mean"),
                  torch.float32)
 
 

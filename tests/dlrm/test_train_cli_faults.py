@@ -215,7 +215,8 @@ def test_profile_prints_the_table_path_and_nothing_on_stderr(synth_dir, tmp_path
     empty, DIR/kernels.txt holds one training step (here the tiny model's four linear layers and one loss), clear
     of the evaluation that runs every 6 steps, and stdout names it."""
     prof = tmp_path / "prof"
-    proc = _cli(["train", "--data", str(synth_dir), "--steps", "14", "--batch-size", "512", "--quiet", "--profile",
+    proc = _cli(["train", "--device", "cpu", "--data", str(synth_dir), "--steps", "14", "--batch-size", "512",
+                 "--quiet", "--profile",
                  str(prof), "--run-dir", str(tmp_path / "run"), "--set", "eval_every=6", "--set", "eval_batches=2"])
     out, err = proc.communicate(timeout=300)
     assert proc.returncode == 0, err

@@ -20,6 +20,7 @@ from fuselab.backend import forced
 from fuselab.ops import opdef
 from fuselab.ops.embedding import EmbeddingBagCollection, EmbeddingConfig, embedding_bag_lookup, embedding_bag_update_
 from fuselab.ops.interaction import dot_interaction
+from fuselab.testing import assert_close
 
 SMALL = EmbeddingConfig(lookup_elements=64, update_elements=64, rows_block=64, carry_elements=8, num_warps=1)
 SIZES = [1, 7, 300]  # table 0: every id is row 0 (long runs of duplicates)
@@ -284,5 +285,11 @@ def test_compile_fullgraph_lookup_and_update(backend, device):
         with torch.no_grad():
             results.append((fn(w, s), w, s))
     assert not torch.equal(results[0][1], w0)
+    # the Triton path runs the same kernels compiled or not: the same bits. The PyTorch path compiled by Inductor
+    # on CUDA is other kernels (fused, contracted to FMAs, scatter-adds in another order): one fp32 rounding apart
+    exact = backend == "triton" or device.type != "cuda"
     for a, b in zip(*results):
-        torch.testing.assert_close(b, a, atol=0, rtol=0)
+        if exact:
+            torch.testing.assert_close(b, a, atol=0, rtol=0)
+        else:
+            assert_close(b, a, torch.float32, "compiled PyTorch-path step", chained=True)

@@ -22,6 +22,7 @@ from fuselab.ops.embedding import (
     launch,
 )
 from fuselab.reference import embedding as ref
+from fuselab.testing import assert_close
 
 #: small blocks: a batch of a few hundred ids spans many chunks (8-16 positions at the tests' dims), and runs of one
 #: row cross several of them (the carry kernel adds 1-2 chunks per step)
@@ -97,7 +98,7 @@ def _bags(batch: int, f_count: int, max_len: int, gen: torch.Generator, device) 
     """CSR bags with lengths 0..max_len (some empty) and raw ids of both signs."""
     lengths = torch.randint(0, max_len + 1, (batch * f_count,), generator=gen)
     lengths[::5] = 0
-    offsets = torch.cat([torch.zeros(1, dtype=torch.int64), lengths.cumsum(0)])
+    offsets = torch.cat([torch.zeros(1, dtype=torch.int64, device=lengths.device), lengths.cumsum(0)])
     ids = torch.randint(-(2**40), 2**40, (int(offsets[-1]),), generator=gen)
     return ids.to(device), offsets.to(device)
 
@@ -656,7 +657,9 @@ def test_strided_offsets_and_grad(backend, device):
         w2, s2 = w.clone(), torch.zeros(w.shape[0], device=device)
         embedding_bag_update_(w2, s2, torch.tensor(0.1, device=device), g, ids, *args, pooling="mean", config=SMALL)
         results.append((w2, s2))
-    assert torch.equal(results[0][0], results[1][0]) and torch.equal(results[0][1], results[1][1])
+    # the same sums of the same rows; a strided gradient may take another load width on a GPU (fp32 order)
+    for a, b, what in zip(results[0], results[1], ("weight", "state")):
+        assert_close(b, a, torch.float32, f"strided-case {what}")
     assert not torch.equal(results[0][0], w)
 
 

@@ -46,12 +46,17 @@ def bad(name):
         return a, kw, ValueError, "k must match q in batch, seq and head_dim"
     if name == "table_short_offset":
         return a, {"seqlen_offsets": 4}, ValueError, r"cos/sin have 8 rows .* seqlen_offsets \+ seqlen = 9"
+    # tensor positions/offsets are checked on the host when they are on the CPU; CUDA ones with check_positions
+    # (else the kernel clamps them, as documented)
+    checked = {"check_positions": True} if a[0].is_cuda else {}
     if name == "table_short_positions":
-        return a, {"positions": torch.tensor([[0, 1, 2, 3, 8]] * 2)}, ValueError, r"positions reach table row 8"
+        return a, {"positions": torch.tensor([[0, 1, 2, 3, 8]] * 2), **checked}, ValueError, \
+            r"positions reach table row 8"
     if name == "negative_positions":
-        return a, {"positions": torch.tensor([[0, 1, -1, 3, 4]])}, ValueError, r"positions reach"
+        return a, {"positions": torch.tensor([[0, 1, -1, 3, 4]]), **checked}, ValueError, r"positions reach"
     if name == "table_short_offsets_tensor":
-        return a, {"seqlen_offsets": torch.tensor([0, 4])}, ValueError, r"seqlen_offsets reach table row 8"
+        return a, {"seqlen_offsets": torch.tensor([0, 4]), **checked}, ValueError, \
+            r"seqlen_offsets reach table row 8"
     if name == "thd_table_short":
         return a, {**kw, "seqlen_offsets": 4}, ValueError, r"seqlen_offsets \+ seqlen = 9"
     if name == "thd_cu_not_increasing":
@@ -82,7 +87,7 @@ def bad(name):
         return a, {"seqlen_offsets": -1}, ValueError, "seqlen_offsets must be >= 0"
     if name == "devices":
         a[2], a[3] = cos.to("meta"), sin.to("meta")
-        return a, kw, ValueError, "cos is on meta but q is on cpu"
+        return a, kw, ValueError, f"cos is on meta but q is on {a[0].device}"
     if name == "int_q":
         a[0] = q.long()
         return a, kw, TypeError, "q must have a floating dtype"

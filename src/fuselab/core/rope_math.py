@@ -56,7 +56,7 @@ def _yarn_mscale(scale: float, m: float = 1.0) -> float:
 @functools.lru_cache(maxsize=256)
 def _inv_freq_cached(rotary_dim: int, base: float, frozen: tuple | None) -> tuple[torch.Tensor, float]:
     d = rotary_dim
-    exponents = torch.arange(0, d, 2, dtype=torch.float64) / d
+    exponents = torch.arange(0, d, 2, dtype=torch.float64, device="cpu") / d
     inv_freq = 1.0 / (base ** exponents)
     if frozen is None:
         return inv_freq, 1.0
@@ -112,7 +112,7 @@ def _inv_freq_cached(rotary_dim: int, base: float, frozen: tuple | None) -> tupl
     lo, hi = max(lo, 0), min(hi, d - 1)
     if lo == hi:
         hi += 0.001
-    ramp = ((torch.arange(d // 2, dtype=torch.float64) - lo) / (hi - lo)).clamp(0, 1)
+    ramp = ((torch.arange(d // 2, dtype=torch.float64, device="cpu") - lo) / (hi - lo)).clamp(0, 1)
     extrapolation = 1.0 - ramp
     inv_freq = (inv_freq / factor) * (1 - extrapolation) + inv_freq * extrapolation
     return inv_freq, float(attention)

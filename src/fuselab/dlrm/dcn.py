@@ -17,6 +17,8 @@ from __future__ import annotations
 import torch
 from torch import Tensor, nn
 
+from .seeded import seeded_fill_
+
 
 class LowRankCrossNet(nn.Module):
     """``num_layers`` low-rank cross layers on ``(B, N)``: ``x_{l+1} = x_0 * (W_l (V_l x_l) + b_l) + x_l``.
@@ -34,10 +36,9 @@ class LowRankCrossNet(nn.Module):
         self.W = nn.ParameterList([nn.Parameter(torch.empty(in_features, low_rank)) for _ in range(num_layers)])
         self.bias = nn.ParameterList([nn.Parameter(torch.zeros(in_features)) for _ in range(num_layers)])
         std = (2.0 / (in_features + low_rank)) ** 0.5  # Xavier-normal, gain 1
-        with torch.no_grad():
-            for v, w in zip(self.V, self.W):
-                v.normal_(0.0, std, generator=generator)
-                w.normal_(0.0, std, generator=generator)
+        for v, w in zip(self.V, self.W):
+            seeded_fill_(v, generator, lambda u: u.normal_(0.0, std, generator=generator))
+            seeded_fill_(w, generator, lambda u: u.normal_(0.0, std, generator=generator))
 
     def forward(self, x0: Tensor) -> Tensor:
         """x0 (B, N) -> (B, N)"""

@@ -30,6 +30,7 @@ The sigmoid is not part of the model: the loss is BCE with logits.
 
 from __future__ import annotations
 
+import itertools
 import math
 from collections.abc import Sequence
 
@@ -43,6 +44,7 @@ from fuselab.nn import fused_linear
 from .bags import FixedBags, check_sizes
 from .config import NUM_DENSE, DLRMConfig
 from .interaction import InteractionArch, pair_indices, torchrec_permutation
+from .seeded import seeded_fill_
 
 __all__ = ["DLRM", "KERNELS", "MLP_IMPLS", "DenseArch", "InteractionArch", "LinearAct", "OverArch", "SparseArch",
            "pair_indices", "torchrec_permutation"]
@@ -55,10 +57,9 @@ OPTIMIZERS = ("sgd", "adagrad", "rowwise_adagrad")
 
 def _init_values(fan_in: int, fan_out: int, gen: torch.Generator | None) -> tuple[Tensor, Tensor]:
     """facebookresearch/dlrm's initialisation: W ~ N(0, sqrt(2/(fan_in+fan_out))) [out, in], b ~ N(0, sqrt(1/out))."""
-    device = None if gen is None else gen.device  # the generator's, whatever default device a context sets
-    weight = torch.empty(fan_out, fan_in, device=device).normal_(0.0, math.sqrt(2.0 / (fan_in + fan_out)),
-                                                                 generator=gen)
-    bias = torch.empty(fan_out, device=device).normal_(0.0, math.sqrt(1.0 / fan_out), generator=gen)
+    weight, bias = torch.empty(fan_out, fan_in), torch.empty(fan_out)  # on the default device
+    seeded_fill_(weight, gen, lambda t: t.normal_(0.0, math.sqrt(2.0 / (fan_in + fan_out)), generator=gen))
+    seeded_fill_(bias, gen, lambda t: t.normal_(0.0, math.sqrt(1.0 / fan_out), generator=gen))
     return weight, bias
 
 
@@ -192,24 +193,25 @@ class SparseArch(nn.Module):
         if layout == "fused":
             offsets = torch.tensor([0, *self.table_sizes], dtype=torch.int64).cumsum(0)
             self.register_buffer("offsets", offsets[:-1].clone(), persistent=False)
-            self.weight = nn.Parameter(torch.empty(int(offsets[-1]), dim))
+            self.weight = nn.Parameter(torch.empty(sum(self.table_sizes), dim))
+            starts = [0, *itertools.accumulate(self.table_sizes)]  # host ints (no device reads)
             if multi_hot_sizes is not None:
                 bags = torch.tensor(check_sizes(multi_hot_sizes, len(self.table_sizes)))
                 table = torch.arange(len(self.table_sizes)).repeat_interleave(bags)  # table of each column
                 pool = (table[None, :] == torch.arange(len(self.table_sizes))[:, None]).float()
                 self.register_buffer("pool", pool / bags[:, None] if pooling == "mean" else pool, persistent=False)
                 self.register_buffer("column_offsets", offsets[table], persistent=False)
-            with torch.no_grad():
-                for t, n in enumerate(self.table_sizes):
-                    bound = 1.0 / math.sqrt(n)
-                    self.weight[offsets[t]: offsets[t + 1]].uniform_(-bound, bound, generator=generator)
+            for t, n in enumerate(self.table_sizes):
+                bound = 1.0 / math.sqrt(n)
+                seeded_fill_(self.weight[starts[t]: starts[t + 1]], generator,
+                             lambda u, b=bound: u.uniform_(-b, b, generator=generator))
             self.sparse_grad = sparse_grad
         elif layout == "per_table":
             self.tables = nn.ModuleList()
             for n in self.table_sizes:
                 bag = nn.EmbeddingBag(n, dim, mode="sum", sparse=sparse_grad)
-                with torch.no_grad():
-                    bag.weight.uniform_(-1.0 / math.sqrt(n), 1.0 / math.sqrt(n), generator=generator)
+                bound = 1.0 / math.sqrt(n)
+                seeded_fill_(bag.weight, generator, lambda u, b=bound: u.uniform_(-b, b, generator=generator))
                 self.tables.append(bag)
         else:
             raise ValueError(f"layout must be 'fused' or 'per_table', got {layout!r}")

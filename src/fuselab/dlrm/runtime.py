@@ -7,7 +7,6 @@ import io
 import math
 import shutil
 import time
-import warnings
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -15,7 +14,7 @@ from pathlib import Path
 import torch
 
 from fuselab._io import atomic_write, atomic_write_text
-from fuselab.profile import KINETO_NOISE, drop_stderr_lines, kernel_table, render_kernel_table
+from fuselab.profile import KINETO_NOISE, drop_stderr_lines, kernel_table, no_cycle_notice, render_kernel_table
 
 from .config import DEFAULT_SYNTH_DIR
 
@@ -140,10 +139,8 @@ def _kernel_table_text(rows, device: torch.device, steps: range, clean: bool, li
 
 @contextlib.contextmanager
 def _quiet_profiler() -> Iterator[None]:
-    """Kineto's ``USDT:`` stderr lines dropped, and torch's notice that a schedule's cycle drops the events of the
-    cycle before (one cycle here: nothing is dropped)."""
-    with drop_stderr_lines(KINETO_NOISE), warnings.catch_warnings():
-        warnings.filterwarnings("ignore", message="Warning: Profiler clears events", category=UserWarning)
+    """Kineto's ``USDT:`` stderr lines dropped, and torch's notice of dropped cycles (one cycle here)."""
+    with drop_stderr_lines(KINETO_NOISE), no_cycle_notice():
         yield
 
 

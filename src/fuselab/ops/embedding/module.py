@@ -57,7 +57,9 @@ class EmbeddingBagCollection(nn.Module):
         self.sizes = tuple(sizes)
         self.dim, self.optimizer, self.eps, self.pooling = dim, optimizer, float(eps), pooling
         self.deterministic, self.config = bool(deterministic), config
-        # on the generator's device (the CPU's by default), whatever the default device, then moved to ``device``
+        # drawn on the generator's device (the CPU's by default), then placed on ``device`` (default: the default
+        # device, e.g. a ``with torch.device(...)`` context's)
+        device = torch.device(device) if device is not None else torch.get_default_device()
         init_device = generator.device if generator is not None else torch.device("cpu")
         starts = torch.tensor([0, *sizes], dtype=torch.int64, device="cpu").cumsum(0)
         weight = torch.empty(int(starts[-1]), dim, device=init_device)
