@@ -128,7 +128,8 @@ def _rope_args(k: bool, tables: bool, dtype=torch.float32):
     q = torch.randn(2, 3, 2, 8, dtype=dtype)
     kk = torch.randn(2, 3, 1, 8, dtype=dtype) if k else None
     cos, sin = fuselab.rope_cos_sin(3, 8) if tables else (None, None)
-    inv_freq, mscale = (None, 1.0) if tables else rope_frequencies(8)
+    inv_freq, mscale = (None, 1.0) if tables else rope_frequencies(8)  # computed and cached on the CPU
+    inv_freq = None if inv_freq is None else inv_freq.to(q.device)  # the op takes it on q's device
     return (q, kk, cos, sin, inv_freq, None, None, None, "bshd", 4, False, False, 0, mscale)
 
 

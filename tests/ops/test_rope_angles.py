@@ -120,3 +120,14 @@ def test_in_kernel_angles_grads_and_cpu_path(request, device):
         results.append((qo.detach(), q.grad))
     assert_close(results[0][0], results[1][0].double(), torch.float32, "angles fwd")
     assert_close(results[0][1], results[1][1].double(), torch.float32, "angles grad", chained=True)
+
+
+def test_cos_sin_tables_follow_the_default_device():
+    """``rope_cos_sin`` without a device places its tables as torch's factory functions do: on the default device
+    (a ``with torch.device(...)`` context's), the angles computed on the CPU all the same; an explicit device wins."""
+    want_cos, want_sin = fuselab.rope_cos_sin(8, 16)
+    with torch.device("meta"):
+        cos, sin = fuselab.rope_cos_sin(8, 16)
+        explicit, _ = fuselab.rope_cos_sin(8, 16, device="cpu")
+    assert cos.device.type == sin.device.type == "meta" and cos.shape == want_cos.shape == (8, 8)
+    assert explicit.device.type == "cpu" and torch.equal(explicit, want_cos) and want_sin.device.type == "cpu"

@@ -149,9 +149,10 @@ def rope_cos_sin(seqlen: int, rotary_dim: int, *, base: float = 10000.0, scaling
     """cos/sin tables for :func:`fuselab.apply_rope`, each of shape ``(seqlen, rotary_dim // 2)``.
 
     Row ``p`` holds ``mscale * cos(p * inv_freq)`` (likewise sin), computed in float64 and rounded
-    once to ``dtype``. ``scaling`` is the same dict :func:`fuselab.apply_rope` accepts for in-kernel
-    angles (see this module). Raises ``ValueError``/``TypeError`` for a
-    non-positive ``seqlen``, an odd ``rotary_dim``, ``base <= 1`` or a malformed ``scaling``.
+    once to ``dtype``, on ``device`` (default: the default device, as for torch's factory functions). ``scaling`` is
+    the same dict :func:`fuselab.apply_rope` accepts for in-kernel angles (see this module). Raises
+    ``ValueError``/``TypeError`` for a non-positive ``seqlen``, an odd ``rotary_dim``, ``base <= 1`` or a malformed
+    ``scaling``.
     """
     if isinstance(seqlen, bool) or not isinstance(seqlen, int) or seqlen <= 0:
         raise ValueError(f"seqlen must be a positive int, got {seqlen!r}")
@@ -161,4 +162,5 @@ def rope_cos_sin(seqlen: int, rotary_dim: int, *, base: float = 10000.0, scaling
     # on inv_freq's device (the CPU) whatever default device a caller's context sets
     angles = torch.arange(seqlen, dtype=torch.float64, device=inv_freq.device)[:, None] * inv_freq[None, :]
     cos, sin = angles.cos() * mscale, angles.sin() * mscale
+    device = torch.get_default_device() if device is None else device  # as a factory function places its tensor
     return cos.to(device=device, dtype=dtype), sin.to(device=device, dtype=dtype)
