@@ -72,6 +72,8 @@ class Candidate:
     note: str = ""
     seed: int = 0  # the config's: initial weights and batch order (the data stay the same)
     adagrad_eps: float = 1e-8  # added to sqrt(state) by both Adagrads (the config's)
+    interaction: str = "dot"  # the config's model (dot | cat | dcn); others for diagnosis only
+    self_interaction: bool = False  # the dot interaction also keeps each vector's squared norm
 
     def overrides(self) -> dict[str, Any]:
         return {k: v for k, v in asdict(self).items() if k != "note"}
