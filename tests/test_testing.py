@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from fuselab.testing import TOLERANCES, assert_close, assert_ulp, rel_error, tolerance, tolerances, ulp
+from fuselab.testing import TOLERANCES, TestDevice, assert_close, assert_ulp, rel_error, tolerance, tolerances, ulp
 
 
 def test_one_wrong_element_fails_and_is_named():
@@ -82,3 +82,16 @@ def test_rel_error_kept_for_the_bench():
     assert rel_error(ref.float(), ref) == 0.0
     assert rel_error(torch.zeros(3), ref) == float("inf")
     assert tolerance(torch.bfloat16) == 1e-2
+
+
+def test_test_device_places_plain_factories_and_keeps_seeded_draws():
+    """TestDevice: a factory call without a device lands on the context's device; one drawing from a generator
+    stays on the generator's device (the same numbers as outside the context); an explicit device wins."""
+    want = torch.randn(3, generator=torch.Generator().manual_seed(5))
+    with TestDevice(torch.device("meta")):
+        plain = torch.zeros(2)
+        seeded = torch.randn(3, generator=torch.Generator().manual_seed(5))
+        explicit = torch.ones(2, device="cpu")
+    assert plain.device.type == "meta" and explicit.device.type == "cpu"
+    assert seeded.device.type == "cpu" and torch.equal(seeded, want)
+    assert torch.zeros(1).device.type == "cpu"  # the context is gone after the block
