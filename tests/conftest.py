@@ -22,7 +22,7 @@ if os.environ.get("PYTEST_XDIST_WORKER") and not HAS_CUDA:
 import pytest  # noqa: E402
 from torch.overrides import _get_current_function_mode_stack  # noqa: E402
 
-from fuselab.testing import TestDevice  # noqa: E402
+from device_context import TestDevice  # noqa: E402
 
 #: device the kernel tests run on: CUDA when present, else CPU through the interpreter
 DEVICE = torch.device("cuda" if HAS_CUDA else "cpu")
@@ -65,7 +65,7 @@ def triton_backend(monkeypatch):
     """Route every op through the Triton kernels (interpreter on CPU, compiled on GPU). Tensors a test makes without
     naming a device or a generator go to :data:`DEVICE`, where the kernels run (the CPU tensors of a test written for
     the interpreter become CUDA tensors on a GPU machine); seeded draws stay on their generator's device
-    (:class:`fuselab.testing.TestDevice`)."""
+    (``tests/device_context.py``)."""
     monkeypatch.setenv("FUSELAB_BACKEND", "triton")
     with TestDevice(DEVICE):
         yield

@@ -5,7 +5,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from fuselab.testing import TOLERANCES, TestDevice, assert_close, assert_ulp, rel_error, tolerance, tolerances, ulp
+from device_context import TestDevice
+from fuselab.testing import TOLERANCES, assert_close, assert_ulp, rel_error, tolerance, tolerances, ulp
 
 
 def test_one_wrong_element_fails_and_is_named():
