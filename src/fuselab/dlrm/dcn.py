@@ -17,7 +17,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor, nn
 
-from .seeded import seeded_fill_
+from fuselab.core.seeded import seeded_fill_
 
 
 class LowRankCrossNet(nn.Module):

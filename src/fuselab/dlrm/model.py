@@ -30,7 +30,6 @@ The sigmoid is not part of the model: the loss is BCE with logits.
 
 from __future__ import annotations
 
-import itertools
 import math
 from collections.abc import Sequence
 
@@ -39,12 +38,12 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from fuselab.core.compile import compile_quietly
+from fuselab.core.seeded import seeded_fill_, uniform_tables_
 from fuselab.nn import fused_linear
 
 from .bags import FixedBags, check_sizes
 from .config import NUM_DENSE, DLRMConfig
 from .interaction import InteractionArch, pair_indices, torchrec_permutation
-from .seeded import seeded_fill_
 
 __all__ = ["DLRM", "KERNELS", "MLP_IMPLS", "DenseArch", "InteractionArch", "LinearAct", "OverArch", "SparseArch",
            "pair_indices", "torchrec_permutation"]
@@ -194,24 +193,19 @@ class SparseArch(nn.Module):
             offsets = torch.tensor([0, *self.table_sizes], dtype=torch.int64).cumsum(0)
             self.register_buffer("offsets", offsets[:-1].clone(), persistent=False)
             self.weight = nn.Parameter(torch.empty(sum(self.table_sizes), dim))
-            starts = [0, *itertools.accumulate(self.table_sizes)]  # host ints (no device reads)
             if multi_hot_sizes is not None:
                 bags = torch.tensor(check_sizes(multi_hot_sizes, len(self.table_sizes)))
                 table = torch.arange(len(self.table_sizes)).repeat_interleave(bags)  # table of each column
                 pool = (table[None, :] == torch.arange(len(self.table_sizes))[:, None]).float()
                 self.register_buffer("pool", pool / bags[:, None] if pooling == "mean" else pool, persistent=False)
                 self.register_buffer("column_offsets", offsets[table], persistent=False)
-            for t, n in enumerate(self.table_sizes):
-                bound = 1.0 / math.sqrt(n)
-                seeded_fill_(self.weight[starts[t]: starts[t + 1]], generator,
-                             lambda u, b=bound: u.uniform_(-b, b, generator=generator))
+            uniform_tables_(self.weight, self.table_sizes, generator)
             self.sparse_grad = sparse_grad
         elif layout == "per_table":
             self.tables = nn.ModuleList()
             for n in self.table_sizes:
                 bag = nn.EmbeddingBag(n, dim, mode="sum", sparse=sparse_grad)
-                bound = 1.0 / math.sqrt(n)
-                seeded_fill_(bag.weight, generator, lambda u, b=bound: u.uniform_(-b, b, generator=generator))
+                uniform_tables_(bag.weight, [n], generator)
                 self.tables.append(bag)
         else:
             raise ValueError(f"layout must be 'fused' or 'per_table', got {layout!r}")

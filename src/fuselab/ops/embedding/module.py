@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
-import math
 from collections.abc import Sequence
 
 import torch
 from torch import Tensor, nn
 
+from fuselab.core.seeded import uniform_tables_
 from fuselab.reference.embedding import OPTIMIZERS, POOLINGS, momentum_shape
 
 from .launch import EmbeddingConfig
@@ -58,17 +58,13 @@ class EmbeddingBagCollection(nn.Module):
         self.sizes = tuple(sizes)
         self.dim, self.optimizer, self.eps, self.pooling = dim, optimizer, float(eps), pooling
         self.deterministic, self.config = bool(deterministic), config
-        # drawn on the generator's device (the CPU's by default), then placed on ``device`` (default: the default
-        # device, e.g. a ``with torch.device(...)`` context's)
+        # drawn on the generator's device (the global CPU generator by default), placed on ``device`` (default: the
+        # default device, e.g. a ``with torch.device(...)`` context's)
         device = torch.device(device) if device is not None else torch.get_default_device()
-        init_device = generator.device if generator is not None else torch.device("cpu")
         starts = torch.tensor([0, *sizes], dtype=torch.int64, device="cpu").cumsum(0)
-        weight = torch.empty(int(starts[-1]), dim, device=init_device)
-        with torch.no_grad():
-            for t, n in enumerate(sizes):
-                bound = 1.0 / math.sqrt(n)
-                weight[starts[t]: starts[t + 1]].uniform_(-bound, bound, generator=generator)
-        self.register_buffer("weight", weight.to(device))
+        weight = torch.empty(int(starts[-1]), dim, device=device)
+        uniform_tables_(weight, sizes, generator if generator is not None else torch.default_generator)
+        self.register_buffer("weight", weight)
         self.register_buffer("momentum", torch.zeros(momentum_shape(optimizer, weight.shape[0], dim), device=device))
         self.register_buffer("row_offsets", starts[:-1].clone().to(device), persistent=False)
         self.register_buffer("table_sizes", torch.tensor(sizes, dtype=torch.int64, device=device), persistent=False)

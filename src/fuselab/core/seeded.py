@@ -1,10 +1,11 @@
-"""Seeded initial values that do not depend on where the model is built: every random fill draws on its generator's
+"""Seeded initial values that do not depend on where a module is built: every random fill draws on its generator's
 device (the CPU's for a seeded ``torch.Generator()``) and lands on the tensor's device, also under a
 ``with torch.device(...)`` context or ``torch.set_default_device``."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import math
+from collections.abc import Callable, Sequence
 
 import torch
 
@@ -19,3 +20,13 @@ def seeded_fill_(t: torch.Tensor, generator: torch.Generator | None, fill: Calla
         drawn = torch.empty(t.shape, dtype=t.dtype, device=generator.device)
         fill(drawn)
         t.copy_(drawn)
+
+
+def uniform_tables_(weight: torch.Tensor, table_sizes: Sequence[int], generator: torch.Generator | None) -> None:
+    """Rows of table ``t`` (the ``table_sizes[t]`` rows after the tables before it) drawn U(-1/sqrt(n_t),
+    1/sqrt(n_t)), in table order (facebookresearch/dlrm's and torchrec's initialisation), by :func:`seeded_fill_`."""
+    start = 0
+    for n in table_sizes:
+        bound = 1.0 / math.sqrt(n)
+        seeded_fill_(weight[start: start + n], generator, lambda u, b=bound: u.uniform_(-b, b, generator=generator))
+        start += n
