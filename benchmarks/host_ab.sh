@@ -9,24 +9,18 @@ cd "$(dirname "$0")/.."
 name=$1 old=$2 rounds=$3; shift 3
 dir="${OUT:-out}/host_ab"; mkdir -p "$dir"
 core=$(( $(nproc) - 1 ))
-for tree in old new; do  # compile and warm both trees first (not timed)
-  src=src; [ "$tree" = old ] && src=$old
-  PYTHONPATH="$src" python3 benchmarks/host_time.py --calls 10 --warmup 5 --cases "$@" >/dev/null \
+ht() {  # tree, then host_time.py's arguments
+  local src=src; [ "$1" = old ] && src=$old
+  PYTHONPATH="$src" taskset -c "$core" python3 benchmarks/host_time.py --cases "${cases[@]}" "${@:2}" \
     2>>"$dir/${name}_errors.txt"
-done
+}
+cases=("$@")
+for tree in old new; do ht "$tree" --calls 10 --warmup 5 >/dev/null; done  # compile and warm both (not timed)
 for r in $(seq 1 "$rounds"); do
   if (( r % 2 )); then order="old new"; else order="new old"; fi
-  for tree in $order; do
-    src=src; [ "$tree" = old ] && src=$old
-    PYTHONPATH="$src" taskset -c "$core" python3 benchmarks/host_time.py --calls 2000 --cases "$@" \
-      --json "$dir/${name}_${tree}_${r}.json" >/dev/null 2>>"$dir/${name}_errors.txt"
-  done
+  for tree in $order; do ht "$tree" --calls 2000 --json "$dir/${name}_${tree}_${r}.json" >/dev/null; done
 done
-for tree in old new; do
-  src=src; [ "$tree" = old ] && src=$old
-  PYTHONPATH="$src" taskset -c "$core" python3 benchmarks/host_time.py --trace --warmup 50 --cases "$@" \
-    > "$dir/${name}_${tree}_trace.txt" 2>>"$dir/${name}_errors.txt"
-done
+for tree in old new; do ht "$tree" --trace --warmup 50 > "$dir/${name}_${tree}_trace.txt"; done
 python3 - "$dir" "$name" "$rounds" <<'EOF' | tee "$dir/${name}_table.txt"
 import json, statistics, sys
 d, name, rounds = sys.argv[1], sys.argv[2], int(sys.argv[3])

@@ -166,7 +166,7 @@ def profile_fn(step: Callable[[], Any], steps: int = 10, warmup: int = 3,
         step()
     sync()
     activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])
-    with drop_stderr_lines(KINETO_NOISE), no_cycle_notice(), profile(activities=activities) as prof:
+    with quiet_profiler(), profile(activities=activities) as prof:
         t0 = time.perf_counter()
         for _ in range(steps):
             with record_function(STEP_RANGE):
@@ -179,10 +179,10 @@ def profile_fn(step: Callable[[], Any], steps: int = 10, warmup: int = 3,
 
 
 @contextlib.contextmanager
-def no_cycle_notice() -> Iterator[None]:
-    """The block without torch's warning that a profiler cycle drops the events of the cycle before (given where
-    nothing is dropped: one cycle, or a schedule with ``repeat=1``)."""
-    with warnings.catch_warnings():
+def quiet_profiler() -> Iterator[None]:
+    """Around a profiler's start, steps and stop: kineto's ``USDT:`` stderr lines dropped (:func:`drop_stderr_lines`)
+    and torch's warning that a cycle drops the events of the cycle before (fuselab profiles one cycle)."""
+    with drop_stderr_lines(KINETO_NOISE), warnings.catch_warnings():
         warnings.filterwarnings("ignore", message="Warning: Profiler clears events", category=UserWarning)
         yield
 

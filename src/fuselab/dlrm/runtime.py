@@ -7,14 +7,14 @@ import io
 import math
 import shutil
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 
 from fuselab._io import atomic_write, atomic_write_text
-from fuselab.profile import KINETO_NOISE, drop_stderr_lines, kernel_table, no_cycle_notice, render_kernel_table
+from fuselab.profile import kernel_table, quiet_profiler, render_kernel_table
 
 from .config import DEFAULT_SYNTH_DIR
 
@@ -137,13 +137,6 @@ def _kernel_table_text(rows, device: torch.device, steps: range, clean: bool, li
     return console.export_text()
 
 
-@contextlib.contextmanager
-def _quiet_profiler() -> Iterator[None]:
-    """Kineto's ``USDT:`` stderr lines dropped, and torch's notice of dropped cycles (one cycle here)."""
-    with drop_stderr_lines(KINETO_NOISE), no_cycle_notice():
-        yield
-
-
 class StepProfiler:
     """``torch.profiler`` over the training steps of a :class:`ProfileWindow`, used as ``with``, with
     :meth:`step` called after every training step. When the window closes it writes into ``directory``:
@@ -162,7 +155,7 @@ class StepProfiler:
                             schedule=schedule(wait=window.wait, warmup=window.warmup, active=window.active, repeat=1))
 
     def __enter__(self) -> StepProfiler:
-        with _quiet_profiler():
+        with quiet_profiler():
             self.prof.__enter__()
         return self
 
@@ -170,11 +163,11 @@ class StepProfiler:
         if self.done:
             return
         self.calls += 1
-        with _quiet_profiler():
+        with quiet_profiler():
             self.prof.step()
 
     def __exit__(self, *exc) -> None:
-        with _quiet_profiler():
+        with quiet_profiler():
             self.prof.__exit__(*exc)
         if not self.done and exc[0] is None:
             planned = self.window.steps(self.first_step)

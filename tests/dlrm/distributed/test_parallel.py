@@ -92,6 +92,19 @@ def test_single_process_context(monkeypatch):
         init_from_env()
 
 
+def test_nccl_with_more_ranks_than_gpus_is_named(monkeypatch):
+    """NCCL on a host with fewer GPUs than local ranks: a ValueError naming LOCAL_RANK and the GPU count, before
+    any CUDA call (not CUDA's "invalid device ordinal")."""
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    monkeypatch.setenv("RANK", "1")
+    monkeypatch.setenv("LOCAL_RANK", "1")
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
+    for key in ("NCCL_NVLS_ENABLE", "TORCH_SYMM_MEM_DISABLE_MULTICAST"):  # set by the call: restored after the test
+        monkeypatch.delenv(key, raising=False)
+    with pytest.raises(ValueError, match=r"LOCAL_RANK=1 needs GPU 1, but this host has 1"):
+        init_from_env(backend="nccl")
+
+
 def test_launcher_argv():
     assert torchrun_argv(4, ["dlrm", "train", "--config", "tiny"]) == [
         "--standalone", "--nproc-per-node=4", "-m", "fuselab", "dlrm", "train", "--config", "tiny"]

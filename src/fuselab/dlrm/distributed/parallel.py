@@ -78,10 +78,11 @@ def init_from_env(backend: str | None = None, timeout_s: float = 600.0) -> Paral
     if backend not in ("nccl", "gloo"):
         raise ValueError(f"backend must be 'nccl' or 'gloo', got {backend!r}")
     if backend == "nccl":
-        if local_rank >= torch.cuda.device_count():
-            raise ValueError(f"LOCAL_RANK={local_rank} needs GPU {local_rank}, but this host has "
-                             f"{torch.cuda.device_count()}: NCCL runs one process per GPU (use the gloo backend, "
-                             "e.g. --device cpu, to run more processes than GPUs)")
+        gpus = torch.cuda.device_count()
+        if local_rank >= gpus:
+            raise ValueError(f"LOCAL_RANK={local_rank} needs GPU {local_rank}, but this host has {gpus}: NCCL runs "
+                             "one process per GPU (use the gloo backend, e.g. --device cpu, to run more processes "
+                             "than GPUs)")
         device = torch.device("cuda", local_rank)
         torch.cuda.set_device(device)
     else:
