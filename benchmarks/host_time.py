@@ -6,7 +6,11 @@ Cases: RoPE decode (B=64, bshd, one token, 32 q heads / 8 k heads, head_dim 128,
 4096 rows) in place and out of place, with an int offset (changing every call, as in decoding) and with a tensor
 offset; ``bias_act`` forward, relu, bf16, 16384x4096 and 256x4096, with a bias; the DLRM's ops at B=2048 (Kaggle's
 F=26, D=16): ``dot_interaction`` forward (bf16, padded to 8) without and with its backward, and the embedding
-collection's lookup and its training call (forward, then the backward that runs the fused row-wise Adagrad update).
+collection's lookup and its training call (forward, then the backward that runs the fused row-wise Adagrad update);
+``train``: forward + backward (``torch.autograd.backward``, whose backward runs on the autograd engine's device thread)
+of RoPE decode (tensor offsets), ``bias_act`` gelu_tanh with a residual (256x4096 bf16: it keeps the pre-activation)
+and a 4-layer ``fused_linear`` ReLU MLP (13-512-256-64-16, B=2048, bf16), every output given a gradient, as the lab's
+``fwd+bwd`` mode does.
 
 ``--trace`` prints, per case, the Python and C calls of one steady-state call (``sys.setprofile``): run it against
 both trees and diff the two outputs to see what one of them does more.
@@ -20,6 +24,7 @@ Run it against two trees alternately, each installed in turn (``pip install -e <
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import statistics
 import sys
@@ -107,6 +112,46 @@ def dlrm_cases() -> dict[str, Callable[[int], object]]:
     }
 
 
+def train_cases() -> dict[str, Callable[[int], object]]:
+    from fuselab.nn import fused_linear
+
+    gen = torch.Generator(device="cuda").manual_seed(0)
+    bf16 = torch.bfloat16
+
+    def randn(*shape: int) -> torch.Tensor:
+        return torch.randn(*shape, device="cuda", dtype=bf16, generator=gen)
+
+    q, k = randn(64, 1, 32, 128).requires_grad_(), randn(64, 1, 8, 128).requires_grad_()
+    cos, sin = fuselab.rope_cos_sin(4096, 128, device="cuda")
+    offsets = torch.full((64,), 100, dtype=torch.int32, device="cuda")
+    rope_grads = (randn(64, 1, 32, 128), randn(64, 1, 8, 128))
+    x, r, b = randn(256, 4096).requires_grad_(), randn(256, 4096).requires_grad_(), randn(4096).requires_grad_()
+    g = randn(256, 4096)
+    dims = (13, 512, 256, 64, 16)
+    params = [t for i, o in itertools.pairwise(dims) for t in (randn(o, i).requires_grad_(), randn(o).requires_grad_())]
+    h0 = randn(2048, 13).requires_grad_()
+    mlp_grads = [randn(2048, o) for o in dims[1:]]
+
+    def rope_train(i: int) -> None:
+        torch.autograd.backward(fuselab.apply_rope(q, k, cos, sin, seqlen_offsets=offsets), rope_grads)
+
+    def bias_act_train(i: int) -> None:
+        torch.autograd.backward([fuselab.bias_act(x, b, residual=r, alpha=0.5, activation="gelu_tanh")], [g])
+
+    def mlp_train(i: int) -> None:
+        h, outs = h0, []
+        for w, bias in zip(params[::2], params[1::2]):
+            h = fused_linear(h, w, bias, "relu")
+            outs.append(h)
+        torch.autograd.backward(outs, mlp_grads)
+
+    return {
+        "rope decode fwd+bwd, tensor offset": rope_train,
+        "bias_act fwd+bwd, gelu_tanh+residual, 256x4096": bias_act_train,
+        "fused_linear MLP fwd+bwd, B2048 bf16": mlp_train,
+    }
+
+
 def trace_call(fn: Callable[[int], object], i: int) -> list[str]:
     """The Python and C calls (``file:function`` / ``C name``) made by one call of ``fn(i)``, in order."""
     events: list[str] = []
@@ -134,14 +179,14 @@ def main() -> None:
     parser.add_argument("--json", help="also write the results to this JSON file")
     parser.add_argument("--trace", action="store_true",
                         help="print the calls of one steady-state call per case instead of timing")
-    parser.add_argument("--cases", nargs="*", default=["rope", "bias_act", "dlrm"],
-                        help="case groups: rope bias_act dlrm (default: all)")
+    parser.add_argument("--cases", nargs="*", default=["rope", "bias_act", "dlrm", "train"],
+                        help="case groups: rope bias_act dlrm train (default: all)")
     args = parser.parse_args()
     if not torch.cuda.is_available():
         raise SystemExit("host_time.py measures CUDA launches: no CUDA device here")
     print(f"fuselab {fuselab.__version__} from {fuselab.__file__}; torch {torch.__version__}; "
           f"{torch.cuda.get_device_name()}")
-    groups = {"rope": rope_cases, "bias_act": bias_act_cases, "dlrm": dlrm_cases}
+    groups = {"rope": rope_cases, "bias_act": bias_act_cases, "dlrm": dlrm_cases, "train": train_cases}
     cases = {name: fn for group in args.cases for name, fn in groups[group]().items()}
     results = {}
     # grad mode on, as a user calls

@@ -55,8 +55,8 @@ def _reference_pooled(model: DLRM, rows: torch.Tensor, pooling: str) -> torch.Te
     """(B, F, D) float64: each table's bag of rows summed (or averaged) one row at a time."""
     arch = model.sparse_arch
     weight = arch.weight.double()
-    starts = torch.tensor([0, *SIZES]).cumsum(0)
-    out = torch.zeros(rows.shape[0], len(SIZES), arch.weight.shape[1], dtype=torch.float64)
+    starts = torch.tensor([0, *SIZES], device=weight.device).cumsum(0)
+    out = torch.zeros(rows.shape[0], len(SIZES), arch.weight.shape[1], dtype=torch.float64, device=weight.device)
     col = 0
     for f, n in enumerate(BAGS):
         for b in range(rows.shape[0]):
@@ -83,8 +83,8 @@ def test_multi_hot_lookup_per_element(kernels, pooling):
 def test_multi_hot_lookup_triton_kernels(triton_backend, device):
     """The fused collection's kernels (interpreter on CPU) pool the bags as the float64 loop does."""
     model = _model("fuselab", "mean")
-    rows = Hasher(SIZES, multi_hot_sizes=BAGS)(_ids(4, torch.Generator().manual_seed(2)))
-    assert_close(model.sparse_forward(rows.to(device)).cpu(), _reference_pooled(model.cpu(), rows.cpu(), "mean"),
+    rows = Hasher(SIZES, multi_hot_sizes=BAGS)(_ids(4, torch.Generator().manual_seed(2)).to(device))
+    assert_close(model.sparse_forward(rows).cpu(), _reference_pooled(model.cpu(), rows.cpu(), "mean"),
                  torch.float32)
 
 

@@ -74,6 +74,41 @@ def test_eager_autograd_and_custom_op_share_one_backward():
     assert torch.equal(x2.grad, torch.full((5,), 2.5)) and CALLS[-1] == ("backward", None)
 
 
+def _pair(x, *, prepared=None):
+    """(2x, a non-differentiable x + 1)."""
+    return (2 * x, x + 1), None
+
+
+def _pair_fake(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    return torch.empty_like(x), torch.empty_like(x)
+
+
+def _pair_setup(ctx, inputs, output):
+    ctx.mark_non_differentiable(output[1])
+
+
+def _pair_backward(ctx, grad, grad_side):
+    CALLS.append(("pair backward", grad_side if grad_side is None else float(grad_side.abs().sum())))
+    return (None if grad is None else 2 * grad,)
+
+
+PAIR = Op("fuselab_test::pair", eager=_pair, fake=_pair_fake, setup_context=_pair_setup, backward=_pair_backward)
+
+
+def test_eager_node_passes_none_for_a_non_differentiable_output():
+    """No zero-filled gradient is made for an output autograd did not reach (bias_act's pre-activation, the
+    matmul output of FusedLinear: a full-size allocation and fill per backward); the registered autograd's zeros
+    give the same gradients."""
+    x = torch.randn(6, requires_grad=True)
+    y, side = PAIR.run((x,))
+    assert not side.requires_grad
+    y.sum().backward()
+    assert CALLS[-1] == ("pair backward", None) and torch.equal(x.grad, torch.full((6,), 2.0))
+    x2 = torch.randn(6, requires_grad=True)
+    torch.ops.fuselab_test.pair(x2)[0].sum().backward()
+    assert CALLS[-1] == ("pair backward", 0.0) and torch.equal(x2.grad, x.grad)
+
+
 def test_compile_traces_the_custom_op():
     x = torch.randn(4, requires_grad=True)
     compiled = torch.compile(lambda t: SCALE(t, 4.0).sum(), fullgraph=True)

@@ -116,7 +116,10 @@ def _setup_context(ctx, inputs, outputs) -> None:
 
 def _backward(ctx, grad_y: torch.Tensor, grad_h: torch.Tensor | None) -> tuple[torch.Tensor | None, ...]:
     """dz (and the bias-grad column sum) in one :data:`fuselab.ops.bias_act.op.BACKWARD` launch, then two
-    ``torch.mm``. No double backward: with ``create_graph=True`` the gradients are first-order only."""
+    ``torch.mm``. No double backward: with ``create_graph=True`` the gradients are first-order only. ``grad_h``
+    (of the non-differentiable matmul output) is ignored."""
+    if grad_y is None:  # y unused (the eager node passes None, not zeros)
+        return None, None, None, None
     if torch.is_grad_enabled():
         return _backward_once(ctx, grad_y)
     return _gradients(ctx, grad_y)

@@ -12,6 +12,8 @@ Contract (``docs/architecture.md`` has an example):
   right shape and dtype.
 * ``setup_context(ctx, inputs, outputs)`` and ``backward(ctx, *grads) -> grads of the inputs``: the op's one
   autograd formula, registered on the custom op and run by the eager :class:`torch.autograd.Function` alike.
+  The gradient of an output that autograd did not reach (unused, or marked non-differentiable) is None in the
+  eager node and zeros in the registered autograd: a backward treats both alike.
   A backward calls other ops through :meth:`Op.run_in_backward`: the custom op in the registered autograd (fake
   tensors under tracing), the eager path in the eager node. There ``ctx.key`` is the forward's launch key (see
   ``record_key`` for calls without one): the backward passes a key derived from it (plus the gradients'
@@ -239,6 +241,9 @@ def _eager_function(op: Op) -> type[torch.autograd.Function]:
         if n_dirty:
             ctx.mark_dirty(*[t for t in inputs[:n_dirty] if t is not None])
         op.setup_context(ctx, inputs, outputs)
+        # no zeros for gradients autograd did not reach: a non-differentiable output (bias_act's pre-activation) would
+        # otherwise get an allocated and zero-filled gradient of its full size on every backward
+        ctx.set_materialize_grads(False)
         ctx.eager = True  # see Op.run_in_backward
         ctx.key = key
         if record is not None and not torch.compiler.is_compiling():
