@@ -89,7 +89,7 @@ def _pair_setup(ctx, inputs, output):
 
 def _pair_backward(ctx, grad, grad_side):
     CALLS.append(("pair backward", grad_side if grad_side is None else float(grad_side.abs().sum())))
-    return (None if grad is None else 2 * grad,)
+    return (2 * grad,)  # never None: the eager node hands zeros for an unreached differentiable output
 
 
 PAIR = Op("fuselab_test::pair", eager=_pair, fake=_pair_fake, setup_context=_pair_setup, backward=_pair_backward)
@@ -107,6 +107,14 @@ def test_eager_node_passes_none_for_a_non_differentiable_output():
     x2 = torch.randn(6, requires_grad=True)
     torch.ops.fuselab_test.pair(x2)[0].sum().backward()
     assert CALLS[-1] == ("pair backward", 0.0) and torch.equal(x2.grad, x.grad)
+
+
+def test_eager_node_gives_zeros_for_an_unreached_differentiable_output():
+    """gradcheck's undefined-gradient check runs the backward with no gradient for the (differentiable) output:
+    the eager node hands the op's backward zeros there, with and without a non-differentiable output beside it."""
+    x = torch.randn(4, dtype=torch.float64, requires_grad=True)
+    assert torch.autograd.gradcheck(lambda t: SCALE.run((t, 1.5)), (x,))
+    assert torch.autograd.gradcheck(lambda t: PAIR.run((t,))[0], (x,))
 
 
 def test_compile_traces_the_custom_op():

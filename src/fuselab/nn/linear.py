@@ -118,8 +118,6 @@ def _backward(ctx, grad_y: torch.Tensor, grad_h: torch.Tensor | None) -> tuple[t
     """dz (and the bias-grad column sum) in one :data:`fuselab.ops.bias_act.op.BACKWARD` launch, then two
     ``torch.mm``. No double backward: with ``create_graph=True`` the gradients are first-order only. ``grad_h``
     (of the non-differentiable matmul output) is ignored."""
-    if grad_y is None:  # y unused (the eager node passes None, not zeros)
-        return None, None, None, None
     if torch.is_grad_enabled():
         return _backward_once(ctx, grad_y)
     return _gradients(ctx, grad_y)

@@ -12,8 +12,9 @@ Contract (``docs/architecture.md`` has an example):
   right shape and dtype.
 * ``setup_context(ctx, inputs, outputs)`` and ``backward(ctx, *grads) -> grads of the inputs``: the op's one
   autograd formula, registered on the custom op and run by the eager :class:`torch.autograd.Function` alike.
-  The gradient of an output that autograd did not reach (unused, or marked non-differentiable) is None in the
-  eager node and zeros in the registered autograd: a backward treats both alike.
+  The gradient of an output marked non-differentiable is None in the eager node (no zero-filled tensor is made
+  for it) and zeros in the registered autograd: a backward ignores it. Every other output's gradient is a tensor
+  (zeros where autograd did not reach the output) on both paths.
   A backward calls other ops through :meth:`Op.run_in_backward`: the custom op in the registered autograd (fake
   tensors under tracing), the eager path in the eager node. There ``ctx.key`` is the forward's launch key (see
   ``record_key`` for calls without one): the backward passes a key derived from it (plus the gradients'
@@ -229,6 +230,16 @@ class Op:
         return f"Op({self.name!r})"
 
 
+def _zeros_for_differentiable(grads: tuple, spec: tuple) -> tuple:
+    """Zeros for the differentiable outputs autograd did not reach; None stays for the non-differentiable ones.
+
+    An op with a non-differentiable output (bias_act's pre-activation, FusedLinear's matmul output) turns off
+    autograd's own materialisation, which would allocate and zero-fill a gradient of that output's full size on
+    every backward; ``spec`` (made in the forward) holds (shape, dtype, device) of each differentiable output."""
+    return tuple(torch.zeros(s[0], dtype=s[1], device=s[2]) if g is None and s is not None else g
+                 for g, s in zip(grads, spec))
+
+
 def _eager_function(op: Op) -> type[torch.autograd.Function]:
     """The eager autograd node of ``op``: its ``eager`` forward, its ``setup_context`` and ``backward``."""
     n_dirty = len(op.mutates)  # the mutated inputs are the leading ones
@@ -241,9 +252,11 @@ def _eager_function(op: Op) -> type[torch.autograd.Function]:
         if n_dirty:
             ctx.mark_dirty(*[t for t in inputs[:n_dirty] if t is not None])
         op.setup_context(ctx, inputs, outputs)
-        # no zeros for gradients autograd did not reach: a non-differentiable output (bias_act's pre-activation) would
-        # otherwise get an allocated and zero-filled gradient of its full size on every backward
-        ctx.set_materialize_grads(False)
+        non_differentiable = getattr(ctx, "non_differentiable", None)
+        if non_differentiable:  # see _zeros_for_differentiable
+            ctx.set_materialize_grads(False)
+            ctx.zeros_spec = tuple(None if any(o is t for t in non_differentiable) else (o.shape, o.dtype, o.device)
+                                   for o in outputs)
         ctx.eager = True  # see Op.run_in_backward
         ctx.key = key
         if record is not None and not torch.compiler.is_compiling():
@@ -254,6 +267,9 @@ def _eager_function(op: Op) -> type[torch.autograd.Function]:
         return outputs
 
     def backward(ctx, *grads):
+        spec = getattr(ctx, "zeros_spec", None)
+        if spec is not None and None in grads:
+            grads = _zeros_for_differentiable(grads, spec)
         return (*op.backward(ctx, *grads), None, None)
 
     name = op.name.split("::")[-1].title().replace("_", "") + "Function"

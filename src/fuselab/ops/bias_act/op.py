@@ -105,8 +105,6 @@ def _backward(ctx, grad_y, grad_pre) -> tuple:
     """Gradients of ``(x, bias, residual, alpha, activation, save_pre)``: one :data:`BACKWARD` launch. In eager
     autograd its launch is kept under the forward's key and the gradient's layout (the autograd thread then
     skips the plan). ``grad_pre`` (of the non-differentiable z) is ignored."""
-    if grad_y is None:  # y unused (the eager node passes None, not zeros)
-        return None, None, None, None, None, None
     saved_tensors = ctx.saved_tensors
     saved = saved_tensors[0] if saved_tensors else None
     shift = saved_tensors[1] if len(saved_tensors) > 1 else None
