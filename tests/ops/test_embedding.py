@@ -467,6 +467,7 @@ def test_functional_collection_anchor(backend, device):
     assert anchor.grad is None and not torch.equal(w, before)
 
 
+@pytest.mark.big_memory
 @pytest.mark.gpu
 def test_rows_past_int32_offsets(device):
     """R*D > 2^31: row addresses must be int64 (8.6 GB of weight)."""

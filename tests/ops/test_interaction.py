@@ -192,6 +192,7 @@ def test_wide_offsets_path(triton_backend, device, monkeypatch, request):
     _check(torch.randn(5, 13, device=device), torch.randn(5, 6, 26, device=device)[:, :, ::2], True, 8)
 
 
+@pytest.mark.big_memory
 @pytest.mark.gpu
 def test_offsets_past_int32(device):
     """emb a permuted view whose feature stride times F passes 2^31: no int32 overflow (GPU: 6.4 GB of bf16)."""
