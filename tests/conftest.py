@@ -24,6 +24,9 @@ from torch.overrides import _get_current_function_mode_stack  # noqa: E402
 
 from device_context import TestDevice  # noqa: E402
 
+#: a file that gets each test's peak reserved CUDA memory appended (to find the tests to mark ``big_memory``)
+PEAK_LOG = os.environ.get("FUSELAB_TEST_PEAK_LOG")
+
 #: device the kernel tests run on: CUDA when present, else CPU through the interpreter
 DEVICE = torch.device("cuda" if HAS_CUDA else "cpu")
 
@@ -45,7 +48,12 @@ def _seed_and_clean_state(request):
     """Seed torch; after the test, fail it if it left a torch function mode (a default-device context) behind,
     and on CUDA give its cached memory back (several test processes share one GPU)."""
     torch.manual_seed(0)
+    if HAS_CUDA and PEAK_LOG:
+        torch.cuda.reset_peak_memory_stats()
     yield
+    if HAS_CUDA and PEAK_LOG and torch.cuda.is_initialized():
+        with open(PEAK_LOG, "a") as log:
+            log.write(f"{torch.cuda.max_memory_reserved() / 2**30:.2f} GiB {request.node.nodeid}\n")
     left = _get_current_function_mode_stack()
     if left:
         while _get_current_function_mode_stack():
