@@ -5,7 +5,7 @@
 # is killed keeps what it finished).
 # Stages:
 #   tests       the whole pytest suite on the GPU (kernels compiled, gpu-marked tests included), 8 processes (the
-#               big_memory tests one after another on one of them)
+#               big_memory tests one at a time across them: a file lock in tests/conftest.py)
 #   cudatests   the GPU tests of the CUDA C++ backends and fuselab.nn only (builds the extensions)
 #   lab         fuselab env; fuselab bench square gelu_tanh --plot
 #   rope | bias_act | mlp | reduce   fuselab bench OP --plot
@@ -33,7 +33,7 @@ profile() {  # op provider dtype mode name [fuselab profile options]
 pack() { tar czf "$OUT/results.tgz" "$RES" "$LOG" $( [ -d "$PROF" ] && echo "$PROF" ) 2>/dev/null; }
 for stage in "$@"; do
   case "$stage" in
-    tests) run timeout 540 python3 -m pytest -q -p no:cacheprovider --timeout 300 -n 8 --dist loadgroup -rfE tests ;;
+    tests) run timeout 540 python3 -m pytest -q -p no:cacheprovider --timeout 300 -n 8 -rfE tests ;;
     cudatests) run timeout 330 python3 -m pytest -q -p no:cacheprovider --timeout 300 tests/test_nn.py \
       tests/ops/test_bias_act.py tests/bench/test_suites.py -k "cuda or mlp" ;;
     lab)

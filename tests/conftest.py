@@ -6,6 +6,7 @@ at the top, before anything imports fuselab's kernels.
 
 from __future__ import annotations
 
+import fcntl
 import os
 
 import torch
@@ -32,10 +33,7 @@ DEVICE = torch.device("cuda" if HAS_CUDA else "cpu")
 
 
 def pytest_collection_modifyitems(config, items):
-    if HAS_CUDA:  # several xdist workers share the GPU: its big tests one after another (--dist loadgroup)
-        for item in items:
-            if "big_memory" in item.keywords:
-                item.add_marker(pytest.mark.xdist_group("big_memory"))
+    if HAS_CUDA:
         return
     skip_gpu = pytest.mark.skip(reason="needs a CUDA device")
     for item in items:
@@ -61,6 +59,26 @@ def _seed_and_clean_state(request):
         pytest.fail(f"{request.node.nodeid} left torch function modes active: {left}")
     if HAS_CUDA and torch.cuda.is_initialized():
         torch.cuda.empty_cache()
+
+
+@pytest.fixture(autouse=True)
+def _one_big_test_at_a_time(request, tmp_path_factory):
+    """On CUDA, tests marked ``big_memory`` (GiBs each) hold an exclusive lock shared by every pytest-xdist worker of
+    the run, so that several processes sharing one GPU never run two of them at once. (A file lock, not
+    ``--dist loadgroup``: pytest-xdist 3.8's grouping renames node ids in a way pytest 9 ignores.)"""
+    if not (HAS_CUDA and request.node.get_closest_marker("big_memory")):
+        yield
+        return
+    root = tmp_path_factory.getbasetemp()
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        root = root.parent  # the run's folder, above the per-worker ones
+    with open(root / "big_memory.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            torch.cuda.empty_cache()
+            fcntl.flock(lock, fcntl.LOCK_UN)
 
 
 @pytest.fixture
