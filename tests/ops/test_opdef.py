@@ -8,9 +8,11 @@ import dataclasses
 
 import pytest
 import torch
+from torch.utils._python_dispatch import TorchDispatchMode
 
 import fuselab
 from fuselab.core.rope_math import rope_frequencies
+from fuselab.nn import fused_linear
 from fuselab.ops import opdef
 from fuselab.ops.bias_act import op as bias_act_op
 from fuselab.ops.bias_act.launch import BiasActTuning
@@ -184,6 +186,40 @@ def test_opcheck_rope(triton_backend, k, tables):
     torch.library.opcheck(ROPE.custom, args)
     torch.library.opcheck(ROPE_.custom, _rope_args(k, tables),
                           test_utils=("test_schema", "test_faketensor", "test_aot_dispatch_dynamic"))
+
+
+class _ZeroFills(TorchDispatchMode):
+    """Records the shape of every tensor made by ``aten.zeros``/``zeros_like``/``zero_``/``fill_`` (autograd's
+    materialised gradients included)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.shapes: list[tuple[int, ...]] = []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        if func.__name__.split(".")[0] in ("zeros", "zeros_like", "zero_", "fill_") and isinstance(out, torch.Tensor):
+            self.shapes.append(tuple(out.shape))
+        return out
+
+
+@pytest.mark.parametrize("op", ["bias_act", "fused_linear"])
+def test_backward_makes_no_zero_gradient_for_the_kept_pre_activation(triton_backend, op):
+    """bias_act with a residual and FusedLinear with gelu_tanh return their pre-activation as a non-differentiable
+    output; the eager backward must not allocate and zero-fill a gradient of its (M, N) shape."""
+    x = torch.randn(6, 10, requires_grad=True)
+    bias = torch.randn(10, requires_grad=True)
+    if op == "bias_act":
+        residual = torch.randn(6, 10, requires_grad=True)
+        y = fuselab.bias_act(x, bias, residual=residual, activation="gelu_tanh")
+    else:
+        weight = torch.randn(10, 10, requires_grad=True)
+        y = fused_linear(x, weight, bias, "gelu_tanh")
+    assert type(y.grad_fn).__name__ in ("BiasActFwdFunctionBackward", "FusedLinearFunctionBackward")  # the eager node
+    with _ZeroFills() as fills:
+        y.backward(torch.ones_like(y))
+    assert (6, 10) not in fills.shapes, fills.shapes
+    assert x.grad is not None and torch.isfinite(x.grad).all()
 
 
 @pytest.mark.parametrize("residual", [True, False])
