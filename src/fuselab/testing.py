@@ -195,4 +195,3 @@ def poison_(t: torch.Tensor) -> torch.Tensor:
     else:
         t.fill_(-(2**30))
     return t
-

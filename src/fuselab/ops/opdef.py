@@ -255,8 +255,9 @@ def _eager_function(op: Op) -> type[torch.autograd.Function]:
         non_differentiable = getattr(ctx, "non_differentiable", None)
         if non_differentiable:  # see _zeros_for_differentiable
             ctx.set_materialize_grads(False)
-            ctx.zeros_spec = tuple(None if any(o is t for t in non_differentiable) else (o.shape, o.dtype, o.device)
-                                   for o in outputs)
+            ctx.zeros_spec = tuple(None if o is None or any(o is t for t in non_differentiable)
+                                   else (o.shape, o.dtype, o.device)
+                                   for o in (outputs if type(outputs) is tuple else (outputs,)))
         ctx.eager = True  # see Op.run_in_backward
         ctx.key = key
         if record is not None and not torch.compiler.is_compiling():
