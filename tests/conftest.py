@@ -44,7 +44,8 @@ def pytest_collection_modifyitems(config, items):
 @pytest.fixture(autouse=True)
 def _seed_and_clean_state(request):
     """Seed torch; after the test, fail it if it left a torch function mode (a default-device context) behind,
-    and on CUDA give its cached memory back (several test processes share one GPU)."""
+    and on CUDA give its cached memory back (several test processes share one GPU), first appending its peak to
+    :data:`PEAK_LOG` when that is set."""
     torch.manual_seed(0)
     if HAS_CUDA and PEAK_LOG:
         torch.cuda.reset_peak_memory_stats()
@@ -87,12 +88,16 @@ def device() -> torch.device:
 
 
 @pytest.fixture
-def triton_backend(monkeypatch):
+def triton_backend(monkeypatch, request):
     """Route every op through the Triton kernels (interpreter on CPU, compiled on GPU). Tensors a test makes without
     naming a device or a generator go to :data:`DEVICE`, where the kernels run (the CPU tensors of a test written for
     the interpreter become CUDA tensors on a GPU machine); seeded draws stay on their generator's device
-    (``tests/device_context.py``)."""
+    (``tests/device_context.py``). A test module that places every tensor itself sets ``PLACES_ITS_TENSORS = True``
+    and gets no default-device context."""
     monkeypatch.setenv("FUSELAB_BACKEND", "triton")
+    if getattr(request.module, "PLACES_ITS_TENSORS", False):
+        yield
+        return
     with TestDevice(DEVICE):
         yield
 

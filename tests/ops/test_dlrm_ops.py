@@ -26,11 +26,9 @@ SMALL = EmbeddingConfig(lookup_elements=64, update_elements=64, rows_block=64, c
 SIZES = [1, 7, 300]  # table 0: every id is row 0 (long runs of duplicates)
 
 
-@pytest.fixture
-def triton_backend(monkeypatch):
-    """The Triton path without the default-device context of ``tests/conftest.py``: every test here places its
-    tensors itself (oracle data on the CPU, ``.to(device)`` for the kernels)."""
-    monkeypatch.setenv("FUSELAB_BACKEND", "triton")
+#: the ``triton_backend`` fixture without its default-device context: every test here places its tensors itself
+#: (oracle data on the CPU, ``.to(device)`` for the kernels)
+PLACES_ITS_TENSORS = True
 
 
 @pytest.fixture(params=["triton", "torch"])

@@ -32,11 +32,9 @@ OPTIMIZERS = ref.OPTIMIZERS
 ATOL, RTOL = 2e-6, 1e-5
 
 
-@pytest.fixture
-def triton_backend(monkeypatch):
-    """The Triton path without the default-device context of ``tests/conftest.py``: every test here places its
-    tensors itself (oracle data on the CPU, ``.to(device)`` for the kernels)."""
-    monkeypatch.setenv("FUSELAB_BACKEND", "triton")
+#: the ``triton_backend`` fixture without its default-device context: every test here places its tensors itself
+#: (oracle data on the CPU, ``.to(device)`` for the kernels)
+PLACES_ITS_TENSORS = True
 
 
 @pytest.fixture(params=["triton", "torch"])
