@@ -44,11 +44,8 @@ def check_cu_seqlens(cu: torch.Tensor, n_tokens: int) -> int:
     return max(lengths)
 
 
-def validate(q, k, cos, sin, layout, positions, seqlen_offsets, cu_seqlens, max_seqlen, rotary_dim,
-              check_positions) -> tuple[int, torch.Tensor | None, int]:
-    """All argument checks; returns (half, offsets tensor or None, scalar offset)."""
-    if layout not in LAYOUTS:
-        raise ValueError(f"layout must be one of {', '.join(LAYOUTS)}, got {layout!r}")
+def _check_qk(q, k, layout: str) -> tuple[int, int, int]:
+    """q's and k's dtype and rank for ``layout``, k's dims against q's; returns q's (batch, seq, head_dim)."""
     require_float("q", q)
     ndim = 3 if layout == "thd" else 4
     if q.dim() != ndim:
@@ -65,6 +62,11 @@ def validate(q, k, cos, sin, layout, positions, seqlen_offsets, cu_seqlens, max_
         if (kb, ks, kd) != (batch, seqlen, head_dim):
             raise ValueError(f"k must match q in batch, seq and head_dim {SHAPES[layout]}: q has shape "
                              f"{tuple(q.shape)}, k has shape {tuple(k.shape)}")
+    return batch, seqlen, head_dim
+
+
+def _rotary_half(cos, sin, rotary_dim, head_dim: int) -> int:
+    """The tables' shapes (or ``rotary_dim`` without tables); returns rotary_dim // 2."""
     if (cos is None) != (sin is None):
         raise ValueError("cos and sin must both be tensors (seqlen_ro, rotary_dim // 2) or both None")
     if cos is not None:
@@ -84,8 +86,11 @@ def validate(q, k, cos, sin, layout, positions, seqlen_offsets, cu_seqlens, max_
         if isinstance(rdim, bool) or not isinstance(rdim, int) or rdim <= 0 or rdim % 2:
             raise ValueError(f"rotary_dim must be a positive even int, got {rdim!r}")
         half = rdim // 2
-    if 2 * half > head_dim:
-        raise ValueError(f"rotary_dim ({2 * half}) must be <= head_dim ({head_dim}) for q of shape {tuple(q.shape)}")
+    return half
+
+
+def _split_offsets(seqlen_offsets, positions) -> tuple[torch.Tensor | None, int]:
+    """``seqlen_offsets`` as (tensor or None, scalar offset); positions and a non-zero offset exclude each other."""
     offsets = seqlen_offsets if isinstance(seqlen_offsets, torch.Tensor) else None
     if offsets is None and (isinstance(seqlen_offsets, bool) or not isinstance(seqlen_offsets, int)):
         raise TypeError(f"seqlen_offsets must be an int or an int tensor (batch,), got {type(seqlen_offsets).__name__}")
@@ -94,6 +99,11 @@ def validate(q, k, cos, sin, layout, positions, seqlen_offsets, cu_seqlens, max_
         raise ValueError(f"seqlen_offsets must be >= 0, got {offset}")
     if positions is not None and (offsets is not None or offset != 0):
         raise ValueError("positions and seqlen_offsets are mutually exclusive: give one of them")
+    return offsets, offset
+
+
+def _check_index_tensors(layout: str, batch: int, seqlen: int, positions, offsets, cu_seqlens, max_seqlen) -> None:
+    """cu_seqlens (thd only), positions and a seqlen_offsets tensor: dtypes and shapes."""
     if layout == "thd":
         if cu_seqlens is None and positions is None:
             raise ValueError("layout='thd' needs cu_seqlens (batch + 1,) int32, or positions (total_tokens,)")
@@ -118,6 +128,38 @@ def validate(q, k, cos, sin, layout, positions, seqlen_offsets, cu_seqlens, max_
     if offsets is not None and (offsets.dtype not in _INT_DTYPES or offsets.shape != (n_seqs,)):
         raise ValueError(f"seqlen_offsets tensor must be int32/int64 of shape (batch,) = ({n_seqs},), got "
                          f"{offsets.dtype} of shape {tuple(offsets.shape)}")
+
+
+def _check_table_reach(cos, layout: str, seqlen: int, positions, offsets, offset: int, max_seqlen,
+                       check_positions: bool, compiling: bool) -> None:
+    """Every row the positions or offsets reach exists in cos/sin (values read on the host: always for CPU tensors,
+    for device tensors only with ``check_positions``; never while compiling)."""
+    rows = cos.shape[0]
+    span = max_seqlen if layout == "thd" else seqlen
+    if positions is None and offsets is None and span is not None and offset + span > rows:
+        raise ValueError(f"cos/sin have {rows} rows (seqlen_ro) but seqlen_offsets + seqlen = {offset + span}: "
+                         f"the table must have at least offset + seqlen rows")
+    host = positions if positions is not None else offsets
+    if host is not None and not compiling and (host.device.type == "cpu" or check_positions) and host.numel():
+        lo, hi = int(host.min()), int(host.max())
+        top = hi + 1 if positions is not None else hi + (max_seqlen if layout == "thd" else seqlen)
+        if lo < 0 or top > rows:
+            name = "positions" if positions is not None else "seqlen_offsets"
+            raise ValueError(f"{name} reach table row {top - 1} (min {lo}) but cos/sin have {rows} rows: "
+                             f"need 0 <= max(position) + 1 <= seqlen_ro")
+
+
+def validate(q, k, cos, sin, layout, positions, seqlen_offsets, cu_seqlens, max_seqlen, rotary_dim,
+             check_positions) -> tuple[int, torch.Tensor | None, int]:
+    """All argument checks; returns (half, offsets tensor or None, scalar offset)."""
+    if layout not in LAYOUTS:
+        raise ValueError(f"layout must be one of {', '.join(LAYOUTS)}, got {layout!r}")
+    batch, seqlen, head_dim = _check_qk(q, k, layout)
+    half = _rotary_half(cos, sin, rotary_dim, head_dim)
+    if 2 * half > head_dim:
+        raise ValueError(f"rotary_dim ({2 * half}) must be <= head_dim ({head_dim}) for q of shape {tuple(q.shape)}")
+    offsets, offset = _split_offsets(seqlen_offsets, positions)
+    _check_index_tensors(layout, batch, seqlen, positions, offsets, cu_seqlens, max_seqlen)
     require_same_device(q=q, k=k, cos=cos, sin=sin, positions=positions, seqlen_offsets=offsets,
                         cu_seqlens=cu_seqlens)
     compiling = torch.compiler.is_compiling()
@@ -127,19 +169,7 @@ def validate(q, k, cos, sin, layout, positions, seqlen_offsets, cu_seqlens, max_
             raise ValueError(f"max_seqlen={max_seqlen} is shorter than the longest sequence in cu_seqlens ({longest})")
         max_seqlen = longest
     if cos is not None:
-        rows = cos.shape[0]
-        span = max_seqlen if layout == "thd" else seqlen
-        if positions is None and offsets is None and span is not None and offset + span > rows:
-            raise ValueError(f"cos/sin have {rows} rows (seqlen_ro) but seqlen_offsets + seqlen = {offset + span}: "
-                             f"the table must have at least offset + seqlen rows")
-        host = positions if positions is not None else offsets
-        if host is not None and not compiling and (host.device.type == "cpu" or check_positions) and host.numel():
-            lo, hi = int(host.min()), int(host.max())
-            top = hi + 1 if positions is not None else hi + (max_seqlen if layout == "thd" else seqlen)
-            if lo < 0 or top > rows:
-                name = "positions" if positions is not None else "seqlen_offsets"
-                raise ValueError(f"{name} reach table row {top - 1} (min {lo}) but cos/sin have {rows} rows: "
-                                 f"need 0 <= max(position) + 1 <= seqlen_ro")
+        _check_table_reach(cos, layout, seqlen, positions, offsets, offset, max_seqlen, check_positions, compiling)
     return half, offsets, offset
 
 
