@@ -13,11 +13,12 @@ train split in batches of ``--batch-size``, the DLRM's schedule, and reports the
   run per ``--adagrad`` pair of dense and sparse rates;
 * ``sgd``: SGD on the batch-mean loss, one run per ``--sgd`` pair of rates.
 
-A DLRM trained for one epoch cannot beat the best of these by much: it has to learn the same effects from the same
-rows in the same number of steps, through embeddings and MLPs instead of a scalar per id. Memory: the train split
-in float64 / int64 (about 2.2 GB at 8M rows) and four float64 arrays per embedding row (1.1 GB at full scale).
+What these reach is the yardstick of a DLRM's one-epoch AUC: the DLRM learns the same effects from the same rows
+in the same number of steps, through embeddings and MLPs instead of a scalar per id. Memory: the train split
+in float64 / int64 (about 2.2 GB at 8M rows) and three float64 arrays per embedding row (0.8 GB at full scale).
 
-    python3 benchmarks/dlrm_one_pass.py --data DIR --batch-size 65536 --out benchmarks/results/synth/one_pass.json
+    fuselab dlrm synth --rows 8000000 --scale 1.0 --out DIR
+    python3 benchmarks/dlrm_one_pass.py --data DIR --batch-size 65536 --out benchmarks/results/synth/dlrm_one_pass.json
 """
 
 from __future__ import annotations
@@ -121,16 +122,21 @@ def fit_first_order(data: Split, batch_size: int, lr_dense: float, lr_sparse: fl
     return theta
 
 
-def prior_variances(root: Path, data: Split, scale: float) -> Tensor:
-    """Every coordinate's starting variance: 100 for the fixed ones, ``scale`` times the generator's variance of the
-    feature's effect for the ids."""
-    synth = read_metadata(root).get("synth")
+def effect_variances(meta: dict[str, Any]) -> Tensor:
+    """[F] the generator's variance of each feature's id effect, from a synthetic dataset's metadata (0 for a
+    feature without an effect)."""
+    synth = meta.get("synth")
     if not synth:
-        raise ValueError(f"{root} is not a synthetic dataset (its metadata has no 'synth' entry)")
+        raise ValueError("the dataset is not a synthetic one (its metadata has no 'synth' entry): no true prior")
     spec = SynthSpec(rows=synth["rows"], scale=synth["scale"], seed=synth["seed"],
                      zipf_alpha=synth["zipf_alpha"], signal=synth["signal"])
     weights = hidden_model(spec).params["sparse_w"]
-    per_feature = torch.tensor([(spec.signal * w) ** 2 for w in weights], dtype=torch.float64)
+    return torch.tensor([(spec.signal * w) ** 2 for w in weights], dtype=torch.float64)
+
+
+def prior_variances(data: Split, per_feature: Tensor, scale: float) -> Tensor:
+    """[size] every coordinate's starting variance: 100 for the fixed ones, ``scale`` times its feature's effect
+    variance for the ids (a tiny floor keeps the ids of features without an effect at 0)."""
     per_row = torch.repeat_interleave(per_feature * scale, torch.tensor(data.cardinalities))
     return torch.cat([torch.full((NUM_FIXED,), 100.0, dtype=torch.float64), per_row.clamp_min(1e-12)])
 
@@ -151,21 +157,18 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         p.error("--batch-size must be positive; --adagrad and --sgd take pairs of rates")
     if any(s <= 0 for s in args.prior_scale):
         p.error("--prior-scale values must be positive")
-    if args.out is not None:
-        try:
-            writable_file(args.out, "--out file")
-        except ValueError as exc:
-            p.error(str(exc))
     return args
 
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     t0 = time.perf_counter()
-    try:
+    try:  # every file problem ends the run before the work, with exit status 2
+        if args.out is not None:
+            writable_file(args.out, "--out file")
         meta = read_metadata(args.data)
         data = Split.from_dataset(args.data, args.seed)
-        priors = {scale: prior_variances(args.data, data, scale) for scale in args.prior_scale}
+        per_feature = effect_variances(meta)
     except (OSError, ValueError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
@@ -180,8 +183,9 @@ def main(argv: list[str] | None = None) -> int:
         print(f"[{time.perf_counter() - t0:6.1f}s] {learner:<8} {settings}: AUC {auc:.4f}, gap {best - auc:.4f}",
               flush=True)
 
-    for scale, prior in priors.items():
-        record("bayes", {"prior_scale": scale}, data.test_auc(fit_bayes(data, args.batch_size, prior)))
+    for scale in args.prior_scale:
+        theta = fit_bayes(data, args.batch_size, prior_variances(data, per_feature, scale))
+        record("bayes", {"prior_scale": scale}, data.test_auc(theta))
     for learner, pairs in (("adagrad", args.adagrad), ("sgd", args.sgd)):
         for lr_dense, lr_sparse in zip(pairs[::2], pairs[1::2]):
             theta = fit_first_order(data, args.batch_size, lr_dense, lr_sparse, adagrad=learner == "adagrad")

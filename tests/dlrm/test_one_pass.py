@@ -4,6 +4,7 @@ small synthetic dataset of the ``synth_dir`` fixture."""
 from __future__ import annotations
 
 import json
+import shutil
 
 import numpy as np
 import pytest
@@ -94,9 +95,17 @@ def test_script_on_the_fixture(synth_dir, tmp_path, capsys):
     assert "bayes" in capsys.readouterr().out
 
 
-def test_script_errors(tmp_path, synth_dir):
+def test_script_errors(tmp_path, synth_dir, capsys):
     with pytest.raises(SystemExit):
         one_pass.main(["--data", str(synth_dir), "--adagrad", "0.1"])  # not a pair
     with pytest.raises(SystemExit):
         one_pass.main(["--data", str(synth_dir), "--prior-scale", "0"])
     assert one_pass.main(["--data", str(tmp_path / "missing")]) == 2
+    (tmp_path / "file").write_text("")
+    assert one_pass.main(["--data", str(synth_dir), "--out", str(tmp_path / "file" / "x.json")]) == 2
+    plain = tmp_path / "plain"
+    shutil.copytree(synth_dir, plain)
+    (plain / "metadata.json").write_text((synth_dir / "metadata.json").read_text().replace('"synth"', '"other"'))
+    capsys.readouterr()
+    assert one_pass.main(["--data", str(plain)]) == 2  # not a synthetic dataset: no true prior
+    assert "not a synthetic one" in capsys.readouterr().err
