@@ -18,7 +18,7 @@ in the same number of steps, through embeddings and MLPs instead of a scalar per
 in float64 / int64 (about 2.2 GB at 8M rows) and three float64 arrays per embedding row (0.8 GB at full scale).
 
     fuselab dlrm synth --rows 8000000 --scale 1.0 --out DIR
-    python3 benchmarks/dlrm_one_pass.py --data DIR --batch-size 65536 --out benchmarks/results/synth/dlrm_one_pass.json
+    python3 benchmarks/dlrm_one_pass.py --data DIR --out benchmarks/results/synth/dlrm_one_pass.json
 """
 
 from __future__ import annotations
@@ -41,6 +41,11 @@ from fuselab.dlrm.data.synth import SynthSpec, hidden_model
 from fuselab.dlrm.metrics import roc_auc
 
 NUM_FIXED = 14  # the bias and 13 dense weights, before the id effects in the parameter vector
+#: the default grid (``results/synth/dlrm_one_pass.json``): around each optimizer's best at B = 65536, full data
+PRIOR_SCALES = (1.0, 0.5, 2.0)
+ADAGRAD_RATES = ((0.1, 0.1), (0.1, 0.05), (0.1, 0.07), (0.1, 0.14), (0.1, 0.2), (0.03, 0.1), (0.05, 0.1), (0.2, 0.1),
+                 (0.3, 0.1), (0.2, 0.14))
+SGD_RATES = ((0.03, 16.0), (0.1, 4.0), (0.1, 8.0), (0.1, 16.0), (0.1, 32.0), (0.1, 64.0), (0.05, 16.0), (0.3, 4.0))
 
 
 class Split:
@@ -146,11 +151,12 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--data", type=Path, required=True, help="a synthetic npy dataset (`fuselab dlrm synth`)")
     p.add_argument("--batch-size", type=int, default=65536)
     p.add_argument("--seed", type=int, default=0, help="of the train split's shuffle")
-    p.add_argument("--prior-scale", type=float, nargs="+", default=[1.0], help="bayes: times the true variance")
-    p.add_argument("--adagrad", type=float, nargs="*", default=[0.01, 0.03, 0.03, 0.1, 0.1, 0.1, 0.01, 0.3],
-                   help="pairs of dense and sparse rates")
-    p.add_argument("--sgd", type=float, nargs="*", default=[1.0, 32.0, 1.0, 128.0, 1.0, 512.0, 4.0, 2048.0],
-                   help="pairs of dense and sparse rates")
+    p.add_argument("--prior-scale", type=float, nargs="+", default=list(PRIOR_SCALES),
+                   help="bayes: times the true variance, one run each")
+    p.add_argument("--adagrad", type=float, nargs="*", default=[r for pair in ADAGRAD_RATES for r in pair],
+                   help="pairs of dense and sparse rates, one run each (none: no Adagrad run)")
+    p.add_argument("--sgd", type=float, nargs="*", default=[r for pair in SGD_RATES for r in pair],
+                   help="pairs of dense and sparse rates, one run each (none: no SGD run)")
     p.add_argument("--out", type=Path, help="JSON file to write")
     args = p.parse_args(argv)
     if args.batch_size <= 0 or len(args.adagrad) % 2 or len(args.sgd) % 2:
@@ -174,6 +180,10 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     best = float(meta.get("best_auc_test", float("nan")))
     steps = len(data.labels) // args.batch_size
+    if steps == 0:
+        print(f"error: --batch-size {args.batch_size} is larger than the train split ({len(data.labels)} rows)",
+              file=sys.stderr)
+        return 2
     print(f"{args.data}: {len(data.labels):,} train rows, {steps} steps of {args.batch_size:,}; "
           f"generator's best test AUC {best:.4f}")
     runs: list[dict[str, Any]] = []

@@ -101,6 +101,7 @@ def test_script_errors(tmp_path, synth_dir, capsys):
     with pytest.raises(SystemExit):
         one_pass.main(["--data", str(synth_dir), "--prior-scale", "0"])
     assert one_pass.main(["--data", str(tmp_path / "missing")]) == 2
+    assert one_pass.main(["--data", str(synth_dir), "--batch-size", "200000"]) == 2  # no full batch
     (tmp_path / "file").write_text("")
     assert one_pass.main(["--data", str(synth_dir), "--out", str(tmp_path / "file" / "x.json")]) == 2
     plain = tmp_path / "plain"
