@@ -35,8 +35,7 @@ import torch
 from torch import Tensor
 
 from fuselab._io import atomic_write_json, writable_file
-from fuselab.dlrm.data.datasets import kaggle_split, open_dataset
-from fuselab.dlrm.data.shards import read_metadata
+from fuselab.dlrm.data.datasets import CriteoDataset, kaggle_split, open_dataset
 from fuselab.dlrm.data.synth import SynthSpec, hidden_model
 from fuselab.dlrm.metrics import roc_auc
 
@@ -60,9 +59,8 @@ class Split:
         self.size = NUM_FIXED + sum(cardinalities)
 
     @classmethod
-    def from_dataset(cls, root: Path, seed: int) -> Split:
+    def from_dataset(cls, ds: CriteoDataset, seed: int) -> Split:
         """The Kaggle split of a dataset, the train rows shuffled with ``seed``."""
-        ds = open_dataset(root)
         split = kaggle_split(len(ds))
         offsets = torch.tensor(np.concatenate([[0], np.cumsum(ds.cardinalities)[:-1]]) + NUM_FIXED)
         train, test = ds.read(*split["train"]), ds.read(*split["test"])
@@ -172,9 +170,10 @@ def main(argv: list[str] | None = None) -> int:
     try:  # every file problem ends the run before the work, with exit status 2
         if args.out is not None:
             writable_file(args.out, "--out file")
-        meta = read_metadata(args.data)
-        data = Split.from_dataset(args.data, args.seed)
+        ds = open_dataset(args.data)
+        meta = ds.meta
         per_feature = effect_variances(meta)
+        data = Split.from_dataset(ds, args.seed)
     except (OSError, ValueError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
