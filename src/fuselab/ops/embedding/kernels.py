@@ -98,16 +98,19 @@ def lookup_kernel(
         jm = j < num_bags
         feature = j % F
     if BAGS:
-        start, end = _bag_bounds(offsets_ptr, j, jm, n_ids)
+        # the loop works on (BLOCK_ROWS, 1) columns, in the accumulator's 2-D layout: with 1-D per-row values in
+        # this loop, Triton 3.6's layout pass fails to compile (PassManager::run failed in make_ttgir) at 32-64
+        # rows x 4 warps
+        start, end = _bag_bounds(offsets_ptr, j[:, None], jm[:, None], n_ids)
         length = end - start
         acc = tl.zeros((BLOCK_ROWS, BLOCK_D), dtype=tl.float32)
-        for i in range(0, tl.max(length, axis=0)):
-            m = jm & (i < length)
+        for i in range(0, tl.max(tl.max(length, axis=1), axis=0)):
+            m = jm[:, None] & (i < length)
             raw = tl.load(ids_ptr + (start + i) * s_ib, mask=m, other=0)
-            row = _global_row(raw, feature, sizes_ptr, row_offsets_ptr, m)
-            acc += tl.load(w_ptr + row[:, None] * D + d[None, :], mask=_rows_mask(m, D, BLOCK_D), other=0.0)
+            row = _global_row(raw, feature[:, None], sizes_ptr, row_offsets_ptr, m)
+            acc += tl.load(w_ptr + row * D + d[None, :], mask=m & (d < D)[None, :], other=0.0)
         if MEAN:
-            acc = acc / tl.maximum(length, 1).to(tl.float32)[:, None]
+            acc = acc / tl.maximum(length, 1).to(tl.float32)
     else:
         raw = tl.load(ids_ptr + (j // F) * s_ib + feature * s_if, mask=jm, other=0)
         row = _global_row(raw, feature, sizes_ptr, row_offsets_ptr, jm)
@@ -172,23 +175,23 @@ def _segment_add(v1, f1, v2, f2):
 def _position_grads(grad_ptr, bag_ptr, offsets_ptr, k, km, F, n_ids, s_gb, s_gf, s_gd,
                     BLOCK_D: tl.constexpr, D: tl.constexpr, BAGS: tl.constexpr, MEAN: tl.constexpr,
                     WIDE: tl.constexpr):
-    # gradient (P, BLOCK_D) fp32 of id positions k: its bag's output gradient (/ length for MEAN; 0 outside bags)
-    d = tl.arange(0, BLOCK_D)
-    k = _narrow(k, WIDE)
+    # gradient (P, BLOCK_D) fp32 of id positions k: its bag's output gradient (/ length for MEAN; 0 outside bags).
+    # Per-position values are (P, 1) columns in the result's 2-D layout: 1-D ones fail Triton 3.6's layout pass
+    # at BLOCK_D > D (PassManager::run failed in make_ttgir)
+    d = tl.arange(0, BLOCK_D)[None, :]
+    k = _narrow(k, WIDE)[:, None]
+    km = km[:, None]
     if BAGS:
         bag = _narrow(tl.load(bag_ptr + k, mask=km, other=0), WIDE)
         start, end = _bag_bounds(offsets_ptr, bag, km, n_ids)
         inside = km & (k >= start) & (k < end)
-        scale = tl.where(inside, 1.0, 0.0)
-        if MEAN:
-            scale = scale / tl.maximum(end - start, 1).to(tl.float32)
     else:
         bag = k
         inside = km
     at = grad_ptr + (bag // F) * s_gb + (bag % F) * s_gf
-    g = tl.load(at[:, None] + d[None, :] * s_gd, mask=_rows_mask(inside, D, BLOCK_D), other=0.0).to(tl.float32)
-    if BAGS:
-        g = g * scale[:, None]
+    g = tl.load(at + d * s_gd, mask=inside & (d < D), other=0.0).to(tl.float32)
+    if MEAN and BAGS:
+        g = g / tl.maximum(end - start, 1).to(tl.float32)
     return g
 
 
