@@ -8,11 +8,13 @@ What counts as a citation (found by :func:`citations`):
   ``{h100,h200}/rope.json``: the notes say so in their header);
 * a Markdown link target ``[text](target)`` of a ``.md`` file, relative to that file (web links left out).
 
-Patterns: ``{a,b}`` expands to both paths, each of which must exist; ``*`` and a placeholder such as ``<gpu>``,
-``<op>`` or ``<path>`` match any name, and at least one path must match. A path written ``./x`` is a location under
-the user's working directory (where a command writes), not a citation. A path that is not in the tree passes when
-the same paragraph names a commit (``at 61b067d``, ``git show 61b067d:...``) at which it exists: evidence that
-left the tree and stays readable in git history. Each dangling citation is reported as ``file:line: path``.
+A ``.md`` path followed by ``#anchor`` must have a heading of that anchor (GitHub's: lower case, punctuation dropped,
+spaces as hyphens). Patterns: ``{a,b}`` expands to both paths, each of which must exist; ``*`` and a placeholder such
+as ``<gpu>``, ``<op>`` or ``<path>`` match any name, and at least one path must match. A path written ``./x`` is a
+location under the user's working directory (where a command writes), not a citation. A path that is not in the tree
+passes when the same paragraph names a commit (``at 61b067d``, ``git show 61b067d:...``) at which it exists:
+evidence that left the tree and stays readable in git history. Each dangling citation is reported as
+``file:line: path``.
 """
 
 from __future__ import annotations
@@ -33,7 +35,7 @@ ROOTS = {"benchmarks": "", "docs": "", "src": "", "tests": "", ".ci": "", "resul
 #: in the notes, result paths relative to ``benchmarks/results``
 NOTE_RESULT_ROOTS = ("h100", "h200", "h100x2", "h200x2", "synth", "cpu")
 PATH_CHARS = r"(?:<[^<>\n]*>|[\w.*{},/-])"
-_PATH = re.compile(rf"(?<![\w./<>-])(\./)?((?:{'|'.join(map(re.escape, ROOTS))})/{PATH_CHARS}*)")
+_PATH = re.compile(rf"(?<![\w./<>-])(\./)?((?:{'|'.join(map(re.escape, ROOTS))})/{PATH_CHARS}*)(?:#([\w-]+))?")
 _NOTE_PATH = re.compile(rf"(?<![\w./<>-])((?:{'|'.join(NOTE_RESULT_ROOTS)}|\{{[\w,]+\}})/{PATH_CHARS}+)")
 _LINK = re.compile(r"\]\(([^)\s]+)\)")
 _COMMIT = re.compile(r"(?<![\w/.-])([0-9a-f]{7,40})(?![\w/-])")
@@ -45,9 +47,10 @@ class Citation:
     line: int
     path: str  # relative to the repository root, possibly with {a,b}, * and <placeholder>
     commits: tuple[str, ...]  # commits named in the same paragraph
+    anchor: str = ""  # "#section" of a .md path
 
     def where(self) -> str:
-        return f"{self.file.relative_to(ROOT)}:{self.line}: {self.path}"
+        return f"{self.file.relative_to(ROOT)}:{self.line}: {self.path}{'#' + self.anchor if self.anchor else ''}"
 
 
 def sources() -> list[Path]:
@@ -98,19 +101,20 @@ def citations(file: Path, text: str | None = None) -> list[Citation]:
                 path = _clean(m.group(2))
                 root = path.split("/", 1)[0]
                 path = f"{ROOTS[root]}/{path}" if ROOTS[root] else path
-                found.append(Citation(file, number, path.rstrip("/"), commits))
+                anchor = m.group(3) or "" if path.endswith(".md") else ""
+                found.append(Citation(file, number, path.rstrip("/"), commits, anchor))
             if note:
                 for m in _NOTE_PATH.finditer(line):
                     found.append(Citation(file, number, "benchmarks/results/" + _clean(m.group(1)).rstrip("/"),
                                           commits))
             if file.suffix == ".md":
                 for m in _LINK.finditer(line):
-                    target = m.group(1).split("#", 1)[0]
-                    if not target or re.match(r"[a-z]+:", target):
+                    target, _, anchor = m.group(1).partition("#")
+                    if re.match(r"[a-z]+:", target):
                         continue
-                    resolved = (file.parent / target).resolve()
+                    resolved = (file.parent / target).resolve() if target else file
                     if resolved.is_relative_to(ROOT):
-                        found.append(Citation(file, number, str(resolved.relative_to(ROOT)), commits))
+                        found.append(Citation(file, number, str(resolved.relative_to(ROOT)), commits, anchor))
     return found
 
 
@@ -167,13 +171,30 @@ def exists_at(path: str, commit: str) -> bool:
     return files is not None and all(_glob_tree(alt, list(files)) for alt in expand(path))
 
 
+def slug(heading: str) -> str:
+    """GitHub's anchor of a Markdown heading."""
+    return re.sub(r"[^\w\- ]", "", heading.strip().lower()).replace(" ", "-")
+
+
+@cache
+def anchors(path: str) -> frozenset[str]:
+    """The heading anchors of the Markdown file ``path`` (relative to the root)."""
+    text = (ROOT / path).read_text(encoding="utf-8")
+    return frozenset(slug(line.lstrip("#")) for line in text.splitlines() if re.match(r"#{1,6} ", line))
+
+
 def dangling(files: list[Path], texts: dict[Path, str] | None = None) -> list[str]:
     """``file:line: path`` of each citation in ``files`` found neither in the tree nor at a commit it names
     (``texts``: contents to use instead of reading a file)."""
     out = []
     for file in files:
         for c in citations(file, (texts or {}).get(file)):
-            if exists_in_tree(c.path) or any(exists_at(c.path, commit) for commit in c.commits):
+            if exists_in_tree(c.path):
+                if not c.anchor or "*" in expand(c.path)[0] or c.anchor in anchors(c.path):
+                    continue
+                out.append(c.where() + " (no such section)")
+                continue
+            if any(exists_at(c.path, commit) for commit in c.commits):
                 continue
             out.append(c.where() + (f" (not at {', '.join(c.commits)} either)" if c.commits else ""))
     return out
@@ -217,6 +238,13 @@ def test_a_dangling_citation_is_reported_with_its_line():
     text = "ok `docs/lab.md`\n\ngone `docs/no_such.md`\n\nold `benchmarks/no_such.txt` at 61b067d\n"
     assert dangling([doc], {doc: text}) == ["docs/probe.md:3: docs/no_such.md",
                                             "docs/probe.md:5: benchmarks/no_such.txt (not at 61b067d either)"]
+
+
+def test_section_anchors_must_name_a_heading():
+    doc = ROOT / "docs" / "probe.md"
+    text = "`benchmarks/notes/lab.md#what-moves-a-measurement` and [x](lab.md#no-such-section)\n"
+    assert slug("The stream bound (`fuselab.bench.stream`)") == "the-stream-bound-fuselabbenchstream"
+    assert dangling([doc], {doc: text}) == ["docs/probe.md:1: docs/lab.md#no-such-section (no such section)"]
 
 
 def test_history_vouches_only_for_a_path_at_the_named_commit():

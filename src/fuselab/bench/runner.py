@@ -277,11 +277,10 @@ def in_process_compiles() -> int:
     """Make torch.compile providers compile in this process (Inductor's ``compile_threads = 1``); returns it.
 
     With the default (one worker per core), the first compile starts a pool of subprocesses that each import
-    torch for seconds after it returns, and the next providers' timings share the host with them: on the H100
-    machine ``fuselab.mean`` of 8192² bf16 went from 55.8 µs per call (tight) to 72.1 µs median with samples up to
-    175 µs right after the first compile (``benchmarks/results/h100/probes/reduce_lab_gap.txt``). On a CPU the pool
-    competes with the timed code for the same cores. The lab times devices, not compile pools; compiling serially
-    only makes the torch.compile providers' build slower."""
+    torch for seconds after it returns, and the next providers' timings share the host with them
+    (``benchmarks/notes/lab.md#what-moves-a-measurement``). On a CPU the pool competes with the timed code for the same
+    cores. The lab times devices, not compile pools; compiling serially only makes the torch.compile providers' build
+    slower."""
     import torch._inductor.config as inductor_config
 
     inductor_config.compile_threads = 1

@@ -46,10 +46,9 @@ class Variant:
         return f"{self.steps} x {self.step_bytes // 1024} KiB steps, {self.warps} warps, {hint} reads{grid}"
 
 
-#: the tilings tried per case. sweeps/stream_variants.py timed 24 (4-16 KiB steps x 4-16 warps x 4-16 steps x read
-#: hint) at read-only, copy and read-2-write-1 cases of 67-805 MB on the H100 (results/h100/probes/stream_variants.txt):
-#: evict_first reads win by 5-15% where a case only reads, the default hint by 2-4% where it also writes; these four
-#: were each case's best or within 0.5% of it
+#: the tilings tried per case: of 24 timed, these four were each case's best or close to it (evict_first reads
+#: where a case only reads, the default hint where it also writes;
+#: benchmarks/notes/lab.md#the-stream-bound-fuselabbenchstream)
 VARIANTS: tuple[Variant, ...] = (
     Variant(16384, 16, "evict_first", 4), Variant(4096, 4, "evict_first", 4), Variant(8192, 8, "", 8),
     Variant(16384, 16, "", 8),

@@ -48,7 +48,7 @@ class InteractionTuning:
     #: warps of a program whose Gram tile is at most 32 x 32 (Kaggle: N = 27), and of one with a larger tile
     num_warps: int = 1
     num_warps_large: int = 4
-    #: software-pipelining stages of the loops (2-3 measured no faster than 1 on the H100)
+    #: software-pipelining stages of the loops (more measured no faster)
     num_stages: int = 1
     #: compute with CUDA-core FMAs, one outer product per element of D (forward: ``v_I[:, d] v_J[:, d]ᵀ``, whose
     #: registers hold the Gram tile alone: rows x ``BLOCK_V²`` within ``max_tile_elements``; backward:
