@@ -24,7 +24,7 @@ from . import results as R
 from . import stream as _stream
 from .check import as_tuple, check, make_grad_outputs, prepare_args
 from .options import BenchOptions
-from .spec import DTYPES, MODES, BenchCase, Fn, OpSpec, Provider, dtype_name
+from .spec import DTYPES, GRAD_MODES, MODES, BenchCase, Fn, OpSpec, Provider, dtype_name
 from .suites import get_spec, op_names
 from .timing import Timer, TimingJob, default_timer, peak_memory_delta, peak_memory_start
 
@@ -88,13 +88,16 @@ def make_step(fn: Fn, args: Sequence[Any], case: BenchCase, grad_args: Sequence[
     """One timed step for ``case.mode`` and the tensors whose grads are reset between steps.
 
     fwd: ``fn(*args)`` under ``no_grad``. bwd: the forward runs once here, the step is
-    ``autograd.backward(outputs, grad_outputs, retain_graph=True)``. fwd+bwd: both in the step.
+    ``autograd.backward(outputs, grad_outputs, retain_graph=True)``. fwd+bwd: both in the step. step: ``fn(*args)``
+    as it is (the provider's own training step).
     """
     if case.mode == "fwd":
         def fwd() -> Any:
             with torch.no_grad():
                 return fn(*args)
         return fwd, []
+    if case.mode not in GRAD_MODES:
+        return (lambda: fn(*args)), []
     leaves = [args[i] for i in grad_args if isinstance(args[i], torch.Tensor)]
     outputs = as_tuple(fn(*args))
     grad_outputs = make_grad_outputs(outputs, case.dtype)
@@ -121,7 +124,7 @@ def time_provider(spec: OpSpec, case: BenchCase, fn: Fn, device: torch.device, t
     notes = []
     n_sets = _rotation_sets(case, device, options)
     grad_args = spec.grad_args(case)
-    needs_grad = case.mode != "fwd"
+    needs_grad = case.mode in GRAD_MODES
     steps, leaves = [], []
     for _ in range(n_sets):
         args = prepare_args(spec.make_inputs(case, device), grad_args, needs_grad)
@@ -137,7 +140,8 @@ def time_provider(spec: OpSpec, case: BenchCase, fn: Fn, device: torch.device, t
         notes.append(f"not captured: --cuda-graph applies to {' and '.join(GRAPH_MODES)}")
     start = peak_memory_start(device)
     steps[0]()  # untimed: compiles (torch.compile, TorchScript, Triton) happen here, never inside a timed sample
-    peak = peak_memory_delta(device, start)
+    # a whole step's peak counts what it keeps (model, optimizer state) too: the memory it needs
+    peak = peak_memory_delta(device, 0 if case.mode == "step" and start is not None else start)
     for t in leaves:
         t.grad = None
     job = TimingJob(steps=steps, grad_to_none=leaves, provider=provider, case_key=case.key, cuda_graph=graph)
@@ -148,7 +152,8 @@ def run_case(spec: OpSpec, case: BenchCase, provider: Provider, device: torch.de
              options: BenchOptions, triton_ok: bool = True) -> R.Result:
     """Check then time one provider on one case; never raises (failures become a status)."""
     r = R.Result(op=spec.name, case=case.label, dtype=dtype_name(case.dtype), mode=case.mode, provider=provider.name,
-                 numel=case.numel, bytes=case.bytes, flops=case.flops, l2_cold=case.l2_cold)
+                 numel=case.numel, bytes=case.bytes, flops=case.flops, l2_cold=case.l2_cold, samples=case.samples,
+                 group=case.group)
     missing = provider.missing()
     if missing:
         r.status, r.detail = R.NOT_INSTALLED, f"needs {missing}"
