@@ -24,7 +24,7 @@ from . import results as R
 from . import stream as _stream
 from .check import as_tuple, check, make_grad_outputs, prepare_args
 from .options import BenchOptions
-from .spec import DTYPES, GRAD_MODES, MODES, BenchCase, Fn, OpSpec, Provider, dtype_name
+from .spec import DTYPES, GRAD_MODES, MODES, BenchCase, Fn, OpSpec, Provider, dtype_name, select_cases
 from .suites import get_spec, op_names
 from .timing import Timer, TimingJob, default_timer, peak_memory_delta, peak_memory_start
 
@@ -61,7 +61,22 @@ def validate(options: BenchOptions) -> list[str]:
         for name in options.providers:
             if known and name not in known:
                 raise ValueError(f"unknown provider {name!r} for {', '.join(ops)}; valid providers: {', '.join(known)}")
+    if options.cases:
+        _validate_cases(ops, options)
     return ops
+
+
+def _validate_cases(ops: Sequence[str], options: BenchOptions) -> None:
+    """``ValueError`` for a ``--case`` name that selects no case of ``ops`` on this device, listing the labels."""
+    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    cases: list[BenchCase] = []
+    for op in ops:
+        with contextlib.suppress(Exception):  # a suite that does not load is reported at run time
+            cases += get_spec(op).cases(spec_query(device, options))
+    for name in options.cases:
+        if cases and not select_cases(cases, [name]):
+            labels = ", ".join(dict.fromkeys(c.label for c in cases))
+            raise ValueError(f"no case {name!r} of {', '.join(ops)}; cases: {labels}")
 
 
 def _rotation_sets(case: BenchCase, device: torch.device, options: BenchOptions) -> int:
@@ -225,7 +240,7 @@ def run_spec(spec: OpSpec, options: BenchOptions, device: torch.device, timer: T
     run = _new_run(spec.name, options, timer, ceilings, env)
     run.summary = spec.summary
     try:
-        cases = spec.cases(spec_query(device, options))
+        cases = select_cases(spec.cases(spec_query(device, options)), options.cases)
     except Exception as e:
         run.error = f"cases failed: {R.short_error(e)}"
         return run
@@ -273,7 +288,7 @@ def count_jobs(ops: Sequence[str], options: BenchOptions, device: torch.device) 
             spec = get_spec(op)
             wanted = set(options.providers or ())
             n = sum(1 for p in spec.providers if not wanted or p.name in wanted)
-            cases = spec.cases(spec_query(device, options))
+            cases = select_cases(spec.cases(spec_query(device, options)), options.cases)
             total += n * len(cases) + sum(_wants_stream(c, device, options) for c in cases)
     return total
 

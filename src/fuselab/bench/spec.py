@@ -52,6 +52,7 @@ class BenchCase:
     (:mod:`fuselab.bench.stream`); None for cases that are not memory-bound (no bound measured).
     ``samples``: what one call processes, for a throughput figure (a training step's batch: samples/s); None for ops
     measured in bytes. ``group``: cases of one group are the points of one curve of the plots (over ``numel``).
+    ``opt_in``: run only when named (``--case LABEL``): a case too large or too long for a default run.
     """
 
     op: str
@@ -66,6 +67,7 @@ class BenchCase:
     read_bytes: int | None = None
     samples: int | None = None
     group: str = ""
+    opt_in: bool = False
 
     def __post_init__(self) -> None:
         if self.mode not in MODES:
@@ -96,6 +98,14 @@ class CaseQuery:
 
     def wants(self, dtype: torch.dtype, mode: str) -> bool:
         return (self.dtypes is None or dtype in self.dtypes) and (self.modes is None or mode in self.modes)
+
+
+def select_cases(cases: Sequence[BenchCase], names: Sequence[str] | None) -> list[BenchCase]:
+    """The cases a run takes: without ``names`` every case but the opt-in ones; with them, the cases whose label
+    contains one of ``names``, and the opt-in cases whose label is one of them."""
+    if not names:
+        return [c for c in cases if not c.opt_in]
+    return [c for c in cases if c.label in names or (not c.opt_in and any(n in c.label for n in names))]
 
 
 Fn = Callable[..., Any]
