@@ -25,8 +25,8 @@ from fuselab.reference.interaction import MAX_DIM, MAX_FEATURES, num_pairs, outp
 @dataclass(frozen=True, eq=False)
 class InteractionTuning:
     """Knobs of :func:`plan` (data, never module state; the launchers read them through
-    :func:`fuselab.ops.tuning.current` unless given). Defaults: the fastest of the H100 sweep
-    (``benchmarks/interaction_sweep.py``, ``benchmarks/results/h100/interaction_sweep.txt``): one warp per program,
+    :func:`fuselab.ops.tuning.current` unless given). Defaults: the fastest of an H100 sweep
+    (``benchmarks/results/h100/interaction_sweep.txt``, ``docs/interaction.md``): one warp per program,
     two rows per forward program, one per backward program, float32 forward by outer products (four elements
     of D per step) up to D = 32."""
 
