@@ -209,6 +209,35 @@ def make_weights(shape: DLRMShape, seed: int = 0) -> DLRMWeights:
     return DLRMWeights(shape, tuple(layers[:split]), tuple(layers[split:]), tuple(cross), seed)
 
 
+class JaggedIds:
+    """The ``(B, S)`` ids as table-batched embeddings take them (FBGEMM, TorchRec, an ``EmbeddingBag`` per table):
+    the ids of each table in turn, each sample's bag contiguous (``values``), bag boundaries ``offsets`` (``F·B + 1``)
+    and lengths; the index is built once per batch size on ``device``, then each batch is one gather."""
+
+    def __init__(self, shape: DLRMShape, device: torch.device):
+        self.shape, self.device = shape, device
+        self._layout: dict[int, tuple[Tensor, Tensor, Tensor]] = {}
+
+    def layout(self, batch: int) -> tuple[Tensor, Tensor, Tensor]:
+        """(gather index into the flat ids, offsets, lengths) for ``batch`` samples."""
+        if batch not in self._layout:
+            bags = torch.tensor(self.shape.bags, device=self.device)
+            prefix = torch.cumsum(bags, 0) - bags
+            width = self.shape.ids_per_sample
+            index = [(torch.arange(batch, device=self.device)[:, None] * width + a
+                      + torch.arange(n, device=self.device)[None, :]).reshape(-1) for a, n in
+                     zip(prefix.tolist(), self.shape.bags)]
+            lengths = bags.repeat_interleave(batch)
+            offsets = torch.cat([lengths.new_zeros(1), lengths.cumsum(0)])
+            self._layout[batch] = (torch.cat(index), offsets, lengths)
+        return self._layout[batch]
+
+    def __call__(self, ids: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+        """ids ``(B, S)`` -> (values ``(B·S,)``, offsets ``(F·B + 1,)``, lengths ``(F·B,)``)."""
+        index, offsets, lengths = self.layout(ids.shape[0])
+        return ids.reshape(-1).index_select(0, index), offsets, lengths
+
+
 def _mlp(x: Tensor, layers: Sequence[tuple[Tensor, Tensor]], relu_last: bool) -> Tensor:
     for k, (w, b) in enumerate(layers):
         x = F.linear(x, w, b)

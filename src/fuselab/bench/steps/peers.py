@@ -29,7 +29,7 @@ from torch import Tensor, nn
 
 from fuselab.core.compile import compile_quietly
 
-from .model import NUM_DENSE, DLRMShape, DLRMWeights
+from .model import NUM_DENSE, DLRMShape, DLRMWeights, JaggedIds
 from .stock import DenseParts, dense_adagrad
 
 #: modules both peers need (the suite's providers declare them)
@@ -43,35 +43,6 @@ def table_precision(shape: DLRMShape, device: torch.device) -> str:
     ``device``, else ``"fp16"``."""
     free, _ = torch.cuda.mem_get_info(device)
     return "fp32" if shape.rows * (4 * shape.dim + 4) < FP32_SHARE * free else "fp16"
-
-
-class JaggedIds:
-    """The ``(B, S)`` ids of :mod:`.model` as TorchRec and FBGEMM take them: one list of ids per table, each sample's
-    bag contiguous (``values``), bag boundaries ``offsets`` (``F·B + 1``), lengths per bag and per table; built once
-    per batch size on ``device``, then one gather per batch."""
-
-    def __init__(self, shape: DLRMShape, device: torch.device):
-        self.shape, self.device = shape, device
-        self._layout: dict[int, tuple[Tensor, Tensor, Tensor]] = {}
-
-    def layout(self, batch: int) -> tuple[Tensor, Tensor, Tensor]:
-        """(gather index into the flat ids, offsets, lengths) for ``batch`` samples."""
-        if batch not in self._layout:
-            bags = torch.tensor(self.shape.bags, device=self.device)
-            prefix = torch.cumsum(bags, 0) - bags
-            width = self.shape.ids_per_sample
-            index = [(torch.arange(batch, device=self.device)[:, None] * width + a
-                      + torch.arange(n, device=self.device)[None, :]).reshape(-1) for a, n in
-                     zip(prefix.tolist(), self.shape.bags)]
-            lengths = bags.repeat_interleave(batch)
-            offsets = torch.cat([lengths.new_zeros(1), lengths.cumsum(0)])
-            self._layout[batch] = (torch.cat(index), offsets, lengths)
-        return self._layout[batch]
-
-    def __call__(self, ids: Tensor) -> tuple[Tensor, Tensor, Tensor]:
-        """ids ``(B, S)`` -> (values ``(B·S,)``, offsets ``(F·B + 1,)``, lengths ``(F·B,)``)."""
-        index, offsets, lengths = self.layout(ids.shape[0])
-        return ids.reshape(-1).index_select(0, index), offsets, lengths
 
 
 def upper_triangle_order(vectors: int) -> Tensor:

@@ -22,7 +22,7 @@ from torch import Tensor, nn
 
 from fuselab.core.compile import compile_quietly
 
-from .model import DLRMWeights, pair_indices
+from .model import DLRMWeights, JaggedIds, pair_indices
 
 SPARSE_OPTIMIZERS = ("sgd", "adagrad")
 
@@ -56,9 +56,11 @@ class DenseParts(nn.Module):
         self.register_buffer("li", li, persistent=False)
         self.register_buffer("lj", lj, persistent=False)
 
-    def logits(self, dense: Tensor, emb: Tensor) -> Tensor:
+    def logits(self, dense: Tensor, emb: Tensor | list[Tensor]) -> Tensor:
+        """dense (B, 13), emb (B, F, D) or F tensors (B, D) -> logits (B,)."""
         x = self.bottom(dense)
-        vectors = torch.cat([x[:, None], emb.to(x.dtype)], dim=1)
+        parts = [emb.to(x.dtype)] if isinstance(emb, Tensor) else [e.to(x.dtype)[:, None] for e in emb]
+        vectors = torch.cat([x[:, None], *parts], dim=1)
         if self.shape.interaction == "dot":
             z = torch.cat([x, torch.bmm(vectors, vectors.transpose(1, 2))[:, self.li, self.lj]], dim=1)
         else:
@@ -67,7 +69,7 @@ class DenseParts(nn.Module):
                 z = x0 * F.linear(F.linear(z, v), w, b) + z
         return self.top(z).squeeze(1)
 
-    def loss(self, dense: Tensor, emb: Tensor, labels: Tensor) -> Tensor:
+    def loss(self, dense: Tensor, emb: Tensor | list[Tensor], labels: Tensor) -> Tensor:
         cast = contextlib.nullcontext() if self.autocast is None else torch.autocast(dense.device.type, self.autocast)
         with cast:
             logits = self.logits(dense, emb)
@@ -75,7 +77,8 @@ class DenseParts(nn.Module):
 
 
 class StockDLRM(nn.Module):
-    """Per-table ``nn.EmbeddingBag(sparse=True)`` and :class:`DenseParts`: ``lookup(ids (B, S)) -> (B, F, D)``."""
+    """Per-table ``nn.EmbeddingBag(sparse=True)`` and :class:`DenseParts`: ``lookup(ids (B, S))`` -> F pooled
+    ``(B, D)`` (each table's bags contiguous after one gather of the batch's ids, :class:`~.model.JaggedIds`)."""
 
     def __init__(self, weights: DLRMWeights, device: torch.device, autocast: torch.dtype | None = None):
         super().__init__()
@@ -86,14 +89,20 @@ class StockDLRM(nn.Module):
             weights.fill_table_(bag.weight.data, t)
             self.tables.append(bag)
         self.dense = DenseParts(weights, device, autocast)
-        starts = torch.tensor((0, *shape.bags[:-1])).cumsum(0).tolist()
-        self.columns = list(zip(starts, shape.bags))
+        self.ids = JaggedIds(shape, device)
+        self._bags: dict[int, list[tuple[int, int, Tensor]]] = {}
 
-    def lookup(self, ids: Tensor) -> Tensor:
-        if self.shape.bag_sizes is None:  # one id per table: each table's ids contiguous, bags of one
-            cols = ids.t().contiguous()
-            return torch.stack([bag(cols[t][:, None]) for t, bag in enumerate(self.tables)], dim=1)
-        return torch.stack([bag(ids[:, a: a + n]) for (a, n), bag in zip(self.columns, self.tables)], dim=1)
+    def bags(self, batch: int) -> list[tuple[int, int, Tensor]]:
+        """(first, last) of each table's ids among the gathered values, and its bags' offsets, for ``batch``."""
+        if batch not in self._bags:
+            ends = torch.tensor(self.shape.bags).cumsum(0) * batch
+            self._bags[batch] = [(int(end) - n * batch, int(end), torch.arange(0, n * batch, n, device=self.ids.device))
+                                 for n, end in zip(self.shape.bags, ends)]
+        return self._bags[batch]
+
+    def lookup(self, ids: Tensor) -> list[Tensor]:
+        values, _, _ = self.ids(ids)
+        return [bag(values[a:b], offsets) for (a, b, offsets), bag in zip(self.bags(ids.shape[0]), self.tables)]
 
 
 def dense_adagrad(params: list[Tensor], lr: float, eps: float) -> torch.optim.Adagrad:

@@ -179,7 +179,8 @@ def build_dlrm(shared: Setup, kernels: str, device: torch.device) -> DLRM:
     state = {f"{arch}.mlp.{2 * k}.{name}": t for arch, layers in (("dense_arch", weights.bottom),
                                                                    ("over_arch", weights.top))
              for k, layer in enumerate(layers) for name, t in zip(("weight", "bias"), layer)}
-    state["sparse_arch.weight"] = torch.zeros(1, shared.shape.dim).expand(shared.shape.rows, -1)  # filled below
+    # the tables are filled below; zeros of no memory, on the device (a CPU source would be made whole to copy)
+    state["sparse_arch.weight"] = torch.zeros(1, shared.shape.dim, device=device).expand(shared.shape.rows, -1)
     load_reference_state_dict(model, state)
     weights.fill_tables_(model.sparse_arch.weight.data)
     if weights.cross:
