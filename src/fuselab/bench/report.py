@@ -107,6 +107,8 @@ def run_table(run: R.OpRun, baseline: str = "eager", wide: bool = False) -> Tabl
     JSON and CSV files either way)."""
     copy = f"{run.ceilings.copy_gbps:.1f} GB/s" if run.ceilings else "not measured"
     caption = f"{run.timer}; % copy = GB/s / measured copy {copy}; vs {baseline} = its time / this time"
+    if R.is_throughput(run.results):
+        caption = f"{run.timer}; samples/s = samples per step / time; vs {baseline} = its time / this time"
     caption += ("; % stream = stream bound's time / provider's time" if wide else
                 "; more columns: --wide, and the JSON/CSV files")
     table = Table(title=f"{run.op}: {run.summary}", caption=caption, caption_justify="left")

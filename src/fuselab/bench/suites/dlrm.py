@@ -56,7 +56,7 @@ MLPERF_SCALE = 0.1
 CPU_SCALE = 1e-4
 GPU_BATCHES = (65536, 16384)
 #: CPU batches: the fuselab providers run their Triton kernels under the interpreter there, a few seconds per step at 8
-CPU_BATCH, CPU_QUICK_BATCH = 64, 8
+CPU_BATCH, CPU_QUICK_BATCH = 16, 8
 SEED = 0
 OPTIMIZER = "rowwise_adagrad"
 DEFAULT_DTYPES = (torch.bfloat16,)
