@@ -7,7 +7,9 @@
 Per case (``summarize FOLDER``): fuselab's median time and fraction of the run's copy bandwidth, the fastest other
 correct provider, fuselab's speedups over eager and torch.compile, and where the run measured it the stream bound
 (a kernel that only moves the case's bytes, timed the same way) and fuselab's time as a fraction of it. The
-``cuda_graph/`` subfolder (``fuselab bench --cuda-graph``) gets a section of its own.
+``cuda_graph/`` subfolder (``fuselab bench --cuda-graph``) gets a section of its own, and the DLRM suite's
+``dlrm.json`` (``fuselab bench dlrm``) one more: samples/s, step time, TFLOP/s, peak memory and the speedup over the
+stock PyTorch step of every provider and case.
 
 ``--readme``: one row per op, case group, dtype and mode, with the range over the group's cases of fuselab / copy
 bandwidth, fuselab / stream bound and torch.compile's time over fuselab's, per GPU (plain runs and CUDA-graph runs).
@@ -76,6 +78,35 @@ def summarize(data: dict) -> list[str]:
     return lines
 
 
+DLRM_HEADER = ("| case | provider | samples/s | step time | TFLOP/s | peak memory | vs stock | status |\n"
+               "|---|---|---|---|---|---|---|---|")
+
+
+def dlrm_rows(data: dict) -> list[str]:
+    """One row per case and provider of a ``fuselab bench dlrm`` run (the fastest correct provider in bold)."""
+    best: dict[str, float] = {}
+    for r in data["results"]:
+        if r["status"] == "ok" and r.get("samples_per_s"):
+            best[r["case"]] = max(best.get(r["case"], 0.0), r["samples_per_s"])
+    rows = []
+    for r in data["results"]:
+        rate = r.get("samples_per_s")
+        cells = ["-"] * 5
+        if rate:
+            cells[0] = f"{rate / 1e6:.3g}M"
+            if r["status"] == "ok" and rate == best.get(r["case"]):
+                cells[0] = f"**{cells[0]}**"
+            cells[1] = fmt_time(r["median_ms"])
+            cells[2] = f"{r['tflops']:.1f}" if r.get("tflops") else "-"
+        if r.get("peak_mem_bytes"):
+            cells[3] = f"{r['peak_mem_bytes'] / 2**30:.1f} GiB"
+        if r.get("speedup_vs_baseline"):
+            cells[4] = f"{r['speedup_vs_baseline']:.2f}x"
+        status = r["status"] if r["status"] == "ok" or not r.get("detail") else f"{r['status']}: {r['detail']}"
+        rows.append(f"| {r['case']} {r['dtype']} | {r['provider']} | {' | '.join(cells)} | {status[:120]} |")
+    return rows
+
+
 def _runs(folder: Path, ops: Iterable[str]) -> list[tuple[Path, dict]]:
     found = []
     for op in ops:
@@ -116,6 +147,11 @@ def summary_markdown(folder: Path, ops: Iterable[str] = OPS) -> str:
         for _, data in graph:
             out += summarize(data)
         out += ["", "Files:", *_sources(graph, folder)]
+    step = folder / "dlrm.json"
+    data = load_run(step) if step.exists() else None
+    if data is not None:
+        out += ["", "## DLRM training step (`fuselab bench dlrm`)", "", DLRM_HEADER, *dlrm_rows(data), "", "Files:",
+                *_sources([(step, data)], folder)]
     return "\n".join(out) + "\n"
 
 

@@ -30,7 +30,7 @@ BIAS = "tests/ops/test_bias_act.py"
 INTER = "tests/ops/test_interaction.py"
 EMB = "tests/ops/test_embedding.py"
 REDUCE = "tests/ops/test_reduce.py"
-DLRM_OPS = "tests/ops/test_dlrm_ops.py"
+KEPT_OPS = "tests/ops/test_embedding_interaction_op.py"
 NN = "tests/test_nn.py"
 OPDEF = "tests/ops/test_opdef.py"
 
@@ -112,11 +112,11 @@ FAULTS: tuple[Fault, ...] = (
           "fused_update and triton and sgd"),
     # ---------------------------------------------------------------- kept launches of both
     fault("interaction: kept backward launch not keyed by the gradient's layout", 'key = ("bwd", key, layout(grad))',
-          'key = ("bwd", key)', DLRM_OPS, "-k", "gradient_layout"),
+          'key = ("bwd", key)', KEPT_OPS, "-k", "gradient_layout"),
     fault("embedding: kept update not keyed by the gradient's layout", 'key = ("update", key, layout(grad))',
-          'key = ("update", key)', DLRM_OPS, "-k", "gradient_layout"),
+          'key = ("update", key)', KEPT_OPS, "-k", "gradient_layout"),
     fault("embedding: kept lookup of bags reads the table sizes as offsets",
-          "table_sizes if offsets is None else offsets", "table_sizes", DLRM_OPS, "-k", "functional_calls and bags"),
+          "table_sizes if offsets is None else offsets", "table_sizes", KEPT_OPS, "-k", "functional_calls and bags"),
     # ---------------------------------------------------------------- reduce
     fault("reduce: mean divides by n + 1", "total = total / n_reduced", "total = total / (n_reduced + 1)",
           IND, "-k", "reduce_vs_torch and mean and float32"),

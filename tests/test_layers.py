@@ -20,6 +20,8 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
     ("nn/cuda", ("fuselab.nn", "fuselab.cuda", "fuselab.hf")),
     ("bench/profile", ("fuselab.bench", "fuselab.profile")),
     ("dlrm", ("fuselab.dlrm",)),
+    # the lab's DLRM suite builds fuselab.dlrm models; the lab's registry loads it by name (importlib), not by import
+    ("lab over dlrm", ("fuselab.bench.suites.dlrm",)),
     ("cli", ("fuselab.cli", "fuselab.__main__")),
 ]
 

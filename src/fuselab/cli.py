@@ -69,6 +69,7 @@ def cmd_env(args: argparse.Namespace) -> int:
 def options_from_args(args: argparse.Namespace, argv: Sequence[str]) -> BenchOptions:
     return BenchOptions(
         ops=tuple(args.ops), providers=_names(args.providers), dtypes=_names(args.dtype), modes=_names(args.mode),
+        cases=_names(args.case),
         quick=args.quick, out=Path(args.out) if args.out else None, plot=args.plot, l2_cold=args.l2_cold,
         cuda_graph=args.cuda_graph, stream=args.stream, wide=args.wide, command="fuselab " + " ".join(argv),
     )
@@ -149,6 +150,9 @@ def _bench_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--providers", nargs="+", metavar="P", help="provider names to keep (default: all)")
     p.add_argument("--dtype", nargs="+", choices=list(DTYPES), help="dtypes (default: each op's defaults)")
     p.add_argument("--mode", nargs="+", choices=list(MODES), help="modes (default: each op's defaults)")
+    p.add_argument("--case", nargs="+", metavar="LABEL",
+                   help="keep the cases whose label contains one of these (default: all but opt-in cases, such as "
+                        "the full-size DLRM, which run only when named in full)")
     p.add_argument("--quick", action="store_true", default=_DEFAULTS.quick, help="one or two sizes per op")
     p.add_argument("--out", metavar="DIR",
                    help="output folder of <op>.json, <op>.csv (and PNGs with --plot); default: "

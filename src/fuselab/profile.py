@@ -263,6 +263,7 @@ def profile_case(op: str, provider: str | None = None, shape: str | None = None,
     from fuselab.bench.check import prepare_args
     from fuselab.bench.options import BenchOptions
     from fuselab.bench.runner import make_step, validate
+    from fuselab.bench.spec import GRAD_MODES
     from fuselab.bench.suites import get_spec
 
     if steps < 1:
@@ -286,7 +287,7 @@ def profile_case(op: str, provider: str | None = None, shape: str | None = None,
     interpreted = prov.triton and device.type != "cuda"
     with forced("triton") if interpreted else contextlib.nullcontext():
         fn = prov.build(case)
-        args = prepare_args(spec.make_inputs(case, device), spec.grad_args(case), mode != "fwd")
+        args = prepare_args(spec.make_inputs(case, device), spec.grad_args(case), mode in GRAD_MODES)
         step, leaves = make_step(fn, args, case, spec.grad_args(case))
 
         def reset_and_step() -> None:

@@ -25,7 +25,7 @@ import torch
 from fuselab.core.device import max_element_offset
 from fuselab.testing import rel_error, tolerance
 
-from .spec import BenchCase, Fn, OpSpec
+from .spec import GRAD_MODES, BenchCase, Fn, OpSpec
 
 
 @dataclass(frozen=True)
@@ -80,10 +80,12 @@ def prepare_args(
 
 def run(fn: Fn, args: Sequence[Any], mode: str, grad_args: Sequence[int],
         grad_outputs: Sequence[torch.Tensor | None]) -> tuple[tuple, tuple]:
-    """Call ``fn`` once in ``mode``: returns (outputs, gradients of ``grad_args``)."""
+    """Call ``fn`` once in ``mode``: returns (outputs, gradients of ``grad_args``; none in ``fwd`` and ``step``)."""
     if mode == "fwd":
         with torch.no_grad():
             return as_tuple(fn(*args)), ()
+    if mode not in GRAD_MODES:  # a whole step: the provider runs its own backward and update
+        return tuple(None if o is None else o.detach() for o in as_tuple(fn(*args))), ()
     outputs = as_tuple(fn(*args))
     pairs = [(o, g) for o, g in zip(outputs, grad_outputs)
              if o is not None and g is not None and o.requires_grad]
@@ -113,12 +115,12 @@ def reference_run(spec: OpSpec, case: BenchCase, args: Sequence[Any], grad_outpu
 
     ``grad_outputs``: the upstream gradients to use (fresh random ones when None). ``follow``: the provider's
     outputs, passed to a reference that :func:`follows` them."""
-    needs_grad = case.mode != "fwd"
+    needs_grad = case.mode in GRAD_MODES
     grad_args = spec.grad_args(case)
     ref_args = prepare_args(args, grad_args, needs_grad, dtype=torch.float64)
     reference = spec.reference if follow is None else functools.partial(spec.reference, follow=follow)
     if not needs_grad:
-        return (*run(reference, ref_args, "fwd", grad_args, ()), ())
+        return (*run(reference, ref_args, case.mode, grad_args, ()), ())
     if grad_outputs is None:
         with torch.no_grad():
             shapes = as_tuple(reference(*ref_args))
@@ -145,12 +147,13 @@ def _errors(fn: Fn, args: Sequence[Any], case: BenchCase, grad_args: Sequence[in
 
     With ``spec`` whose reference :func:`follows` the provider, the reference is recomputed on the provider's
     outputs first (``ref_out`` / ``ref_grads`` are then not used)."""
-    outputs, grads = run(fn, prepare_args(args, grad_args, case.mode != "fwd"), case.mode, grad_args, grad_outputs)
+    outputs, grads = run(fn, prepare_args(args, grad_args, case.mode in GRAD_MODES), case.mode, grad_args,
+                         grad_outputs)
     if spec is not None and follows(spec.reference):
         follow = tuple(None if o is None else o.detach() for o in outputs)
         ref_out, ref_grads, _ = reference_run(spec, case, args, grad_outputs, follow)
     out_err = float("inf") if len(outputs) != len(ref_out) else _worst(zip(outputs, ref_out))
-    grad_err = None if case.mode == "fwd" else _worst(zip(grads, ref_grads))
+    grad_err = _worst(zip(grads, ref_grads)) if case.mode in GRAD_MODES else None
     return out_err, grad_err
 
 

@@ -29,15 +29,17 @@ class BenchOptions:
     ``cuda_graph``: capture each step (the whole rotation) in a CUDA graph and time its replay (fwd, fwd+bwd).
     ``stream``: on a GPU, also time each case's stream bound (:mod:`fuselab.bench.stream`: one kernel moving the
     case's bytes, timed the same way), reported as the row ``stream`` and each provider's ``of_stream``.
-    ``write``: write JSON/CSV files at all. ``wide``: print every column in the terminal tables (default: the
-    columns that fit 100 terminal columns; the files hold every figure either way). ``command``: recorded in the
-    JSON.
+    ``cases``: case labels to keep (a label containing one of them; None: every case but a suite's opt-in ones,
+    which run only when named in full). ``write``: write JSON/CSV files at all. ``wide``: print every column in the
+    terminal tables (default: the columns that fit 100 terminal columns; the files hold every figure either way).
+    ``command``: recorded in the JSON.
     """
 
     ops: tuple[str, ...] = ()
     providers: tuple[str, ...] | None = None
     dtypes: tuple[str, ...] | None = None
     modes: tuple[str, ...] | None = None
+    cases: tuple[str, ...] | None = None
     quick: bool = False
     out: Path | None = None
     plot: bool = False

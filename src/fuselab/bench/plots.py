@@ -1,7 +1,8 @@
 """PNG plots of one op's run: GB/s vs size per provider, and a roofline.
 
 ``<out>/<op>_gbps.png``: one panel per (dtype, mode), GB/s vs numel (log x), one line per
-provider, the measured copy bandwidth as a dashed line. ``<out>/<op>_roofline.png``:
+provider, the measured copy bandwidth as a dashed line. Runs measured in samples (whole training steps) draw
+``<out>/<op>_samples.png`` instead: one panel per (case group, dtype), samples/s vs batch. ``<out>/<op>_roofline.png``:
 arithmetic intensity (flop/byte) vs achieved TFLOP/s with the bandwidth and compute ceilings.
 Only correct, timed results are drawn (WRONG ones are left out). Written atomically.
 """
@@ -63,6 +64,32 @@ def plot_gbps(run: R.OpRun, path: Path) -> Path | None:
         plt.close(fig)
 
 
+def plot_samples(run: R.OpRun, path: Path) -> Path | None:
+    """Samples/s vs samples per call (the batch), one panel per (case group, dtype), one line per provider."""
+    plt = _pyplot()
+    ok = [r for r in run.results if r.timed_ok and r.samples_per_s is not None]
+    panels = sorted({(r.group, r.dtype) for r in ok})
+    if not panels:
+        return None
+    fig, axes = plt.subplots(1, len(panels), figsize=(5.5 * len(panels), 4.2), squeeze=False)
+    for ax, (group, dtype) in zip(axes[0], panels):
+        rows = [r for r in ok if (r.group, r.dtype) == (group, dtype)]
+        for provider in dict.fromkeys(r.provider for r in rows):
+            pts = sorted((r.samples, r.samples_per_s) for r in rows if r.provider == provider)
+            ax.plot([p[0] for p in pts], [p[1] / 1e6 for p in pts], marker="o", label=provider)
+        ax.set_xscale("log", base=2)
+        ax.set_xlabel("samples per step (batch)")
+        ax.set_ylabel("million samples/s")
+        ax.set_title(f"{run.op} {group} {dtype}".replace("  ", " "))
+        ax.grid(True, alpha=0.3)
+        ax.legend(fontsize=8)
+    fig.suptitle(f"{run.op} on {run.env.get('device', '?')} ({run.timer})", fontsize=9)
+    try:
+        return _save(fig, path)
+    finally:
+        plt.close(fig)
+
+
 def roof_label(copy_gbps: float, matmul_tflops: float | None) -> str:
     """The roofline's legend: both ceilings to 3 significant digits (0.21 TFLOP/s stays 0.21, never "0"); numbers
     of 1000 and more as whole numbers."""
@@ -102,5 +129,7 @@ def plot_roofline(run: R.OpRun, path: Path) -> Path | None:
 def plot_run(run: R.OpRun, out_dir: Path) -> list[Path]:
     """Both plots of ``run`` into ``out_dir``; returns the files written."""
     out_dir = Path(out_dir)
-    written = [plot_gbps(run, out_dir / f"{run.op}_gbps.png"), plot_roofline(run, out_dir / f"{run.op}_roofline.png")]
+    first = (plot_samples(run, out_dir / f"{run.op}_samples.png") if R.is_throughput(run.results)
+             else plot_gbps(run, out_dir / f"{run.op}_gbps.png"))
+    written = [first, plot_roofline(run, out_dir / f"{run.op}_roofline.png")]
     return [p for p in written if p is not None]

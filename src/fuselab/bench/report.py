@@ -67,6 +67,9 @@ def _speedup(x: float | None) -> Text:
 #: the columns of the default table (readable in 100 terminal columns); ``wide`` adds the others
 NARROW = ("case", "provider", "time", "GB/s", "% copy", "vs base", "status")
 WIDE_EXTRA = ("p20-p80", "% stream", "TFLOP/s", "vs compile", "rel err", "peak mem")
+#: the same for runs measured in samples (whole training steps: :func:`fuselab.bench.results.is_throughput`)
+STEP_NARROW = ("case", "provider", "time", "samples/s", "TFLOP/s", "vs base", "peak mem", "status")
+STEP_WIDE_EXTRA = ("p20-p80", "GB/s", "vs compile", "rel err")
 
 
 def _cells(r: R.Result, first: bool, is_best: bool) -> dict[str, str | Text]:
@@ -83,6 +86,7 @@ def _cells(r: R.Result, first: bool, is_best: bool) -> dict[str, str | Text]:
         "% copy": fmt_num(None if r.copy_fraction is None else 100 * r.copy_fraction, ".0f", "%"),
         "% stream": fmt_num(None if r.of_stream is None else 100 * r.of_stream, ".0f", "%"),
         "TFLOP/s": fmt_num(r.tflops, ".3g"),
+        "samples/s": "-" if r.samples_per_s is None else f"{r.samples_per_s / 1e6:.3g}M",
         "vs base": _speedup(r.speedup_vs_baseline),
         "vs compile": _speedup(r.speedup_vs_compile),
         "rel err": fmt_error(r.rel_error),
@@ -103,10 +107,13 @@ def run_table(run: R.OpRun, baseline: str = "eager", wide: bool = False) -> Tabl
     JSON and CSV files either way)."""
     copy = f"{run.ceilings.copy_gbps:.1f} GB/s" if run.ceilings else "not measured"
     caption = f"{run.timer}; % copy = GB/s / measured copy {copy}; vs {baseline} = its time / this time"
+    if R.is_throughput(run.results):
+        caption = f"{run.timer}; samples/s = samples per step / time; vs {baseline} = its time / this time"
     caption += ("; % stream = stream bound's time / provider's time" if wide else
                 "; more columns: --wide, and the JSON/CSV files")
     table = Table(title=f"{run.op}: {run.summary}", caption=caption, caption_justify="left")
-    names = [*NARROW[:-1], *(WIDE_EXTRA if wide else ()), NARROW[-1]]
+    narrow, extra = (STEP_NARROW, STEP_WIDE_EXTRA) if R.is_throughput(run.results) else (NARROW, WIDE_EXTRA)
+    names = [*narrow[:-1], *(extra if wide else ()), narrow[-1]]
     for name in names:
         header = f"vs {baseline}" if name == "vs base" else name
         if name == "case":

@@ -1,8 +1,9 @@
 """Result records, the figures derived from them, and the files they are written to.
 
 One :class:`Result` per case × provider. :func:`derive_figures` turns times into GB/s, fraction
-of the measured copy bandwidth, TFLOP/s and speedups; :class:`OpRun` is one op's run (the
-environment, the ceilings and every result) and is what ``<out>/<op>.json`` / ``.csv`` hold.
+of the measured copy bandwidth, TFLOP/s, samples/s (cases that declare their samples) and speedups;
+:class:`OpRun` is one op's run (the environment, the ceilings and every result) and is what ``<out>/<op>.json`` /
+``.csv`` hold.
 Files are written through :mod:`fuselab._io`: atomically (temporary file in the same folder, then
 ``os.replace``), with the usual permissions, strict JSON (a non-finite number, such as the infinite error of a
 provider that returned nothing, is written as ``null``).
@@ -61,9 +62,12 @@ class Result:
     tflops: float | None = None
     speedup_vs_baseline: float | None = None  # baseline time / this time (the op's baseline, usually eager)
     speedup_vs_compile: float | None = None  # torch.compile time / this time
-    peak_mem_bytes: int | None = None
+    peak_mem_bytes: int | None = None  # above what was allocated before the call; a whole step's: all of it
     timer: str | None = None  # "cuda" or "cpu"
     l2_cold: bool = False
+    samples: int | None = None  # what one call processes (a training step's batch), for samples/s
+    samples_per_s: float | None = None
+    group: str = ""  # the case's curve in the plots
 
     @property
     def key(self) -> tuple[str, str, str, str, str]:
@@ -94,6 +98,7 @@ def derive_figures(results: list[Result], ceilings: Ceilings | None, baseline: s
         seconds = r.median_ms * 1e-3
         r.gbps = r.bytes / seconds / 1e9
         r.tflops = r.flops / seconds / 1e12 if r.flops else None
+        r.samples_per_s = r.samples / seconds if r.samples else None
         if ceilings is not None and ceilings.copy_gbps > 0:
             r.copy_fraction = r.gbps / ceilings.copy_gbps
     for group in by_case.values():
@@ -109,6 +114,11 @@ def derive_figures(results: list[Result], ceilings: Ceilings | None, baseline: s
                 r.speedup_vs_baseline = base.median_ms / r.median_ms
             if comp is not None and comp.timed_ok:
                 r.speedup_vs_compile = comp.median_ms / r.median_ms
+
+
+def is_throughput(results: list[Result]) -> bool:
+    """Whether ``results`` are measured in samples (whole training steps) rather than bytes."""
+    return any(r.samples for r in results)
 
 
 def best_providers(results: list[Result]) -> dict[tuple, str]:

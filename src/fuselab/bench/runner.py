@@ -24,7 +24,7 @@ from . import results as R
 from . import stream as _stream
 from .check import as_tuple, check, make_grad_outputs, prepare_args
 from .options import BenchOptions
-from .spec import DTYPES, MODES, BenchCase, Fn, OpSpec, Provider, dtype_name
+from .spec import DTYPES, GRAD_MODES, MODES, BenchCase, Fn, OpSpec, Provider, dtype_name, select_cases
 from .suites import get_spec, op_names
 from .timing import Timer, TimingJob, default_timer, peak_memory_delta, peak_memory_start
 
@@ -61,7 +61,22 @@ def validate(options: BenchOptions) -> list[str]:
         for name in options.providers:
             if known and name not in known:
                 raise ValueError(f"unknown provider {name!r} for {', '.join(ops)}; valid providers: {', '.join(known)}")
+    if options.cases:
+        _validate_cases(ops, options)
     return ops
+
+
+def _validate_cases(ops: Sequence[str], options: BenchOptions) -> None:
+    """``ValueError`` for a ``--case`` name that selects no case of ``ops`` on this device, listing the labels."""
+    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    cases: list[BenchCase] = []
+    for op in ops:
+        with contextlib.suppress(Exception):  # a suite that does not load is reported at run time
+            cases += get_spec(op).cases(spec_query(device, options))
+    for name in options.cases:
+        if cases and not select_cases(cases, [name]):
+            labels = ", ".join(dict.fromkeys(c.label for c in cases))
+            raise ValueError(f"no case {name!r} of {', '.join(ops)}; cases: {labels}")
 
 
 def _rotation_sets(case: BenchCase, device: torch.device, options: BenchOptions) -> int:
@@ -88,13 +103,16 @@ def make_step(fn: Fn, args: Sequence[Any], case: BenchCase, grad_args: Sequence[
     """One timed step for ``case.mode`` and the tensors whose grads are reset between steps.
 
     fwd: ``fn(*args)`` under ``no_grad``. bwd: the forward runs once here, the step is
-    ``autograd.backward(outputs, grad_outputs, retain_graph=True)``. fwd+bwd: both in the step.
+    ``autograd.backward(outputs, grad_outputs, retain_graph=True)``. fwd+bwd: both in the step. step: ``fn(*args)``
+    as it is (the provider's own training step).
     """
     if case.mode == "fwd":
         def fwd() -> Any:
             with torch.no_grad():
                 return fn(*args)
         return fwd, []
+    if case.mode not in GRAD_MODES:
+        return (lambda: fn(*args)), []
     leaves = [args[i] for i in grad_args if isinstance(args[i], torch.Tensor)]
     outputs = as_tuple(fn(*args))
     grad_outputs = make_grad_outputs(outputs, case.dtype)
@@ -121,7 +139,7 @@ def time_provider(spec: OpSpec, case: BenchCase, fn: Fn, device: torch.device, t
     notes = []
     n_sets = _rotation_sets(case, device, options)
     grad_args = spec.grad_args(case)
-    needs_grad = case.mode != "fwd"
+    needs_grad = case.mode in GRAD_MODES
     steps, leaves = [], []
     for _ in range(n_sets):
         args = prepare_args(spec.make_inputs(case, device), grad_args, needs_grad)
@@ -137,7 +155,8 @@ def time_provider(spec: OpSpec, case: BenchCase, fn: Fn, device: torch.device, t
         notes.append(f"not captured: --cuda-graph applies to {' and '.join(GRAPH_MODES)}")
     start = peak_memory_start(device)
     steps[0]()  # untimed: compiles (torch.compile, TorchScript, Triton) happen here, never inside a timed sample
-    peak = peak_memory_delta(device, start)
+    # a whole step's peak counts what it keeps (model, optimizer state) too: the memory it needs
+    peak = peak_memory_delta(device, 0 if case.mode == "step" and start is not None else start)
     for t in leaves:
         t.grad = None
     job = TimingJob(steps=steps, grad_to_none=leaves, provider=provider, case_key=case.key, cuda_graph=graph)
@@ -148,7 +167,8 @@ def run_case(spec: OpSpec, case: BenchCase, provider: Provider, device: torch.de
              options: BenchOptions, triton_ok: bool = True) -> R.Result:
     """Check then time one provider on one case; never raises (failures become a status)."""
     r = R.Result(op=spec.name, case=case.label, dtype=dtype_name(case.dtype), mode=case.mode, provider=provider.name,
-                 numel=case.numel, bytes=case.bytes, flops=case.flops, l2_cold=case.l2_cold)
+                 numel=case.numel, bytes=case.bytes, flops=case.flops, l2_cold=case.l2_cold, samples=case.samples,
+                 group=case.group)
     missing = provider.missing()
     if missing:
         r.status, r.detail = R.NOT_INSTALLED, f"needs {missing}"
@@ -220,7 +240,7 @@ def run_spec(spec: OpSpec, options: BenchOptions, device: torch.device, timer: T
     run = _new_run(spec.name, options, timer, ceilings, env)
     run.summary = spec.summary
     try:
-        cases = spec.cases(spec_query(device, options))
+        cases = select_cases(spec.cases(spec_query(device, options)), options.cases)
     except Exception as e:
         run.error = f"cases failed: {R.short_error(e)}"
         return run
@@ -268,7 +288,7 @@ def count_jobs(ops: Sequence[str], options: BenchOptions, device: torch.device) 
             spec = get_spec(op)
             wanted = set(options.providers or ())
             n = sum(1 for p in spec.providers if not wanted or p.name in wanted)
-            cases = spec.cases(spec_query(device, options))
+            cases = select_cases(spec.cases(spec_query(device, options)), options.cases)
             total += n * len(cases) + sum(_wants_stream(c, device, options) for c in cases)
     return total
 
@@ -277,11 +297,10 @@ def in_process_compiles() -> int:
     """Make torch.compile providers compile in this process (Inductor's ``compile_threads = 1``); returns it.
 
     With the default (one worker per core), the first compile starts a pool of subprocesses that each import
-    torch for seconds after it returns, and the next providers' timings share the host with them: on the H100
-    machine ``fuselab.mean`` of 8192² bf16 went from 55.8 µs per call (tight) to 72.1 µs median with samples up to
-    175 µs right after the first compile (``benchmarks/results/h100/probes/reduce_lab_gap.txt``). On a CPU the pool
-    competes with the timed code for the same cores. The lab times devices, not compile pools; compiling serially
-    only makes the torch.compile providers' build slower."""
+    torch for seconds after it returns, and the next providers' timings share the host with them
+    (``benchmarks/notes/lab.md#what-moves-a-measurement``). On a CPU the pool competes with the timed code for the same
+    cores. The lab times devices, not compile pools; compiling serially only makes the torch.compile providers' build
+    slower."""
     import torch._inductor.config as inductor_config
 
     inductor_config.compile_threads = 1

@@ -13,7 +13,9 @@ An op's suite (``fuselab.bench.suites.<op>``) defines one :class:`OpSpec`:
 
 Modes: ``fwd`` times ``fn(*args)`` under ``torch.no_grad()``; ``bwd`` runs the forward once
 and times ``torch.autograd.backward(outputs, grad_outputs)``; ``fwd+bwd`` times both.
-``grad_args(case)`` names the positional arguments that receive gradients.
+``grad_args(case)`` names the positional arguments that receive gradients. ``step`` is a whole training step that
+the provider runs itself (forward, loss, backward, update: the DLRM suite): the harness calls ``fn(*args)`` as it is
+and compares what it returns (the loss) with the reference's; each call trains, so the check sees the first step.
 """
 
 from __future__ import annotations
@@ -25,7 +27,9 @@ from typing import Any
 
 import torch
 
-MODES: tuple[str, ...] = ("fwd", "bwd", "fwd+bwd")
+MODES: tuple[str, ...] = ("fwd", "bwd", "fwd+bwd", "step")
+#: modes whose gradients the harness computes and checks (``fwd`` has none; a ``step`` provider runs its own backward)
+GRAD_MODES: tuple[str, ...] = ("bwd", "fwd+bwd")
 DTYPES: dict[str, torch.dtype] = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 
 
@@ -46,6 +50,9 @@ class BenchCase:
     settings (shape tuple, activation, layout, ...) read by ``make_inputs`` and providers.
     ``read_bytes``: how many of ``bytes`` are read (the rest are written), for the stream bound
     (:mod:`fuselab.bench.stream`); None for cases that are not memory-bound (no bound measured).
+    ``samples``: what one call processes, for a throughput figure (a training step's batch: samples/s); None for ops
+    measured in bytes. ``group``: cases of one group are the points of one curve of the plots (over ``numel``).
+    ``opt_in``: run only when named (``--case LABEL``): a case too large or too long for a default run.
     """
 
     op: str
@@ -58,12 +65,17 @@ class BenchCase:
     params: Mapping[str, Any] = field(default_factory=dict)
     l2_cold: bool = False  # small inputs: time with rotating input sets so L2 starts cold
     read_bytes: int | None = None
+    samples: int | None = None
+    group: str = ""
+    opt_in: bool = False
 
     def __post_init__(self) -> None:
         if self.mode not in MODES:
             raise ValueError(f"mode must be one of {MODES}, got {self.mode!r}")
         if self.read_bytes is not None and not 0 < self.read_bytes <= self.bytes:
             raise ValueError(f"read_bytes must be in (0, bytes={self.bytes}], got {self.read_bytes}")
+        if self.samples is not None and self.samples <= 0:
+            raise ValueError(f"samples must be positive or None, got {self.samples}")
 
     @property
     def key(self) -> str:
@@ -86,6 +98,14 @@ class CaseQuery:
 
     def wants(self, dtype: torch.dtype, mode: str) -> bool:
         return (self.dtypes is None or dtype in self.dtypes) and (self.modes is None or mode in self.modes)
+
+
+def select_cases(cases: Sequence[BenchCase], names: Sequence[str] | None) -> list[BenchCase]:
+    """The cases a run takes: without ``names`` every case but the opt-in ones; with them, the cases whose label
+    contains one of ``names``, and the opt-in cases whose label is one of them."""
+    if not names:
+        return [c for c in cases if not c.opt_in]
+    return [c for c in cases if c.label in names or (not c.opt_in and any(n in c.label for n in names))]
 
 
 Fn = Callable[..., Any]

@@ -46,10 +46,9 @@ class Variant:
         return f"{self.steps} x {self.step_bytes // 1024} KiB steps, {self.warps} warps, {hint} reads{grid}"
 
 
-#: the tilings tried per case. sweeps/stream_variants.py timed 24 (4-16 KiB steps x 4-16 warps x 4-16 steps x read
-#: hint) at read-only, copy and read-2-write-1 cases of 67-805 MB on the H100 (results/h100/probes/stream_variants.txt):
-#: evict_first reads win by 5-15% where a case only reads, the default hint by 2-4% where it also writes; these four
-#: were each case's best or within 0.5% of it
+#: the tilings tried per case: of 24 timed, these four were each case's best or close to it (evict_first reads
+#: where a case only reads, the default hint where it also writes;
+#: benchmarks/notes/lab.md#the-stream-bound-fuselabbenchstream)
 VARIANTS: tuple[Variant, ...] = (
     Variant(16384, 16, "evict_first", 4), Variant(4096, 4, "evict_first", 4), Variant(8192, 8, "", 8),
     Variant(16384, 16, "", 8),
@@ -78,7 +77,7 @@ def _stream_kernel(
             offs = start + i * STEP + lanes
             acc += tl.load(SRC + offs, mask=offs < n_read, other=0.0, eviction_policy=EVICT).to(tl.float32)
         start = tl.cast(chunk, tl.int64) * (WRITE_STEPS * STEP)
-        if start < n_write:  # chunks past the output issue no stores (masked-off ones cost reads 3-6% at 400 MB)
+        if start < n_write:  # chunks past the output issue no stores (masked-off stores slow the reads: notes/lab.md)
             for i in tl.static_range(WRITE_STEPS):
                 offs = start + i * STEP + lanes
                 tl.store(DST + offs, (lanes & 255).to(DST.dtype.element_ty), mask=offs < n_write)

@@ -93,8 +93,8 @@ class CudaTimer:
     ``warmup_ms`` / ``rep_ms`` are do_bench's time budgets. Gradients are reset at the start of every call
     (host work hidden behind the flush), not through do_bench's ``grad_to_none``, which skips its runtime
     estimate and warm-up: there every backward after the first accumulated into the old gradients, an extra
-    kernel per leaf and a first-time ``cudaMalloc`` in the estimate, which then set too few timed samples (9
-    instead of ~130 for RoPE's 4x4096x32/32x128 forward+backward, so a short host stall moved the median).
+    kernel per leaf and a first-time ``cudaMalloc`` in the estimate, which then set too few timed samples
+    (``benchmarks/notes/lab.md#what-moves-a-measurement``).
     With ``job.cuda_graph`` the rotation is captured once into a CUDA graph and the graph replay is timed:
     launch and autograd host overhead removed, which is what a training step captured in a graph (or
     ``torch.compile`` with cudagraphs) sees."""

@@ -62,8 +62,8 @@ def dram_gbps_per_sm(device: torch.device) -> float:
 
 
 #: DRAM GB/s per SM from which a device counts as fast-memory (H200: ~37; H100 SXM: 25.4). There the planners of
-#: RoPE and of one-row reductions take smaller steps per program: on the H200 those ran 1-10% faster, on the H100
-#: 1-2% slower (benchmarks/notes/rope.md and reduce.md)
+#: RoPE and of one-row reductions take smaller steps per program, which measured faster on the H200 and slower on the
+#: H100 (benchmarks/notes/rope.md, benchmarks/notes/reduce.md#planner-knobs)
 FAST_MEMORY_GBPS_PER_SM = 30.0
 
 

@@ -44,9 +44,9 @@ __device__ __forceinline__ void store_vec(T* p, const Vec<T, V>& v) {
 
 // Vectors of T to floats and back. Conversion instructions (cvt.f32.bf16, cvt.rn.bf16.f32) issue at a quarter of
 // the arithmetic rate, on the pipe that also runs ex2 and rcp: at five per element (x, residual, bias in; y, z out)
-// they bound the bf16 forward on the H200 (0.72-0.88 of copy bandwidth, 13-32% behind the Triton kernel, which
-// packs them). So bf16 widens by a shift (its bits are a float's upper half), and pairs narrow in one
-// cvt.rn.bf16x2.f32 / cvt.rn.f16x2.f32, rounding to nearest even as the scalar conversion does.
+// they bound the bf16 forward (the Triton kernel packs them). So bf16 widens by a shift (its bits are a float's upper
+// half), and pairs narrow in one cvt.rn.bf16x2.f32 / cvt.rn.f16x2.f32, rounding to nearest even as the scalar
+// conversion does.
 template <typename T, int V>
 __device__ __forceinline__ void to_float(const Vec<T, V>& in, at::opmath_type<T> (&out)[V]) {
 #pragma unroll
@@ -135,9 +135,7 @@ __device__ __forceinline__ A act_grad(A s) {
 
 // rows of the forward tile each thread loads before it computes (their loads are in flight together), by element
 // size. 16-bit types carry twice the elements per 16-byte vector, so a thread's compute between two batches of loads
-// takes twice as long: with 4 rows (94 registers, 2 blocks of 256 threads per SM) the bf16 forward ran at 0.68-0.88
-// of copy bandwidth on the H200 while fp32 reached 1.0. One row (40 registers, 6 blocks per SM): 0.88-1.02, level
-// with the Triton kernel; 2 rows (72 registers): 0.73-0.88 (benchmarks/results/h200/probes/cuda_fwd_rows_ab.txt)
+// takes twice as long, and more rows leave too few resident warps (benchmarks/notes/bias_act.md#design-that-holds)
 constexpr int kFwdRows32 = 4, kFwdRows16 = 1;
 template <typename T>
 constexpr int fwd_rows() {
@@ -455,7 +453,7 @@ std::vector<torch::Tensor> bias_act_backward(torch::Tensor grad, std::optional<t
         launch_bwd<scalar_t, ACT, 1>(grad, sp, ssm, shp, dxp, drp, &partial, want_bias, alpha, stream);
       }
     })
-    if (want_bias) {  // one launch, where partial.sum(0).to(dtype) was two ATen ops (~60 us of host on the H100 box)
+    if (want_bias) {  // one launch instead of partial.sum(0).to(dtype)'s two ATen ops (host time per call)
       gb = torch::empty({N}, grad.options());
       const dim3 block(32, 8);
       column_sum_kernel<scalar_t><<<static_cast<unsigned>((N + 31) / 32), block, 0, stream>>>(

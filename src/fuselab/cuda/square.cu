@@ -1,4 +1,4 @@
-// Elementwise square y = x * x, the lab's CUDA C++ example (built by fuselab/cuda/square.py).
+// Elementwise square y = x * x, the lab's CUDA C++ example (built by fuselab/cuda/_square.py).
 // Bytes moved: read N elements, write N elements. One multiply per element.
 // Vectorized: each thread moves 16 bytes per load/store (4 fp32 or 8 bf16/fp16), grid-stride
 // loop with 64-bit indices; a scalar loop handles the tail and misaligned pointers.

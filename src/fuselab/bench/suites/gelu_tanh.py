@@ -12,8 +12,6 @@ same fraction of copy bandwidth as a copy; the eager formula moves ~10x the mini
 
 from __future__ import annotations
 
-import math
-
 import torch
 import torch.nn.functional as F
 
@@ -21,7 +19,6 @@ from fuselab.bench import providers
 from fuselab.bench.spec import DTYPES, BenchCase, CaseQuery, OpSpec
 from fuselab.bench.suites._sizes import L2_COLD_BELOW, size_label, sizes
 
-SQRT_2_OVER_PI = math.sqrt(2.0 / math.pi)  # 0.7978845608028654, written as a literal in the formula
 DEFAULT_DTYPES = (torch.float32, torch.bfloat16)
 QUICK_DTYPES = (torch.float32,)
 MODES = ("fwd", "fwd+bwd")

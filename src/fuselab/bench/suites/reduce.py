@@ -79,8 +79,7 @@ def make_inputs(case: BenchCase, device: torch.device) -> tuple[torch.Tensor, in
 
     Signed values with a mean away from zero: the check compares ``‖out − ref‖ / ‖ref‖``, and the mean of
     zero-mean data is ≈ 0 (|mean| ~ 6e-5 at 2^28 elements, ‖x‖₁/|Σx| ~ 10⁴), so that ratio would measure
-    the draw's cancellation rather than the kernel's rounding (an H100 run flagged a correct fp32 result
-    at 1.5e-5 that way)."""
+    the draw's cancellation rather than the kernel's rounding (a correct fp32 result can then read as 1.5e-5 off)."""
     x = torch.randn(case.params["shape"], dtype=torch.float32, device=device).add_(1.0)
     return x.to(case.dtype), case.params["dim"]
 

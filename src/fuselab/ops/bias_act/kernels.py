@@ -111,8 +111,7 @@ def _bias_act_fwd_flat(X, R, B, Y, Z, alpha, M, N, stride_b, ACTIVATION: tl.cons
                        HAS_BIAS: tl.constexpr, SAVE_PRE: tl.constexpr, ACC: tl.constexpr, INT64: tl.constexpr,
                        BLOCK: tl.constexpr, EVICT: tl.constexpr, EVEN: tl.constexpr):
     # contiguous x, residual, y, z as flat [M*N]; each element's bias column is its offset mod N. One block per
-    # program and no loop: Inductor's pointwise kernel, 0.5-1.5% ahead of the 2-D tiles on the H200
-    # (benchmarks/results/h200/probes/bias_act_fwd_flat.txt)
+    # program and no loop, as Inductor's pointwise kernel (why: benchmarks/notes/bias_act.md#launcher-knobs)
     pid = tl.program_id(0)
     if INT64:
         offs = pid.to(tl.int64) * BLOCK + tl.arange(0, BLOCK)

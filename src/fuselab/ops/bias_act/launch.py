@@ -28,20 +28,16 @@ ACT_IDS: dict[str, int] = {"none": 0, "relu": 1, "relu2": 2, "sigmoid": 3, "silu
 
 @dataclass(frozen=True, eq=False)
 class BiasActTuning:
-    """The planners' knobs (:func:`fuselab.ops.tuning.override` changes them for a sweep).
+    """The planners' knobs (:func:`fuselab.ops.tuning.override` changes them for a sweep); the measurements behind
+    them: ``benchmarks/notes/bias_act.md#launcher-knobs``.
 
-    H100 sweep (benchmarks/sweeps/l2_probe.py): the forward is best with one tile per program (up to 256 per SM;
-    0.92-1.01 of copy bandwidth vs 0.91-0.97 at 16); the backward with few programs that accumulate their bias
-    partials over many tiles, and 8 KiB tiles. ``bwd_col_bytes``: backward column block, 256 B of each row (64
-    fp32 / 128 bf16 columns). Alternating rounds of the launcher alone (probes/bias_act_bwd_ab.txt, H100 and
-    H200): better or level at 11 of the 12 cases, e.g. 65536x512 bf16 0.826 -> 0.869 (H100) and 0.727 -> 0.807
-    (H200); 262144x1024 fp32 on the H200 -1.4%. ``fwd_vectors_per_thread``: 16-byte vectors per thread per
-    tensor in a forward tile (it sets num_warps from the tile bytes). ``fwd_flat``: forward of contiguous
-    operands as flat runs of ``fwd_flat_tile_bytes`` per tensor, ``fwd_flat_vectors_per_thread`` vectors per
-    thread (4 warps), one per program, as Inductor's pointwise kernels: on the H200 0.5-1.5% ahead of the 2-D
-    tiles at the lab's shapes, level with torch.compile (benchmarks/results/h200/probes/bias_act_fwd_flat.txt).
-    ``stream_eviction``: eviction hint of the streamed (read-once) loads; "" (Triton's default) measured as fast
-    or faster than "evict_first" (the kernels write as much as they read); the bias row is loaded "evict_last".
+    The forward runs one tile per program (``fwd_programs_per_sm`` caps the grid); the backward runs few programs
+    that accumulate their bias partials over many tiles. ``bwd_col_bytes``: the backward's column block per row.
+    ``fwd_vectors_per_thread``: 16-byte vectors per thread per tensor in a forward tile (it sets num_warps from the
+    tile bytes). ``fwd_flat``: forward of contiguous operands as flat runs of ``fwd_flat_tile_bytes`` per tensor,
+    ``fwd_flat_vectors_per_thread`` vectors per thread, one run per program, as Inductor's pointwise kernels.
+    ``stream_eviction``: eviction hint of the streamed (read-once) loads; Triton's default (""), since the kernels
+    write as much as they read; the bias row is loaded "evict_last".
     """
 
     fwd_tile_bytes: int = 16384

@@ -25,8 +25,8 @@ from fuselab.reference.interaction import MAX_DIM, MAX_FEATURES, num_pairs, outp
 @dataclass(frozen=True, eq=False)
 class InteractionTuning:
     """Knobs of :func:`plan` (data, never module state; the launchers read them through
-    :func:`fuselab.ops.tuning.current` unless given). Defaults: the fastest of the H100 sweep
-    (``benchmarks/interaction_sweep.py``, ``benchmarks/results/h100/interaction_sweep.txt``): one warp per program,
+    :func:`fuselab.ops.tuning.current` unless given). Defaults: the fastest of an H100 sweep
+    (``benchmarks/results/h100/interaction_sweep.txt``, ``docs/interaction.md``): one warp per program,
     two rows per forward program, one per backward program, float32 forward by outer products (four elements
     of D per step) up to D = 32."""
 
@@ -48,7 +48,7 @@ class InteractionTuning:
     #: warps of a program whose Gram tile is at most 32 x 32 (Kaggle: N = 27), and of one with a larger tile
     num_warps: int = 1
     num_warps_large: int = 4
-    #: software-pipelining stages of the loops (2-3 measured no faster than 1 on the H100)
+    #: software-pipelining stages of the loops (more measured no faster)
     num_stages: int = 1
     #: compute with CUDA-core FMAs, one outer product per element of D (forward: ``v_I[:, d] v_J[:, d]ᵀ``, whose
     #: registers hold the Gram tile alone: rows x ``BLOCK_V²`` within ``max_tile_elements``; backward:

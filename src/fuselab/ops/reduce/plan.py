@@ -5,8 +5,8 @@ reduced axes coalesce into one axis ``r`` of ``R`` elements and the kept axes in
 groups ``o`` and ``i`` (``K = O·I`` outputs, written contiguously in the output's axis order).
 Strided and permuted views are read in place whenever that holds; otherwise the input is copied
 once into ``(kept..., reduced...)`` order (see :func:`prepare`). The kernels that run a plan are in
-:mod:`fuselab.ops.reduce.kernels`. The knobs are :class:`ReduceTuning`'s, each with the measurement that set it
-(``benchmarks/notes/reduce.md``).
+:mod:`fuselab.ops.reduce.kernels`. The knobs are :class:`ReduceTuning`'s; the measurements that set them are in
+``benchmarks/notes/reduce.md#planner-knobs``.
 """
 
 from __future__ import annotations
@@ -23,103 +23,68 @@ from fuselab.ops.tuning import current
 
 @dataclass(frozen=True, eq=False)
 class ReduceTuning:
-    """The planner's and the launcher's knobs, each with the measurement that set it (``benchmarks/notes/reduce.md``;
-    :func:`fuselab.ops.tuning.override` changes them for a sweep). The dicts are keyed by element size (or kernel);
-    treat them as read-only."""
+    """The planner's and the launcher's knobs (:func:`fuselab.ops.tuning.override` changes them for a sweep). The
+    dicts are keyed by element size (or kernel); treat them as read-only. The measurement behind each value:
+    ``benchmarks/notes/reduce.md#planner-knobs``, one entry per field."""
 
-    #: bytes each program loads per loop iteration (enough in flight to cover DRAM latency), by element size. H100
-    #: sweeps (benchmarks/sweeps/reduce_sweep.py): 8 KiB beats 16 KiB by 1-4% for bf16; fp32 is best at 16-32 KiB
+    #: bytes each program loads per loop iteration, by element size: enough in flight to cover DRAM latency
     tile_bytes: dict[int, int] = field(default_factory=lambda: {2: 8192, 4: 16384, 8: 16384})
-    #: the rows kernel's tile when each program reads whole rows (no split of the reduced axis): 8 KiB for every dtype.
-    #: dim=-1 of 10000² fp32 at 16 KiB wastes half of its last, masked tile per row (10000 = 2·4096 + 1808): 0.91 of
-    #: copy bandwidth against 0.95-0.96 at 8 KiB (benchmarks/results/h100/probes/reduce_rows_probe.txt)
+    #: the rows kernel's step when each program reads whole rows: small enough that a row's last, masked step wastes
+    #: little
     row_tile_bytes: int = 8192
     #: the same on devices with :func:`~fuselab.core.device.fast_memory`, by element size (others as row_tile_bytes):
-    #: 2048 bf16 elements per step, Inductor's choice. Alternating rounds (probes/reduce_rowtile_ab.txt of each GPU):
-    #: dim=-1 of 8192² / 65536x512 bf16 on the H200 0.833 / 0.730 -> 0.874 / 0.754, on the H100 0.905 / 0.789 -> 0.883 /
-    #: 0.775; fp32 wants 8 KiB on both
+    #: more bandwidth per SM wants shorter 16-bit steps
     fast_memory_row_tile_bytes: dict[int, int] = field(default_factory=lambda: {2: 4096})
     #: the same under the interpreter (CPU): larger tiles, fewer (serially run) programs
     interpreter_tile_bytes: int = 262144
-    #: programs per SM a split reduction of the rows kernel aims for (grid ≈ 8 x SMs). Three 16-warp programs of 40
-    #: registers are resident per SM (Nsight Compute, benchmarks/results/h100/probes/reduce_ncu.txt), so an all-element
-    #: plan runs ~2.6 waves; grids of whole waves, and 2-8x more, shorter programs, were no faster (reduce_waves_ab.txt,
-    #: reduce_split_ab.txt)
+    #: programs per SM a split reduction of the rows kernel aims for: a few waves of resident programs
     programs_per_sm: int = 8
-    #: warps of a rows-kernel program whose tile is one row of at least row_tile_bytes (every dim=-1 and all-element
-    #: plan of long rows): 16, Inductor's choice too, fewer bytes per thread and more warps to hide DRAM latency; packed
-    #: short rows (65536x512) keep 8 (16 was 6% slower there)
+    #: warps of a rows-kernel program whose tile is one row of at least row_tile_bytes: more warps hide more DRAM
+    #: latency; packed short rows keep 8
     row_warps: int = 16
-    #: the same for the cols kernel, which needs 40-48 registers (5-6 resident per SM; capping it at 32 spills): 4 per
-    #: SM ran dim=0 of 8192x8192 / 65536x512 bf16 5-8% faster than 8
+    #: programs per SM of the cols kernel, which needs more registers than the rows kernel (a cap spills)
     cols_programs_per_sm: int = 4
     #: narrowest column tile of the cols kernel, in bytes per row, by element size: the planner narrows the tile (more
-    #: tiles, fewer splits) down to this. bf16: one 128-byte line; fp32: 1 KiB. H100, dim=0, A/B in alternating rounds
-    #: (benchmarks/results/h100/probes/reduce_split_ab.txt): 10000² fp32 0.851 (512 B) -> 0.888 (1 KiB) of copy
-    #: bandwidth; 8192² bf16 0.785 at 128 B, 0.59-0.62 at 1 KiB
+    #: tiles, fewer splits) down to this
     min_col_bytes: dict[int, int] = field(default_factory=lambda: {2: 128, 4: 1024, 8: 1024})
     #: smallest split at which the programs of a split reduction read the reduced axis interleaved (program s of S:
-    #: blocks s, s+S, s+2S, ...) rather than in S contiguous chunks (see _chunk), by kernel; None: never. Same A/B:
-    #: dim=0 of 65536x512 bf16 (split 64) 0.636 -> 0.673; 10000² fp32 and 8192² bf16 (split 5-14) 1-8% slower
-    #: interleaved, the rows kernel's all-element plans (split ~1024) 0.5-1.5% slower
+    #: blocks s, s+S, s+2S, ...) rather than in S contiguous chunks (see _chunk), by kernel; None: never
     interleave_min_split: dict[str, int | None] = field(default_factory=lambda: {"rows": None, "cols": 16})
     #: widest column tile of the cols kernel (1 KiB rows on GPUs), and most rows per program of the rows kernel, as a
     #: fraction of the tile
     max_col_fraction: int = 16
     #: cols plans read through TMA (:func:`~fuselab.core.device.tma_capable` devices), by element size: (bytes per box,
     #: stages in flight, warps, programs per SM). Each program streams ``[block_r, block_i]`` boxes into shared memory,
-    #: ``stages`` of them in flight, instead of synchronous loads. H100, dim=0 of 10000² fp32, alternating rounds
-    #: (sweeps/reduce_tma_proto.py, results/h100/probes/reduce_tma_proto.txt): 0.887 -> 0.929 of copy bandwidth under
-    #: the dirty flush, 0.956 -> 1.014 in a CUDA graph; bf16 ran faster in the graph but 3-11% slower under the dirty
-    #: flush, so it keeps the cols kernel (cp.async loops drop its evict_first hint, probes/reduce_tma_proto_bf16.txt).
-    #: Applies where the layout allows a descriptor: one kept group (``O == 1``), contiguous columns, rows 16-byte
-    #: aligned. Same gains on the H200 (10000² 0.890 -> 0.926; 8192² 0.771 -> 0.862;
-    #: results/h200/probes/reduce_tma_ab.txt)
+    #: ``stages`` of them in flight, instead of synchronous loads; bf16 keeps pointer loads, whose ``evict_first`` hint
+    #: TMA loads cannot carry. Applies where the layout allows a descriptor: one kept group (``O == 1``), contiguous
+    #: columns, rows 16-byte aligned
     cols_tma: dict[int, tuple[int, int, int, int]] = field(default_factory=lambda: {4: (16384, 2, 4, 3)})
-    #: the same on devices with :func:`~fuselab.core.device.fast_memory`: 8 KiB boxes, 3 in flight, 2 warps. H200, dim=0
-    #: of 10000² fp32 (results/h200/probes/reduce_tma_proto_fp32.txt): 0.932 of copy bandwidth against 0.919 for
-    #: cols_tma's (CUDA graph 1.044 vs 1.030); on the H100 it is the other way round (0.920 vs 0.927)
+    #: the same on devices with :func:`~fuselab.core.device.fast_memory`: smaller boxes, more of them in flight
     fast_memory_cols_tma: dict[int, tuple[int, int, int, int]] = field(default_factory=lambda: {4: (8192, 3, 2, 3)})
-    #: smallest input read through TMA: a call then costs ~15 µs more host time (Triton encodes the descriptor on every
-    #: launch; H200 host, probes/reduce_tma_host.txt: 61 vs 45 µs per call), which a kernel of ≥ 128 MiB (≥ 30 µs of
-    #: reading) hides; smaller inputs are read through pointers. On that host 2048x10000 fp32 (82 MB) ran at 0.42 of
-    #: copy bandwidth through TMA under the lab's flush and 0.56 through pointers (0.81 vs 0.72 in a CUDA graph)
+    #: smallest input read through TMA: Triton encodes the descriptor on every launch, host time that only a long
+    #: kernel hides; smaller inputs are read through pointers
     cols_tma_min_bytes: int = 2**27
     #: which plans of the rows kernel are run by work stealing (see ReducePlan.steal): None (none), "split" (plans that
     #: split the reduced axis: few outputs, e.g. all elements) or "all". A grid of resident programs takes work items (a
     #: tile of outputs x a chunk of the reduced axis) from an atomic counter until none is left, so no SM idles while
-    #: another finishes a long program. H100 under the lab's dirty flush (results/h100/probes/reduce_steal_ab.txt): all
-    #: of 8192² bf16 0.81 -> 0.85 of copy bandwidth, of 10000² fp32 0.93 -> 0.94, of 2^28 fp32 1.00 -> 1.02; dim=-1
-    #: plans (many short programs already) ran 3-19% slower stolen, and so did the cols kernel's plans (items of one
-    #: column strip each; it has no stealing path)
+    #: another finishes a long program; plans of many short programs gain nothing from it
     steal: str | None = "split"
-    #: bytes of input per work item of a split plan (chunks of the reduced axis), by element size. H100, all of 8192²
-    #: bf16, two runs of reduce_steal_ab.py: 32 KiB 0.853 / 0.842, 64 KiB 0.847 / 0.809, 128 KiB 0.819 / 0.790; fp32
-    #: level (±0.3%); 16 KiB 13% slower in the prototype (per-item atomics and partials). H200 (reduce_steal_knobs.py,
-    #: results/ h200/probes/reduce_steal_knobs.txt): fp32 wants 64 KiB, all of 10000² 0.899 -> 0.914, of 2^28 0.994 ->
-    #: 1.015 (CUDA graph +2-3%); bf16 32 KiB (64 KiB: 0.791 -> 0.767)
+    #: bytes of input per work item of a split plan (chunks of the reduced axis), by element size: larger items cost
+    #: balance, smaller ones more atomics and partials
     steal_item_bytes: dict[int, int] = field(default_factory=lambda: {2: 32768, 4: 65536, 8: 65536})
     #: most partials (split x outputs) of a stealing split plan: its last program sums all of them alone
     steal_max_partials: int = 65536
     #: warps a stealing grid puts on each SM (programs = this // warps per program). They must all be resident at once:
-    #: the kernels cap their registers to fit (steal_maxnreg: 64 for 32 warps). H100, all of 8192² bf16: 2 16-warp
-    #: programs per SM at up to 64 registers 0.853 of copy bandwidth, 3 at 40 registers 0.819; a grid of 3 per SM at 44
-    #: registers (2 resident) ran a second, partial wave and lost the gain
+    #: the kernels cap their registers to fit (steal_maxnreg: 64 for 32 warps)
     steal_warps_per_sm: int = 32
-    #: register cap of the rows kernel. 32 (to fit 8 resident 8-warp programs per SM) starved the loads: the compiler
-    #: then issues a tile's loads in batches. At 64 with 16-warp one-row tiles (row_warps), H100 under the lab's dirty
-    #: flush: dim=-1 of 10000² fp32 0.92 -> 0.95 of copy bandwidth (torch.compile 0.94), of 8192² bf16 0.86 -> 0.90, of
-    #: 65536x512 bf16 0.77 -> 0.80; all of 8192² bf16 0.79 -> 0.81, of 10000² fp32 0.91 -> 0.93
-    #: (benchmarks/results/h100/probes/reduce_rows_probe.txt)
+    #: register cap of the rows kernel: a lower cap (for more resident programs) makes the compiler issue a tile's
+    #: loads in batches
     rows_maxnreg: int = 64
     #: cache eviction hint of the input loads (read once), by element size. "evict_first" keeps the stream from
-    #: displacing other L2 contents: after an L2 flush that wrote (do_bench's), the flush's dirty lines, whose
-    #: write-back would otherwise share DRAM bandwidth with the read. On the H100 it lifts the 64-134 MB bf16 cases by
-    #: 8-33% (benchmarks/sweeps/l2_probe.py) but costs the 0.4-1 GB fp32 ones 2-4%. "" is Triton's default policy.
+    #: displacing other L2 contents (after an L2 flush that wrote, the flush's dirty lines, whose write-back would
+    #: otherwise share DRAM bandwidth with the read); it helps 16-bit inputs and costs fp32 ones. "" is Triton's default
     stream_eviction: dict[int, str] = field(default_factory=lambda: {2: "evict_first", 4: "", 8: ""})
-    #: 64-bit index math in stealing launches whatever their size. H100, all of 8192² bf16, 2 resident 16-warp programs
-    #: per SM: 0.795 -> 0.853 of copy bandwidth under the dirty flush, 0.903 -> 0.965 in a CUDA graph (the prototype of
-    #: benchmarks/sweeps/reduce_steal_proto.py, which used 64-bit offsets, ran at 0.845 / 0.963)
+    #: 64-bit index math in stealing launches whatever their size (the compiler schedules those loads better)
     steal_int64: bool = True
 
 
@@ -307,8 +272,8 @@ def _split(R: int, block_r: int, tiles: int, target: int, kind: str, t: ReduceTu
     """``(split, r_per_split, interleave)``: chunks of the reduced axis so that ``tiles·split`` ≈ ``target`` programs,
     each chunk a multiple of ``block_r``; read interleaved from ``ReduceTuning.interleave_min_split[kind]`` splits up.
 
-    The split is rounded to what chunks of whole blocks allow in both orders: an interleaved split kept exact (66
-    instead of 64 for dim=0 of 65536x512 bf16) ran 12% slower on the H100 (probes/reduce_waves_ab.txt)."""
+    The split is rounded to what chunks of whole blocks allow in both orders (an exact interleaved split ran slower:
+    ``benchmarks/notes/reduce.md#planner-knobs``)."""
     if tiles >= target or block_r * 2 >= R:
         return 1, R, False
     split = min(cdiv(target, tiles), cdiv(R, block_r))
