@@ -208,33 +208,48 @@ def segment_update_kernel(
     head_ptr,  # (n_chunks, BLOCK_D) fp32 out: sum of each chunk's first run
     tail_ptr,  # (n_chunks, BLOCK_D) fp32 out: sum of each chunk's last run
     N, n_ids, F, s_gb, s_gf, s_gd, eps,  # N and n_ids first: the launch keys them by class
-    D: tl.constexpr, BLOCK_P: tl.constexpr, BLOCK_D: tl.constexpr, OPTIMIZER: tl.constexpr,
-    BAGS: tl.constexpr, MEAN: tl.constexpr, WIDE: tl.constexpr,
+    D: tl.constexpr, BLOCK_P: tl.constexpr, STEPS: tl.constexpr, BLOCK_D: tl.constexpr,
+    OPTIMIZER: tl.constexpr, BAGS: tl.constexpr, MEAN: tl.constexpr, WIDE: tl.constexpr,
 ):
-    # Bytes: read N keys (three overlapping loads, cached), N*8 perm, N gradient rows of D*4 (gathered);
+    # A chunk of STEPS * BLOCK_P sorted positions per program, walked BLOCK_P at a time: each step's runs are summed
+    # by a segmented scan, and the sum of the run that continues into the next step is carried in registers. Runs
+    # that start and end inside the chunk are applied here; the chunk's first and last runs also leave their sums
+    # in head/tail for carry_update_kernel (runs that cross chunks). Long chunks keep the carry kernel's walk along
+    # a hot row short (a row with 10^6 ids spans 10^3 chunks of 1024).
+    # Bytes: read N keys (three overlapping loads, cached), N*8 perm, N gradient rows of D*itemsize (gathered);
     # per distinct row the update's read-modify-write (see _apply_update); write 2*BLOCK_D*4 partials per chunk.
     chunk = tl.program_id(0)
-    cs = chunk.to(tl.int64) * BLOCK_P
-    p = cs + tl.arange(0, BLOCK_P)
-    valid = p < N
-    last = tl.minimum(cs + BLOCK_P, N) - 1
-    row = tl.load(sorted_ptr + p, mask=valid, other=-1).to(tl.int64)
-    prev = tl.load(sorted_ptr + p - 1, mask=valid & (p > 0), other=-1).to(tl.int64)
-    nxt = tl.load(sorted_ptr + p + 1, mask=valid & (p + 1 < N), other=-1).to(tl.int64)
+    cs = chunk.to(tl.int64) * (BLOCK_P * STEPS)
+    last = tl.minimum(cs + BLOCK_P * STEPS, N) - 1
     before = tl.load(sorted_ptr + cs - 1, mask=cs > 0, other=-1).to(tl.int64)
     first = tl.load(sorted_ptr + cs).to(tl.int64)
-    k = tl.load(perm_ptr + p, mask=valid, other=0)
-    g = _position_grads(grad_ptr, bag_ptr, offsets_ptr, k, valid, F, n_ids, s_gb, s_gf, s_gd,
-                        BLOCK_D, D, BAGS, MEAN, WIDE)
-    flag = tl.broadcast_to(((row != prev) | (p == cs)).to(tl.int32)[:, None], (BLOCK_P, BLOCK_D))
-    run_sum, _ = tl.associative_scan((g, flag), 0, _segment_add)
-    is_tail = valid & (row != nxt)
     lr = tl.load(lr_ptr)
-    _apply_update(w_ptr, s_ptr, lr, row, run_sum, is_tail & (row != before), eps, D, BLOCK_D, OPTIMIZER)
     d = tl.arange(0, BLOCK_D)
-    first_end = valid & (row == first) & (is_tail | (p == last))
-    head = tl.sum(tl.where(first_end[:, None], run_sum, 0.0), axis=0)
-    tail = tl.sum(tl.where((p == last)[:, None], run_sum, 0.0), axis=0)
+    carry = tl.zeros((BLOCK_D,), dtype=tl.float32)
+    carry_row = tl.full((), -1, tl.int64)  # the row of the run `carry` sums (none before the first step)
+    head = tl.zeros((BLOCK_D,), dtype=tl.float32)
+    tail = tl.zeros((BLOCK_D,), dtype=tl.float32)
+    for step in range(STEPS):
+        p = cs + step * BLOCK_P + tl.arange(0, BLOCK_P)
+        valid = p <= last
+        row = tl.load(sorted_ptr + p, mask=valid, other=-1).to(tl.int64)
+        prev = tl.load(sorted_ptr + p - 1, mask=valid & (p > 0), other=-1).to(tl.int64)
+        nxt = tl.load(sorted_ptr + p + 1, mask=valid & (p + 1 < N), other=-1).to(tl.int64)
+        k = tl.load(perm_ptr + p, mask=valid, other=0)
+        g = _position_grads(grad_ptr, bag_ptr, offsets_ptr, k, valid, F, n_ids, s_gb, s_gf, s_gd,
+                            BLOCK_D, D, BAGS, MEAN, WIDE)
+        flag = tl.broadcast_to(((row != prev) | (p == cs)).to(tl.int32)[:, None], (BLOCK_P, BLOCK_D))
+        run_sum, _ = tl.associative_scan((g, flag), 0, _segment_add)
+        # the step's leading run continues the previous step's last run where the rows match (sorted: exactly the
+        # positions of that row)
+        run_sum += tl.where((row == carry_row)[:, None], carry[None, :], 0.0)
+        is_tail = valid & (row != nxt)
+        _apply_update(w_ptr, s_ptr, lr, row, run_sum, is_tail & (row != before), eps, D, BLOCK_D, OPTIMIZER)
+        head += tl.sum(tl.where((valid & (row == first) & (is_tail | (p == last)))[:, None], run_sum, 0.0), axis=0)
+        tail += tl.sum(tl.where((p == last)[:, None], run_sum, 0.0), axis=0)
+        step_last = p == cs + step * BLOCK_P + BLOCK_P - 1
+        carry = tl.sum(tl.where(step_last[:, None], run_sum, 0.0), axis=0)
+        carry_row = tl.max(tl.where(step_last, row, -1), axis=0)
     tl.store(head_ptr + chunk * BLOCK_D + d, head)
     tl.store(tail_ptr + chunk * BLOCK_D + d, tail)
 
@@ -248,15 +263,15 @@ def carry_update_kernel(
     s_ptr,  # optimizer state as in segment_update_kernel
     lr_ptr,  # () fp32
     N, n_chunks, eps,
-    D: tl.constexpr, BLOCK_P: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_C: tl.constexpr,
+    D: tl.constexpr, CHUNK: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_C: tl.constexpr,
     OPTIMIZER: tl.constexpr,
 ):
     # A run that starts in this chunk and continues into the next: its sum is this chunk's last-run sum plus the
     # first-run sums of the following chunks that start with the same row, added BLOCK_C chunks at a time (in a
     # fixed order). Bytes: 3 keys per chunk; per crossing run, its chunks' partials and one row update.
     chunk = tl.program_id(0)
-    cs = chunk.to(tl.int64) * BLOCK_P
-    ce = tl.minimum(cs + BLOCK_P, N)
+    cs = chunk.to(tl.int64) * CHUNK
+    ce = tl.minimum(cs + CHUNK, N)
     row = tl.load(sorted_ptr + ce - 1).to(tl.int64)
     before = tl.load(sorted_ptr + cs - 1, mask=cs > 0, other=-1).to(tl.int64)
     after = tl.load(sorted_ptr + ce, mask=ce < N, other=-1).to(tl.int64)
@@ -268,7 +283,7 @@ def carry_update_kernel(
         while more:
             c = c0 + tl.arange(0, BLOCK_C)
             cm = c < n_chunks
-            starts = tl.load(sorted_ptr + c.to(tl.int64) * BLOCK_P, mask=cm, other=-1).to(tl.int64)
+            starts = tl.load(sorted_ptr + c.to(tl.int64) * CHUNK, mask=cm, other=-1).to(tl.int64)
             match = cm & (starts == row)
             part = tl.load(head_ptr + c[:, None] * BLOCK_D + d[None, :], mask=match[:, None], other=0.0)
             total += tl.sum(part, axis=0)[None, :]

@@ -33,6 +33,8 @@ class EmbeddingConfig:
     ``update_elements``: tile of the segment kernel (2048: chunks of 128 sorted positions at D=16, 16 at D=128;
     its segmented scan runs over the rows of the tile, through shared memory: 8 bytes per element).
     ``rows_block``: id positions per program of the row-computing kernel.
+    ``update_chunk``: sorted positions per program of the segment kernel, walked ``update_elements`` at a time (at
+    least one tile); long chunks keep the carry kernel's serial walk along a hot row short.
     ``carry_elements``: tile of chunk partials the one-warp carry kernel adds per step along a run that crosses
     chunks (1024: 64 chunks at D=16).
     ``num_warps``: warps per program of the lookup, rows and segment kernels.
@@ -43,9 +45,11 @@ class EmbeddingConfig:
     rows_block: int = 1024
     carry_elements: int = 1024
     num_warps: int = 4
+    update_chunk: int = 1024
 
     def __post_init__(self) -> None:
-        for name in ("lookup_elements", "update_elements", "rows_block", "carry_elements", "num_warps"):
+        for name in ("lookup_elements", "update_elements", "rows_block", "carry_elements", "num_warps",
+                     "update_chunk"):
             value = getattr(self, name)
             if not isinstance(value, int) or value < 1 or value & (value - 1):
                 raise ValueError(f"EmbeddingConfig.{name} must be a positive power of two, got {value!r}")
@@ -57,19 +61,26 @@ DEFAULT_CONFIG = EmbeddingConfig()
 @dataclass(frozen=True)
 class Plan:
     """Block sizes of one embedding dim: ``block_d`` (D padded to a power of two), rows per lookup program,
-    sorted positions per update chunk, chunk partials per carry step."""
+    sorted positions per update step, steps per update chunk, chunk partials per carry step."""
 
     block_d: int
     lookup_rows: int
     update_rows: int
     carry_chunks: int
+    update_steps: int = 1
+
+    @property
+    def update_chunk(self) -> int:
+        """Sorted positions per program of the segment kernel."""
+        return self.update_rows * self.update_steps
 
 
 def plan(dim: int, config: EmbeddingConfig = DEFAULT_CONFIG) -> Plan:
     """The block sizes for embedding dim ``dim`` under ``config``'s element budgets (at least one row each)."""
     block_d = next_power_of_2(dim)
-    return Plan(block_d, max(1, config.lookup_elements // block_d), max(1, config.update_elements // block_d),
-                max(1, config.carry_elements // block_d))
+    update_rows = max(1, config.update_elements // block_d)
+    return Plan(block_d, max(1, config.lookup_elements // block_d), update_rows,
+                max(1, config.carry_elements // block_d), max(1, config.update_chunk // update_rows))
 
 
 def _require_tensor(name: str, value: object) -> torch.Tensor:
@@ -238,24 +249,25 @@ def _update_plan(weight: torch.Tensor, grad: torch.Tensor, ids: torch.Tensor, ta
     s_ib, s_if = _id_strides(ids, bags)
     wide = needs_int64(ids, grad) or n_pos + config.rows_block > INT32_MAX
     blocks = plan(dim, config)
-    block_d, block_p = blocks.block_d, blocks.update_rows
+    block_d, block_p, chunk = blocks.block_d, blocks.update_rows, blocks.update_chunk
     mean = pooling == "mean"
     n_ids = ids.shape[0] if bags else 0
     steps = [((cdiv(n_pos, config.rows_block),), (n_pos, f_count, s_ib, s_if),
               dict(BLOCK=config.rows_block, BAGS=bags, WIDE=wide, num_warps=config.num_warps), 1)]
     flags = dict(D=dim, BLOCK_D=block_d, num_warps=config.num_warps)
     atomic = optimizer == "sgd" and not deterministic
-    n_chunks = cdiv(n_pos, block_p)
+    n_chunks = cdiv(n_pos, block_p if atomic else chunk)
     if atomic:
         steps.append(((n_chunks,), (n_pos, n_ids, f_count, *grad.stride()),
                       dict(BLOCK_P=block_p, BAGS=bags, MEAN=mean, WIDE=wide, **flags), 2))
     else:
         code = _OPTIMIZER_CODE[optimizer]
         steps.append(((n_chunks,), (n_pos, n_ids, f_count, *grad.stride(), float(eps)),
-                      dict(BLOCK_P=block_p, OPTIMIZER=code, BAGS=bags, MEAN=mean, WIDE=wide, **flags), 2))
+                      dict(BLOCK_P=block_p, STEPS=blocks.update_steps, OPTIMIZER=code, BAGS=bags, MEAN=mean,
+                           WIDE=wide, **flags), 2))
         # most carry programs read 3 keys and exit; a crossing run adds (carry_chunks, D) tiles: one warp
         steps.append(((n_chunks,), (n_pos, n_chunks, float(eps)),
-                      dict(BLOCK_P=block_p, BLOCK_C=blocks.carry_chunks, OPTIMIZER=code, D=dim, BLOCK_D=block_d,
+                      dict(CHUNK=chunk, BLOCK_C=blocks.carry_chunks, OPTIMIZER=code, D=dim, BLOCK_D=block_d,
                            num_warps=1), 2))
     return n_pos, key_dtype, n_chunks, block_d, atomic, steps
 

@@ -17,6 +17,8 @@ kept under the forward's key and the gradient's layout. Nothing synchronises wit
 
 from __future__ import annotations
 
+from dataclasses import fields
+
 import torch
 
 from fuselab.backend import triton_for
@@ -51,7 +53,7 @@ def _knobs(config: EmbeddingConfig | None) -> list[int]:
         return []
     if not isinstance(config, EmbeddingConfig):
         raise TypeError(f"config must be an EmbeddingConfig, got {type(config).__name__}")
-    return [config.lookup_elements, config.update_elements, config.rows_block, config.carry_elements, config.num_warps]
+    return [getattr(config, f.name) for f in fields(config)]
 
 
 def _out_shape(weight: Tensor, ids: Tensor, table_sizes: Tensor, offsets: Tensor | None) -> tuple[int, int, int]:
