@@ -113,6 +113,10 @@ FAULTS: tuple[Fault, ...] = (
     fault("embedding: a run continuing into the next step of an update chunk loses its earlier sum",
           "run_sum += tl.where((row == carry_row)[:, None], carry[None, :], 0.0)", "pass", EMB, "-k",
           "fused_update and triton and sgd"),
+    fault("embedding: half-precision weights rounded to nearest (small updates lost)",
+          "tl.store(w_at, stochastically_rounded(w, w_ptr.dtype.element_ty, seed, rows[:, None] * D + d[None, :]), "
+          "mask=m2)", "tl.store(w_at, w.to(w_ptr.dtype.element_ty), mask=m2)", "tests/ops/test_embedding_half.py",
+          "-k", "unbiased"),
     # ---------------------------------------------------------------- kept launches of both
     fault("interaction: kept backward launch not keyed by the gradient's layout", 'key = ("bwd", key, layout(grad))',
           'key = ("bwd", key)', DLRM_OPS, "-k", "gradient_layout"),

@@ -426,11 +426,12 @@ def test_opcheck(backend, device):
     torch.library.opcheck(torch.ops.fuselab.embedding_bag_lookup.default,
                           (w, flat, offsets, sizes, starts, "mean", []))
     torch.library.opcheck(torch.ops.fuselab.embedding_bag_update_.default,
-                          (w, state, lr, grad, ids, None, sizes, starts, "sum", "rowwise_adagrad", 1e-8, True, []))
+                          (w, state, None, lr, grad, ids, None, sizes, starts, "sum", "rowwise_adagrad", 1e-8, True,
+                           []))
     anchor = torch.empty(0, device=device, requires_grad=True)
     for optimizer in ("sgd", "rowwise_adagrad"):
         torch.library.opcheck(torch.ops.fuselab.embedding_bag_train.default,
-                              (anchor, w, state, lr, ids, None, sizes, starts, "sum", optimizer, 1e-8, True, []))
+                              (anchor, w, state, None, lr, ids, None, sizes, starts, "sum", optimizer, 1e-8, True, []))
 
 
 def test_compile_fullgraph(backend, device):
