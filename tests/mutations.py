@@ -110,6 +110,13 @@ FAULTS: tuple[Fault, ...] = (
     fault("embedding: duplicate rows not summed (segmented scan restarts every position)",
           "return tl.where(f2 != 0, v2, v1 + v2), f1 | f2", "return v2, f1 | f2", EMB, "-k",
           "fused_update and triton and sgd"),
+    fault("embedding: a run continuing into the next step of an update chunk loses its earlier sum",
+          "run_sum += tl.where((row == carry_row)[:, None], carry[None, :], 0.0)", "pass", EMB, "-k",
+          "fused_update and triton and sgd"),
+    fault("embedding: half-precision weights rounded to nearest (small updates lost)",
+          "tl.store(w_at, stochastically_rounded(w, w_ptr.dtype.element_ty, seed, rows[:, None] * D + d[None, :]), "
+          "mask=m2)", "tl.store(w_at, w.to(w_ptr.dtype.element_ty), mask=m2)", "tests/ops/test_embedding_half.py",
+          "-k", "unbiased"),
     # ---------------------------------------------------------------- kept launches of both
     fault("interaction: kept backward launch not keyed by the gradient's layout", 'key = ("bwd", key, layout(grad))',
           'key = ("bwd", key)', KEPT_OPS, "-k", "gradient_layout"),

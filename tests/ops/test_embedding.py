@@ -26,7 +26,9 @@ from fuselab.testing import assert_close
 
 #: small blocks: a batch of a few hundred ids spans many chunks (8-16 positions at the tests' dims), and runs of one
 #: row cross several of them (the carry kernel adds 1-2 chunks per step)
-SMALL = EmbeddingConfig(lookup_elements=64, update_elements=64, rows_block=64, carry_elements=8, num_warps=1)
+# update chunks of 2-4 steps: runs continue across steps inside a chunk and across chunks
+SMALL = EmbeddingConfig(lookup_elements=64, update_elements=64, rows_block=64, carry_elements=8, num_warps=1,
+                        update_chunk=32)
 SIZES = [1, 3, 40, 7, 1000]  # tiny tables: many duplicates (every id of table 0 is row 0)
 OPTIMIZERS = ref.OPTIMIZERS
 ATOL, RTOL = 2e-6, 1e-5
@@ -407,7 +409,8 @@ def test_config_errors():
         EmbeddingConfig(update_elements=12)
     with pytest.raises(TypeError, match="config"):
         embedding_bag_lookup(*_valid(), config={"update_elements": 16})
-    assert launch.plan(16) == launch.Plan(block_d=16, lookup_rows=256, update_rows=128, carry_chunks=64)
+    assert launch.plan(16) == launch.Plan(block_d=16, lookup_rows=256, update_rows=128, carry_chunks=64, update_steps=8)
+    assert launch.plan(128).update_chunk == 1024
     assert launch.plan(100).update_rows == 16 and launch.plan(100).block_d == 128
 
 
@@ -423,11 +426,12 @@ def test_opcheck(backend, device):
     torch.library.opcheck(torch.ops.fuselab.embedding_bag_lookup.default,
                           (w, flat, offsets, sizes, starts, "mean", []))
     torch.library.opcheck(torch.ops.fuselab.embedding_bag_update_.default,
-                          (w, state, lr, grad, ids, None, sizes, starts, "sum", "rowwise_adagrad", 1e-8, True, []))
+                          (w, state, None, lr, grad, ids, None, sizes, starts, "sum", "rowwise_adagrad", 1e-8, True,
+                           []))
     anchor = torch.empty(0, device=device, requires_grad=True)
     for optimizer in ("sgd", "rowwise_adagrad"):
         torch.library.opcheck(torch.ops.fuselab.embedding_bag_train.default,
-                              (anchor, w, state, lr, ids, None, sizes, starts, "sum", optimizer, 1e-8, True, []))
+                              (anchor, w, state, None, lr, ids, None, sizes, starts, "sum", optimizer, 1e-8, True, []))
 
 
 def test_compile_fullgraph(backend, device):

@@ -258,7 +258,7 @@ def test_ops_of_both_packages():
     names = {op.name for op in (emb_op.LOOKUP, emb_op.UPDATE, emb_op.TRAIN, int_op.FORWARD, int_op.BACKWARD)}
     assert names == {"fuselab::embedding_bag_lookup", "fuselab::embedding_bag_update_", "fuselab::embedding_bag_train",
                      "fuselab::dot_interaction", "fuselab::dot_interaction_bwd"}
-    assert emb_op.UPDATE.mutates == ("weight", "momentum") and not emb_op.TRAIN.mutates
+    assert emb_op.UPDATE.mutates == ("weight", "momentum", "seed") and not emb_op.TRAIN.mutates
     assert torch.ops.fuselab.embedding_bag_update_.default._schema.is_mutable
 
 

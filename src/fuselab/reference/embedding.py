@@ -17,6 +17,12 @@ OPTIMIZERS: tuple[str, ...] = ("sgd", "adagrad", "rowwise_adagrad")
 POOLINGS: tuple[str, ...] = ("sum", "mean")
 
 
+def compute_dtype(weight_dtype: torch.dtype) -> torch.dtype:
+    """The dtype the lookups and updates of a ``weight_dtype`` table compute (and return) in: float32 for half
+    precision, else the weight's own."""
+    return torch.float32 if weight_dtype in (torch.float16, torch.bfloat16) else weight_dtype
+
+
 def table_rows(raw: torch.Tensor, table_sizes: torch.Tensor, row_offsets: torch.Tensor,
                feature: torch.Tensor) -> torch.Tensor:
     """Global row of each raw id: ``row_offsets[f] + (raw mod table_sizes[f])`` with the non-negative modulus
@@ -44,23 +50,24 @@ def bag_layout(ids: torch.Tensor, offsets: torch.Tensor, num_features: int
 
 def lookup(weight: torch.Tensor, ids: torch.Tensor, table_sizes: torch.Tensor, row_offsets: torch.Tensor,
            offsets: torch.Tensor | None = None, pooling: str = "sum") -> torch.Tensor:
-    """The pooled embeddings ``(B, F, D)`` in ``weight``'s dtype.
+    """The pooled embeddings ``(B, F, D)`` in :func:`compute_dtype` of ``weight``'s dtype.
 
     One id per feature: ``ids`` (B, F) -> ``weight[row_offsets[f] + ids[b, f] mod table_sizes[f]]``.
     Bags: ``ids`` (N,), ``offsets`` (B*F + 1,); bag ``j = b*F + f`` pools ``ids[offsets[j]:offsets[j+1]]``
     of feature ``f`` by ``pooling`` (``sum`` or ``mean``); an empty bag gives zeros.
     """
     f_count, dim = table_sizes.shape[0], weight.shape[1]
+    dtype = compute_dtype(weight.dtype)
     if offsets is None:
         feature = torch.arange(f_count, device=ids.device).expand_as(ids)
-        return weight[table_rows(ids, table_sizes, row_offsets, feature)]
+        return weight[table_rows(ids, table_sizes, row_offsets, feature)].to(dtype)
     num_bags = offsets.shape[0] - 1
     bag, inside, length = bag_layout(ids, offsets, f_count)
     rows = table_rows(ids, table_sizes, row_offsets, bag % f_count)
-    vals = weight[rows] * inside.to(weight.dtype)[:, None]
-    out = torch.zeros(num_bags, dim, dtype=weight.dtype, device=weight.device).index_add_(0, bag, vals)
+    vals = weight[rows].to(dtype) * inside.to(dtype)[:, None]
+    out = torch.zeros(num_bags, dim, dtype=dtype, device=weight.device).index_add_(0, bag, vals)
     if pooling == "mean":
-        out = out / length.clamp(min=1).to(weight.dtype)[:, None]
+        out = out / length.clamp(min=1).to(dtype)[:, None]
     return out.view(num_bags // f_count, f_count, dim)
 
 
@@ -92,9 +99,11 @@ def sparse_update_(weight: torch.Tensor, momentum: torch.Tensor, lr: torch.Tenso
     * ``rowwise_adagrad``: ``s += mean(g*g)``; ``w -= lr * (g / (sqrt(s) + eps))`` (``momentum`` (R,)).
 
     ``lr`` is a 0-dim tensor. Every position of a segment computes its row's new value (the same value) and writes
-    it: static shapes, no host synchronisation.
+    it: static shapes, no host synchronisation. A half-precision ``weight`` is updated in fp32 (``momentum``
+    float32) and the result rounded to nearest (the Triton path rounds stochastically).
     """
-    rows, g = position_grads(grad.to(weight.dtype), ids, table_sizes, row_offsets, offsets, pooling)
+    dtype = compute_dtype(weight.dtype)
+    rows, g = position_grads(grad.to(dtype), ids, table_sizes, row_offsets, offsets, pooling)
     n = rows.shape[0]
     if n == 0:
         return
@@ -102,11 +111,12 @@ def sparse_update_(weight: torch.Tensor, momentum: torch.Tensor, lr: torch.Tenso
     head = torch.ones(n, dtype=torch.bool, device=rows.device)
     head[1:] = sorted_rows[1:] != sorted_rows[:-1]
     segment = torch.cumsum(head.to(torch.int64), 0) - 1
-    sums = torch.zeros(n, g.shape[1], dtype=weight.dtype, device=weight.device).index_add_(0, segment, g[perm])
+    sums = torch.zeros(n, g.shape[1], dtype=dtype, device=weight.device).index_add_(0, segment, g[perm])
     total = sums[segment]
-    lr = lr.to(weight.dtype)
+    lr = lr.to(dtype)
+    old = weight[sorted_rows].to(dtype)
     if optimizer == "sgd":
-        weight.index_put_((sorted_rows,), weight[sorted_rows] - lr * total)
+        weight.index_put_((sorted_rows,), (old - lr * total).to(weight.dtype))
         return
     if optimizer == "adagrad":
         state = momentum[sorted_rows] + total * total
@@ -118,7 +128,7 @@ def sparse_update_(weight: torch.Tensor, momentum: torch.Tensor, lr: torch.Tenso
         denom = state.sqrt()[:, None] + eps
     else:
         raise ValueError(f"optimizer must be one of {', '.join(OPTIMIZERS)}, got {optimizer!r}")
-    weight.index_put_((sorted_rows,), weight[sorted_rows] - lr * (total / denom))
+    weight.index_put_((sorted_rows,), (old - lr * (total / denom)).to(weight.dtype))
 
 
 def momentum_shape(optimizer: str, num_rows: int, dim: int) -> tuple[int, ...]:

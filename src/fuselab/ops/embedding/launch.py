@@ -11,7 +11,7 @@ id counts, which change with every batch of bags, are keyed by class). Tuning kn
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 
@@ -22,6 +22,9 @@ from fuselab.reference.embedding import OPTIMIZERS, POOLINGS, momentum_shape
 from . import kernels
 
 _OPTIMIZER_CODE = {"sgd": 0, "adagrad": 1, "rowwise_adagrad": 2}
+#: weight dtypes of the Triton path: fp32, or half precision with fp32 math and stochastically rounded updates
+KERNEL_WEIGHT_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
+HALF_WEIGHT_DTYPES = (torch.float16, torch.bfloat16)
 _ID_DTYPES = (torch.int32, torch.int64)
 
 
@@ -33,6 +36,8 @@ class EmbeddingConfig:
     ``update_elements``: tile of the segment kernel (2048: chunks of 128 sorted positions at D=16, 16 at D=128;
     its segmented scan runs over the rows of the tile, through shared memory: 8 bytes per element).
     ``rows_block``: id positions per program of the row-computing kernel.
+    ``update_chunk``: sorted positions per program of the segment kernel, walked ``update_elements`` at a time (at
+    least one tile); long chunks keep the carry kernel's serial walk along a hot row short.
     ``carry_elements``: tile of chunk partials the one-warp carry kernel adds per step along a run that crosses
     chunks (1024: 64 chunks at D=16).
     ``num_warps``: warps per program of the lookup, rows and segment kernels.
@@ -43,9 +48,11 @@ class EmbeddingConfig:
     rows_block: int = 1024
     carry_elements: int = 1024
     num_warps: int = 4
+    update_chunk: int = 1024
 
     def __post_init__(self) -> None:
-        for name in ("lookup_elements", "update_elements", "rows_block", "carry_elements", "num_warps"):
+        for name in ("lookup_elements", "update_elements", "rows_block", "carry_elements", "num_warps",
+                     "update_chunk"):
             value = getattr(self, name)
             if not isinstance(value, int) or value < 1 or value & (value - 1):
                 raise ValueError(f"EmbeddingConfig.{name} must be a positive power of two, got {value!r}")
@@ -57,19 +64,26 @@ DEFAULT_CONFIG = EmbeddingConfig()
 @dataclass(frozen=True)
 class Plan:
     """Block sizes of one embedding dim: ``block_d`` (D padded to a power of two), rows per lookup program,
-    sorted positions per update chunk, chunk partials per carry step."""
+    sorted positions per update step, steps per update chunk, chunk partials per carry step."""
 
     block_d: int
     lookup_rows: int
     update_rows: int
     carry_chunks: int
+    update_steps: int = 1
+
+    @property
+    def update_chunk(self) -> int:
+        """Sorted positions per program of the segment kernel."""
+        return self.update_rows * self.update_steps
 
 
 def plan(dim: int, config: EmbeddingConfig = DEFAULT_CONFIG) -> Plan:
     """The block sizes for embedding dim ``dim`` under ``config``'s element budgets (at least one row each)."""
     block_d = next_power_of_2(dim)
-    return Plan(block_d, max(1, config.lookup_elements // block_d), max(1, config.update_elements // block_d),
-                max(1, config.carry_elements // block_d))
+    update_rows = max(1, config.update_elements // block_d)
+    return Plan(block_d, max(1, config.lookup_elements // block_d), update_rows,
+                max(1, config.carry_elements // block_d), max(1, config.update_chunk // update_rows))
 
 
 def _require_tensor(name: str, value: object) -> torch.Tensor:
@@ -123,10 +137,17 @@ def check(weight: torch.Tensor, ids: torch.Tensor, table_sizes: torch.Tensor, ro
     return batch, f_count, n_pos
 
 
+def state_dtype(weight_dtype: torch.dtype) -> torch.dtype:
+    """The optimizer state's dtype for a weight of ``weight_dtype``: float32 for half-precision weights (their math
+    is fp32), else the weight's own."""
+    return torch.float32 if weight_dtype in HALF_WEIGHT_DTYPES else weight_dtype
+
+
 def check_update(weight: torch.Tensor, momentum: torch.Tensor, lr: torch.Tensor, grad: torch.Tensor | None,
-                 optimizer: str, eps: float, batch: int, f_count: int) -> None:
+                 optimizer: str, eps: float, batch: int, f_count: int, seed: torch.Tensor | None = None) -> None:
     """Validate an update's own arguments (after :func:`check`; ``grad`` None: not yet known); same errors as
-    :func:`check`."""
+    :func:`check`. A half-precision weight needs ``seed``, a 0-dim int64 tensor on its device (the stochastic
+    rounding's seed, advanced by every update)."""
     for name, t in (("momentum", momentum), ("lr", lr)) + ((("grad", grad),) if grad is not None else ()):
         _require_tensor(name, t)
     if not isinstance(optimizer, str) or optimizer not in OPTIMIZERS:
@@ -137,8 +158,15 @@ def check_update(weight: torch.Tensor, momentum: torch.Tensor, lr: torch.Tensor,
     expect = momentum_shape(optimizer, rows, dim)
     if optimizer != "sgd" and tuple(momentum.shape) != expect:
         raise ValueError(f"momentum must have shape {expect} for {optimizer}, got {tuple(momentum.shape)}")
-    if optimizer != "sgd" and momentum.dtype != weight.dtype:
-        raise TypeError(f"momentum must have weight's dtype {weight.dtype}, got {momentum.dtype}")
+    if optimizer != "sgd" and momentum.dtype != state_dtype(weight.dtype):
+        raise TypeError(f"momentum must be {state_dtype(weight.dtype)} for a {weight.dtype} weight, got "
+                        f"{momentum.dtype}")
+    if weight.dtype in HALF_WEIGHT_DTYPES:
+        if not isinstance(seed, torch.Tensor) or seed.dtype != torch.int64 or seed.dim() != 0:
+            raise ValueError(f"a {weight.dtype} weight needs seed, a 0-dim int64 tensor (the stochastic rounding's "
+                             f"seed), got {seed if not isinstance(seed, torch.Tensor) else (seed.dtype, seed.shape)}")
+        if seed.device != weight.device:
+            raise ValueError(f"seed is on {seed.device} but weight is on {weight.device}")
     if lr.dim() != 0 or not lr.is_floating_point():
         raise ValueError(f"lr must be a 0-dim floating tensor, got shape {tuple(lr.shape)} {lr.dtype}")
     devices = {"weight": weight.device, "momentum": momentum.device, "lr": lr.device}
@@ -159,8 +187,8 @@ def _same_device(devices: dict[str, torch.device]) -> None:
 
 
 def _require_kernel_layout(weight: torch.Tensor, momentum: torch.Tensor | None = None) -> None:
-    if weight.dtype != torch.float32:
-        raise TypeError(f"weight must be float32 for the Triton kernels, got {weight.dtype}")
+    if weight.dtype not in KERNEL_WEIGHT_DTYPES:
+        raise TypeError(f"weight must be float32, float16 or bfloat16 for the Triton kernels, got {weight.dtype}")
     if not weight.is_contiguous():
         raise ValueError("weight must be contiguous (R, D) for the Triton kernels")
     if momentum is not None and not momentum.is_contiguous():
@@ -238,31 +266,49 @@ def _update_plan(weight: torch.Tensor, grad: torch.Tensor, ids: torch.Tensor, ta
     s_ib, s_if = _id_strides(ids, bags)
     wide = needs_int64(ids, grad) or n_pos + config.rows_block > INT32_MAX
     blocks = plan(dim, config)
-    block_d, block_p = blocks.block_d, blocks.update_rows
+    block_d, block_p, chunk = blocks.block_d, blocks.update_rows, blocks.update_chunk
     mean = pooling == "mean"
     n_ids = ids.shape[0] if bags else 0
+    stochastic = weight.dtype in HALF_WEIGHT_DTYPES
     steps = [((cdiv(n_pos, config.rows_block),), (n_pos, f_count, s_ib, s_if),
-              dict(BLOCK=config.rows_block, BAGS=bags, WIDE=wide, num_warps=config.num_warps), 1)]
+              dict(BLOCK=config.rows_block, BAGS=bags, WIDE=wide, STOCHASTIC=stochastic, num_warps=config.num_warps),
+              1)]
     flags = dict(D=dim, BLOCK_D=block_d, num_warps=config.num_warps)
-    atomic = optimizer == "sgd" and not deterministic
-    n_chunks = cdiv(n_pos, block_p)
+    atomic = optimizer == "sgd" and not deterministic and not stochastic  # atomics cannot round stochastically
+    n_chunks = cdiv(n_pos, block_p if atomic else chunk)
     if atomic:
         steps.append(((n_chunks,), (n_pos, n_ids, f_count, *grad.stride()),
                       dict(BLOCK_P=block_p, BAGS=bags, MEAN=mean, WIDE=wide, **flags), 2))
     else:
         code = _OPTIMIZER_CODE[optimizer]
         steps.append(((n_chunks,), (n_pos, n_ids, f_count, *grad.stride(), float(eps)),
-                      dict(BLOCK_P=block_p, OPTIMIZER=code, BAGS=bags, MEAN=mean, WIDE=wide, **flags), 2))
+                      dict(BLOCK_P=block_p, STEPS=blocks.update_steps, OPTIMIZER=code, BAGS=bags, MEAN=mean,
+                           WIDE=wide, **flags), 2))
         # most carry programs read 3 keys and exit; a crossing run adds (carry_chunks, D) tiles: one warp
         steps.append(((n_chunks,), (n_pos, n_chunks, float(eps)),
-                      dict(BLOCK_P=block_p, BLOCK_C=blocks.carry_chunks, OPTIMIZER=code, D=dim, BLOCK_D=block_d,
+                      dict(CHUNK=chunk, BLOCK_C=blocks.carry_chunks, OPTIMIZER=code, D=dim, BLOCK_D=block_d,
                            num_warps=1), 2))
     return n_pos, key_dtype, n_chunks, block_d, atomic, steps
 
 
-def _run_update(update_plan: tuple, entries: tuple | None, weight: torch.Tensor, state: torch.Tensor,
-                lr: torch.Tensor, grad: torch.Tensor, ids: torch.Tensor, table_sizes: torch.Tensor,
-                row_offsets: torch.Tensor, offsets: torch.Tensor | None) -> tuple:
+@dataclass(frozen=True)
+class UpdateTensors:
+    """The tensors of one update: ``weight`` (R, D) and its optimizer ``state`` updated in place, ``lr`` () fp32,
+    ``seed`` () int64 (half-precision weights: the stochastic rounding's seed, advanced by every update; None for
+    fp32), the output gradient ``grad`` (B, F, D), and the lookup's ids, table metadata and offsets."""
+
+    weight: torch.Tensor
+    state: torch.Tensor
+    lr: torch.Tensor
+    seed: torch.Tensor | None
+    grad: torch.Tensor
+    ids: torch.Tensor
+    table_sizes: torch.Tensor
+    row_offsets: torch.Tensor
+    offsets: torch.Tensor | None
+
+
+def _run_update(update_plan: tuple, entries: tuple | None, t: UpdateTensors) -> tuple:
     """The update's workspace and launches, in stream order: each kernel launched (``entries`` None: returns their
     entries) or relaunched from its entry (returns ``entries``)."""
     n_pos, key_dtype, n_chunks, block_d, atomic, steps = update_plan
@@ -275,51 +321,49 @@ def _run_update(update_plan: tuple, entries: tuple | None, weight: torch.Tensor,
         else:
             relaunch(entries[i], grid, tensors, scalars)
 
+    weight, lr, offsets = t.weight, t.lr, t.offsets
+    state = t.state if t.state.numel() else weight  # sgd: no state (never read)
+    seed = t.seed if t.seed is not None else lr  # fp32 weights: never read
     keys = torch.empty(n_pos, dtype=key_dtype, device=weight.device)
     bag = keys if offsets is None else _bag_of_positions(offsets, n_pos)
     offsets_arg = keys if offsets is None else offsets
-    run(0, kernels.rows_kernel, (ids, bag, table_sizes, row_offsets, keys))
+    run(0, kernels.rows_kernel, (t.ids, bag, t.table_sizes, t.row_offsets, keys, seed))
     if atomic:
-        run(1, kernels.atomic_sgd_kernel, (grad, keys, bag, offsets_arg, weight, lr))
+        run(1, kernels.atomic_sgd_kernel, (t.grad, keys, bag, offsets_arg, weight, lr))
     else:
         sorted_keys, perm = torch.sort(keys, stable=True)
         head = torch.empty(n_chunks, block_d, dtype=torch.float32, device=weight.device)
         tail = torch.empty_like(head)
-        run(1, kernels.segment_update_kernel, (sorted_keys, perm, grad, bag, offsets_arg, weight, state, lr, head,
-                                               tail))
-        run(2, kernels.carry_update_kernel, (sorted_keys, head, tail, weight, state, lr))
+        run(1, kernels.segment_update_kernel, (sorted_keys, perm, t.grad, bag, offsets_arg, weight, state, lr, seed,
+                                               head, tail))
+        run(2, kernels.carry_update_kernel, (sorted_keys, head, tail, weight, state, lr, seed))
     return entries if entries is not None else tuple(launched)
 
 
-def update_(weight: torch.Tensor, momentum: torch.Tensor, lr: torch.Tensor, grad: torch.Tensor, ids: torch.Tensor,
-            table_sizes: torch.Tensor, row_offsets: torch.Tensor, offsets: torch.Tensor | None, pooling: str,
-            optimizer: str, eps: float, deterministic: bool = True,
+def update_(t: UpdateTensors, pooling: str, optimizer: str, eps: float, deterministic: bool = True,
             config: EmbeddingConfig = DEFAULT_CONFIG) -> tuple | None:
-    """Apply the optimizer update of the output gradient ``grad`` (B, F, D) to the rows the ids touched, in place.
+    """Apply the optimizer update of the output gradient ``t.grad`` (B, F, D) to the rows the ids touched, in place.
 
     Deterministic: global rows (int32 keys when R < 2^31) -> stable ``torch.sort`` -> segment kernel -> carry
     kernel (5-8 launches, the sort's included; workspace: keys, sorted keys, permutation, 2 partial rows per chunk).
-    ``deterministic=False`` with ``sgd``: one kernel of atomic adds, no sort (other optimizers ignore the flag).
-    No host synchronisation: every size comes from shapes. Returns a record for :func:`update_again` (None when
-    nothing was launched or an index tensor was copied).
+    ``deterministic=False`` with ``sgd`` and an fp32 weight: one kernel of atomic adds, no sort (other optimizers
+    and half-precision weights ignore the flag). No host synchronisation: every size comes from shapes. Returns a
+    record for :func:`update_again` (None when nothing was launched or an index tensor was copied).
     """
-    _require_kernel_layout(weight, momentum)
-    (offsets, table_sizes, row_offsets), copied = _dense_index(offsets, table_sizes, row_offsets)
-    if ids.numel() == 0 or grad.numel() == 0:
+    _require_kernel_layout(t.weight, t.state)
+    (offsets, table_sizes, row_offsets), copied = _dense_index(t.offsets, t.table_sizes, t.row_offsets)
+    if t.ids.numel() == 0 or t.grad.numel() == 0:
         return None
-    update_plan = _update_plan(weight, grad, ids, table_sizes, offsets is not None, pooling, optimizer, eps,
+    t = replace(t, offsets=offsets, table_sizes=table_sizes, row_offsets=row_offsets)
+    update_plan = _update_plan(t.weight, t.grad, t.ids, table_sizes, offsets is not None, pooling, optimizer, eps,
                                deterministic, config)
-    state = momentum if optimizer != "sgd" else weight
-    entries = _run_update(update_plan, None, weight, state, lr, grad, ids, table_sizes, row_offsets, offsets)
-    return None if copied else (update_plan, entries, optimizer != "sgd")
+    entries = _run_update(update_plan, None, t)
+    return None if copied else (update_plan, entries)
 
 
-def update_again(record: tuple, weight: torch.Tensor, momentum: torch.Tensor, lr: torch.Tensor, grad: torch.Tensor,
-                 ids: torch.Tensor, table_sizes: torch.Tensor, row_offsets: torch.Tensor,
-                 offsets: torch.Tensor | None) -> None:
+def update_again(record: tuple, t: UpdateTensors) -> None:
     """The update that :func:`update_` returned ``record`` for, on new tensors: the caller guarantees the same
     shapes, dtypes, strides, storage offsets and 16-byte alignment (and ``offsets`` given or not). Its workspace
     is allocated anew (on the current stream: CUDA-graph capturable)."""
-    update_plan, entries, has_state = record
-    _run_update(update_plan, entries, weight, momentum if has_state else weight, lr, grad, ids, table_sizes,
-                row_offsets, offsets)
+    update_plan, entries = record
+    _run_update(update_plan, entries, t)

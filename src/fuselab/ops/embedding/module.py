@@ -10,19 +10,26 @@ from torch import Tensor, nn
 from fuselab.core.seeded import uniform_tables_
 from fuselab.reference.embedding import OPTIMIZERS, POOLINGS, momentum_shape
 
-from .launch import EmbeddingConfig
+from .launch import HALF_WEIGHT_DTYPES, KERNEL_WEIGHT_DTYPES, EmbeddingConfig, state_dtype
 from .op import embedding_bag_collection
 
 
 class EmbeddingBagCollection(nn.Module):
-    """F embedding tables (one per sparse feature) stored as row ranges of one ``(R, D)`` fp32 buffer, with the
+    """F embedding tables (one per sparse feature) stored as row ranges of one ``(R, D)`` buffer, with the
     optimizer fused into the backward (torchrec's EmbeddingBagCollection + FBGEMM's fused TBE, in one module).
 
-    Buffers: ``weight`` (R, D) fp32, ``R = sum(table_sizes)``, table ``t`` = rows ``[row_offsets[t], row_offsets[t]
-    + n_t)``; ``momentum`` the optimizer state ((R,) rowwise_adagrad, (R, D) adagrad, (0,) sgd; zeros at start);
-    ``row_offsets`` and ``table_sizes`` (F,) int64; ``lr`` a 0-dim fp32 tensor (:meth:`set_lr`). ``weight`` does not
-    require grad; the empty parameter ``grad_anchor`` does, so that autograd runs the fused update. It never gets a
-    gradient: no dense or sparse gradient of the tables is ever allocated.
+    Buffers: ``weight`` (R, D) of ``weight_dtype``, ``R = sum(table_sizes)``, table ``t`` = rows ``[row_offsets[t],
+    row_offsets[t] + n_t)``; ``momentum`` the optimizer state ((R,) rowwise_adagrad, (R, D) adagrad, (0,) sgd; fp32
+    zeros at start); ``row_offsets`` and ``table_sizes`` (F,) int64; ``lr`` a 0-dim fp32 tensor (:meth:`set_lr`);
+    ``rounding_seed`` a 0-dim int64 tensor (half-precision weights: the seed of the stochastic rounding, advanced by
+    every update and saved in the state dict, so a resumed run draws what an uninterrupted one would). ``weight``
+    does not require grad; the empty parameter ``grad_anchor`` does, so that autograd runs the fused update. It
+    never gets a gradient: no dense or sparse gradient of the tables is ever allocated.
+
+    ``weight_dtype``: float32 (4 bytes per element), or float16 / bfloat16 (2 bytes: half the memory and the
+    lookup's traffic; the lookup and the update compute in fp32, the output is fp32, and the updated weight is
+    rounded stochastically, without bias, as FBGEMM's half-precision tables are; bf16 keeps fp32's range, fp16 has
+    3 more bits of mantissa and flushes magnitudes under 6e-8 to zero).
 
     Initialisation: table ``t`` drawn U(-1/sqrt(n_t), 1/sqrt(n_t)) in table order from ``generator`` on its device
     (the global CPU generator when None; a default-device context does not move it), then moved to ``device``
@@ -40,7 +47,7 @@ class EmbeddingBagCollection(nn.Module):
     def __init__(self, table_sizes: Sequence[int], dim: int, *, optimizer: str = "rowwise_adagrad", lr: float = 0.01,
                  eps: float = 1e-8, pooling: str = "sum", deterministic: bool = True,
                  device: torch.device | str | None = None, generator: torch.Generator | None = None,
-                 config: EmbeddingConfig | None = None):
+                 config: EmbeddingConfig | None = None, weight_dtype: torch.dtype = torch.float32):
         super().__init__()
         sizes = list(table_sizes)
         if not sizes or any(isinstance(n, bool) or not isinstance(n, int) or n <= 0 for n in sizes):
@@ -55,6 +62,9 @@ class EmbeddingBagCollection(nn.Module):
             raise ValueError(f"eps must be a non-negative float, got {eps!r}")
         if not (isinstance(lr, (int, float)) and lr >= 0):
             raise ValueError(f"lr must be a non-negative float, got {lr!r}")
+        if weight_dtype not in KERNEL_WEIGHT_DTYPES:
+            raise ValueError(f"weight_dtype must be one of {', '.join(map(str, KERNEL_WEIGHT_DTYPES))}, got "
+                             f"{weight_dtype!r}")
         self.sizes = tuple(sizes)
         self.dim, self.optimizer, self.eps, self.pooling = dim, optimizer, float(eps), pooling
         self.deterministic, self.config = bool(deterministic), config
@@ -62,10 +72,12 @@ class EmbeddingBagCollection(nn.Module):
         # default device, e.g. a ``with torch.device(...)`` context's)
         device = torch.device(device) if device is not None else torch.get_default_device()
         starts = torch.tensor([0, *sizes], dtype=torch.int64, device="cpu").cumsum(0)
-        weight = torch.empty(int(starts[-1]), dim, device=device)
+        weight = torch.empty(int(starts[-1]), dim, device=device, dtype=weight_dtype)
         uniform_tables_(weight, sizes, generator if generator is not None else torch.default_generator)
         self.register_buffer("weight", weight)
-        self.register_buffer("momentum", torch.zeros(momentum_shape(optimizer, weight.shape[0], dim), device=device))
+        self.register_buffer("momentum", torch.zeros(momentum_shape(optimizer, weight.shape[0], dim), device=device,
+                                                     dtype=state_dtype(weight_dtype)))
+        self.register_buffer("rounding_seed", torch.zeros((), dtype=torch.int64, device=device))
         self.register_buffer("row_offsets", starts[:-1].clone().to(device), persistent=False)
         self.register_buffer("table_sizes", torch.tensor(sizes, dtype=torch.int64, device=device), persistent=False)
         self.register_buffer("lr", torch.tensor(float(lr), dtype=torch.float32, device=device), persistent=False)
@@ -86,8 +98,9 @@ class EmbeddingBagCollection(nn.Module):
         return embedding_bag_collection(
             self.weight, self.momentum, self.lr, ids, self.table_sizes, self.row_offsets, offsets,
             anchor=self.grad_anchor if self.training else None, pooling=self.pooling, optimizer=self.optimizer,
-            eps=self.eps, deterministic=self.deterministic, config=self.config)
+            eps=self.eps, deterministic=self.deterministic, config=self.config,
+            seed=self.rounding_seed if self.weight.dtype in HALF_WEIGHT_DTYPES else None)
 
     def extra_repr(self) -> str:
         return (f"tables={len(self.sizes)}, rows={self.weight.shape[0]}, dim={self.dim}, optimizer={self.optimizer}, "
-                f"pooling={self.pooling}, deterministic={self.deterministic}")
+                f"pooling={self.pooling}, deterministic={self.deterministic}, weight_dtype={self.weight.dtype}")

@@ -17,6 +17,8 @@ kept under the forward's key and the gradient's layout. Nothing synchronises wit
 
 from __future__ import annotations
 
+from dataclasses import fields
+
 import torch
 
 from fuselab.backend import triton_for
@@ -26,6 +28,7 @@ from fuselab.reference import embedding as ref
 from .launch import (
     DEFAULT_CONFIG,
     EmbeddingConfig,
+    UpdateTensors,
     check,
     check_update,
     lookup_,
@@ -39,7 +42,7 @@ __all__ = ["LOOKUP", "TRAIN", "UPDATE", "EmbeddingConfig", "embedding_bag_collec
 
 Tensor = torch.Tensor
 
-_NO_GRADS = (None,) * 13  # TRAIN's inputs get no gradient: the update is applied in place
+_NO_GRADS = (None,) * 14  # TRAIN's inputs get no gradient: the update is applied in place
 
 
 def _config(knobs: list[int]) -> EmbeddingConfig:
@@ -51,7 +54,7 @@ def _knobs(config: EmbeddingConfig | None) -> list[int]:
         return []
     if not isinstance(config, EmbeddingConfig):
         raise TypeError(f"config must be an EmbeddingConfig, got {type(config).__name__}")
-    return [config.lookup_elements, config.update_elements, config.rows_block, config.carry_elements, config.num_warps]
+    return [getattr(config, f.name) for f in fields(config)]
 
 
 def _out_shape(weight: Tensor, ids: Tensor, table_sizes: Tensor, offsets: Tensor | None) -> tuple[int, int, int]:
@@ -79,66 +82,68 @@ def _lookup(weight: Tensor, ids: Tensor, offsets: Tensor | None, table_sizes: Te
 
 def _lookup_fake(weight: Tensor, ids: Tensor, offsets: Tensor | None, table_sizes: Tensor, row_offsets: Tensor,
                  pooling: str, knobs: list[int]) -> Tensor:
-    return weight.new_empty(_out_shape(weight, ids, table_sizes, offsets))  # the kernels' fp32 is weight's dtype
+    return weight.new_empty(_out_shape(weight, ids, table_sizes, offsets), dtype=ref.compute_dtype(weight.dtype))
 
 
 LOOKUP = Op("fuselab::embedding_bag_lookup", eager=_lookup, fake=_lookup_fake)
 
 
 # ---------------------------------------------------------------------------------------------- update
-def _update(weight: Tensor, momentum: Tensor, lr: Tensor, grad: Tensor, ids: Tensor, offsets: Tensor | None,
-            table_sizes: Tensor, row_offsets: Tensor, pooling: str, optimizer: str, eps: float, deterministic: bool,
-            knobs: list[int], *, prepared=None) -> tuple:
-    """((weight, momentum) updated in place, launch record or None)."""
+def _update(weight: Tensor, momentum: Tensor, seed: Tensor | None, lr: Tensor, grad: Tensor, ids: Tensor,
+            offsets: Tensor | None, table_sizes: Tensor, row_offsets: Tensor, pooling: str, optimizer: str, eps: float,
+            deterministic: bool, knobs: list[int], *, prepared=None) -> tuple:
+    """((weight, momentum, seed) updated in place, launch record or None)."""
+    tensors = UpdateTensors(weight, momentum, lr, seed, grad, ids, table_sizes, row_offsets, offsets)
     if prepared is not None:
-        update_again(prepared, weight, momentum, lr, grad, ids, table_sizes, row_offsets, offsets)
-        return (weight, momentum), None
+        update_again(prepared, tensors)
+        return (weight, momentum, seed), None
     if not triton_for(weight):
         ref.sparse_update_(weight, momentum, lr, grad, ids, table_sizes, row_offsets, offsets, pooling, optimizer,
                            eps)
-        return (weight, momentum), None
-    record = update_(weight, momentum, lr, grad, ids, table_sizes, row_offsets, offsets, pooling, optimizer, eps,
-                     deterministic, _config(knobs))
-    return (weight, momentum), record
+        return (weight, momentum, seed), None
+    record = update_(tensors, pooling, optimizer, eps, deterministic, _config(knobs))
+    return (weight, momentum, seed), record
 
 
-def _update_fake(weight: Tensor, momentum: Tensor, lr: Tensor, grad: Tensor, ids: Tensor, offsets: Tensor | None,
-                 table_sizes: Tensor, row_offsets: Tensor, pooling: str, optimizer: str, eps: float,
-                 deterministic: bool, knobs: list[int]) -> None:
+def _update_fake(weight: Tensor, momentum: Tensor, seed: Tensor | None, lr: Tensor, grad: Tensor, ids: Tensor,
+                 offsets: Tensor | None, table_sizes: Tensor, row_offsets: Tensor, pooling: str, optimizer: str,
+                 eps: float, deterministic: bool, knobs: list[int]) -> None:
     return None
 
 
-UPDATE = Op("fuselab::embedding_bag_update_", eager=_update, fake=_update_fake, mutates_args=("weight", "momentum"))
+UPDATE = Op("fuselab::embedding_bag_update_", eager=_update, fake=_update_fake,
+            mutates_args=("weight", "momentum", "seed"))
 
 
 # ---------------------------------------------------------------------------------------------- train
-def _train(anchor: Tensor, weight: Tensor, momentum: Tensor, lr: Tensor, ids: Tensor, offsets: Tensor | None,
-           table_sizes: Tensor, row_offsets: Tensor, pooling: str, optimizer: str, eps: float, deterministic: bool,
-           knobs: list[int], *, prepared=None) -> tuple:
+def _train(anchor: Tensor, weight: Tensor, momentum: Tensor, seed: Tensor | None, lr: Tensor, ids: Tensor,
+           offsets: Tensor | None, table_sizes: Tensor, row_offsets: Tensor, pooling: str, optimizer: str, eps: float,
+           deterministic: bool, knobs: list[int], *, prepared=None) -> tuple:
     """The lookup (its backward is :func:`_train_backward`)."""
     return _lookup(weight, ids, offsets, table_sizes, row_offsets, pooling, knobs, prepared=prepared)
 
 
-def _train_fake(anchor: Tensor, weight: Tensor, momentum: Tensor, lr: Tensor, ids: Tensor, offsets: Tensor | None,
-                table_sizes: Tensor, row_offsets: Tensor, pooling: str, optimizer: str, eps: float,
-                deterministic: bool, knobs: list[int]) -> Tensor:
-    return weight.new_empty(_out_shape(weight, ids, table_sizes, offsets))  # the kernels' fp32 is weight's dtype
+def _train_fake(anchor: Tensor, weight: Tensor, momentum: Tensor, seed: Tensor | None, lr: Tensor, ids: Tensor,
+                offsets: Tensor | None, table_sizes: Tensor, row_offsets: Tensor, pooling: str, optimizer: str,
+                eps: float, deterministic: bool, knobs: list[int]) -> Tensor:
+    return weight.new_empty(_out_shape(weight, ids, table_sizes, offsets), dtype=ref.compute_dtype(weight.dtype))
 
 
 def _train_setup(ctx, inputs, output) -> None:
     """What the update needs, kept on ``ctx`` (not saved tensors): the update itself bumps ``weight``'s version, and
     a second lookup of the same weight before its backward must not trip the saved-tensor version check."""
-    ctx.update_args = inputs[1:]  # weight, momentum, lr, ids, offsets, table_sizes, row_offsets, pooling, ...
+    ctx.update_args = inputs[1:]  # weight, momentum, seed, lr, ids, offsets, table_sizes, row_offsets, pooling, ...
 
 
 def _train_backward(ctx, grad: Tensor) -> tuple:
     """Apply the optimizer step of ``grad`` in place (:data:`UPDATE`); no input gets a gradient. In eager autograd
     the update's launches are kept under the forward's key and the gradient's layout."""
-    weight, momentum, lr, ids, offsets, table_sizes, row_offsets, *params = ctx.update_args
+    weight, momentum, seed, lr, ids, offsets, table_sizes, row_offsets, *params = ctx.update_args
     key = getattr(ctx, "key", None)
     if key is not None:
         key = ("update", key, layout(grad))
-    UPDATE.run_in_backward(ctx, (weight, momentum, lr, grad, ids, offsets, table_sizes, row_offsets, *params), key)
+    UPDATE.run_in_backward(ctx, (weight, momentum, seed, lr, grad, ids, offsets, table_sizes, row_offsets, *params),
+                           key)
     return _NO_GRADS
 
 
@@ -158,14 +163,14 @@ def _lookup_key(weight: Tensor, ids: Tensor, offsets: Tensor | None, table_sizes
             operand(row_offsets), pooling, config)
 
 
-def _update_key(lookup_key: tuple | None, momentum: Tensor, lr: Tensor, optimizer: str, eps: float,
-                deterministic: bool, grad: Tensor | None = None) -> tuple | None:
+def _update_key(lookup_key: tuple | None, momentum: Tensor, seed: Tensor | None, lr: Tensor, optimizer: str,
+                eps: float, deterministic: bool, grad: Tensor | None = None) -> tuple | None:
     """:func:`_lookup_key` plus what an update's checks and launches depend on (eps by type and value: its check
     reads the value; ``grad`` None: the backward's, keyed there by its layout)."""
     if lookup_key is None:
         return None
-    return (lookup_key, operand(momentum), operand(lr), optimizer, type(eps), eps, deterministic,
-            None if grad is None else operand(grad))
+    return (lookup_key, operand(momentum), None if seed is None else operand(seed), operand(lr), optimizer, type(eps),
+            eps, deterministic, None if grad is None else operand(grad))
 
 
 def _kept(op: Op, make_key, *args) -> tuple:
@@ -210,31 +215,38 @@ def embedding_bag_lookup(weight: Tensor, ids: Tensor, table_sizes: Tensor, row_o
 def embedding_bag_update_(weight: Tensor, momentum: Tensor, lr: Tensor, grad: Tensor, ids: Tensor,
                           table_sizes: Tensor, row_offsets: Tensor, offsets: Tensor | None = None, *,
                           pooling: str = "sum", optimizer: str = "rowwise_adagrad", eps: float = 1e-8,
-                          deterministic: bool = True, config: EmbeddingConfig | None = None) -> None:
+                          deterministic: bool = True, config: EmbeddingConfig | None = None,
+                          seed: Tensor | None = None) -> None:
     """Apply one optimizer step for the output gradient ``grad`` ``(B, F, D)`` of a lookup with these ids, in place
     on ``weight`` and ``momentum``; duplicate rows are summed first (deterministically unless ``deterministic=False``
-    with ``sgd``, which uses atomics). ``momentum``: ``(R,)`` rowwise_adagrad, ``(R, D)`` adagrad, ignored for sgd.
-    ``lr``: a 0-dim float tensor (read on the device: changing it needs no recompilation or graph capture).
+    with ``sgd`` and an fp32 weight, which uses atomics). ``momentum``: ``(R,)`` rowwise_adagrad, ``(R, D)`` adagrad,
+    ignored for sgd; float32 for a half-precision weight. ``lr``: a 0-dim float tensor (read on the device: changing
+    it needs no recompilation or graph capture).
 
-    Raises: as :func:`embedding_bag_lookup`, and for ``momentum``/``lr``/``grad`` of the wrong shape or dtype, an
-    unknown optimizer, a negative eps.
+    Half-precision weights (float16, bfloat16): the update's math is fp32 and the new weight is rounded
+    stochastically (unbiased) from ``seed``, a 0-dim int64 tensor on the weight's device that every update advances
+    by one (on the reference path, CPU tensors, the new weight is rounded to nearest and ``seed`` is not read).
+
+    Raises: as :func:`embedding_bag_lookup`, and for ``momentum``/``lr``/``grad``/``seed`` of the wrong shape or
+    dtype, an unknown optimizer, a negative eps.
     """
     key, prepared = _kept(UPDATE, lambda: _update_key(
-        _lookup_key(weight, ids, offsets, table_sizes, row_offsets, pooling, config), momentum, lr, optimizer, eps,
-        deterministic, grad))
+        _lookup_key(weight, ids, offsets, table_sizes, row_offsets, pooling, config), momentum, seed, lr, optimizer,
+        eps, deterministic, grad))
     if prepared is None or not triton_for(weight):
         batch, f_count, _ = check(weight, ids, table_sizes, row_offsets, offsets, pooling)
-        check_update(weight, momentum, lr, grad, optimizer, eps, batch, f_count)
+        check_update(weight, momentum, lr, grad, optimizer, eps, batch, f_count, seed)
         prepared = None
-    UPDATE.run((weight, momentum, lr, grad, ids, offsets, table_sizes, row_offsets, pooling, optimizer, float(eps),
-                bool(deterministic), _knobs(config)), key, prepared, False)
+    UPDATE.run((weight, momentum, seed, lr, grad, ids, offsets, table_sizes, row_offsets, pooling, optimizer,
+                float(eps), bool(deterministic), _knobs(config)), key, prepared, False)
 
 
 def embedding_bag_collection(weight: Tensor, momentum: Tensor, lr: Tensor, ids: Tensor, table_sizes: Tensor,
                              row_offsets: Tensor, offsets: Tensor | None = None, *, anchor: Tensor | None = None,
                              pooling: str = "sum", optimizer: str = "rowwise_adagrad", eps: float = 1e-8,
-                             deterministic: bool = True, config: EmbeddingConfig | None = None) -> Tensor:
-    """:func:`embedding_bag_lookup` whose backward is :func:`embedding_bag_update_`.
+                             deterministic: bool = True, config: EmbeddingConfig | None = None,
+                             seed: Tensor | None = None) -> Tensor:
+    """:func:`embedding_bag_lookup` whose backward is :func:`embedding_bag_update_` (``seed``: as there).
 
     When ``anchor`` (any tensor, e.g. an empty parameter) requires grad and grad mode is on, the output is attached
     to autograd through it: the backward of the output's gradient updates ``weight`` and ``momentum`` in place and
@@ -243,11 +255,11 @@ def embedding_bag_collection(weight: Tensor, momentum: Tensor, lr: Tensor, ids: 
     if not (anchor is not None and anchor.requires_grad and torch.is_grad_enabled()):
         return embedding_bag_lookup(weight, ids, table_sizes, row_offsets, offsets, pooling=pooling, config=config)
     key, prepared = _kept(TRAIN, lambda: _update_key(
-        _lookup_key(weight, ids, offsets, table_sizes, row_offsets, pooling, config), momentum, lr, optimizer, eps,
-        deterministic))
+        _lookup_key(weight, ids, offsets, table_sizes, row_offsets, pooling, config), momentum, seed, lr, optimizer,
+        eps, deterministic))
     if prepared is None or not triton_for(weight):
         batch, f_count, _ = check(weight, ids, table_sizes, row_offsets, offsets, pooling)
-        check_update(weight, momentum, lr, None, optimizer, eps, batch, f_count)
+        check_update(weight, momentum, lr, None, optimizer, eps, batch, f_count, seed)
         prepared = None
-    return TRAIN.run((anchor, weight, momentum, lr, ids, offsets, table_sizes, row_offsets, pooling, optimizer,
+    return TRAIN.run((anchor, weight, momentum, seed, lr, ids, offsets, table_sizes, row_offsets, pooling, optimizer,
                       float(eps), bool(deterministic), _knobs(config)), key, prepared, True)
