@@ -66,6 +66,9 @@ class DLRMConfig:
     hashing: str = "modulus"  # modulus | vocab
     max_rows_per_table: int | None = None
     embedding_layout: str = "fused"  # fused (one weight, row offsets per table) | per_table (nn.EmbeddingBag each)
+    #: the tables' dtype: fp32, or fp16 / bf16 (half the memory; fp32 math, stochastically rounded updates; fused
+    #: embedding layout with fuselab's kernels only)
+    embedding_dtype: str = "fp32"
     sparse_grad: bool = True
     kernels: str = "auto"  # auto (fuselab on CUDA, torch on CPU) | fuselab | torch
     optimizer: str = "adagrad"  # sgd | adagrad | rowwise_adagrad (row-wise for the tables, element-wise for MLPs)
@@ -128,7 +131,8 @@ class DLRMConfig:
         choices = {"interaction": ("dot", "cat", "dcn"), "hashing": ("modulus", "vocab"), "optimizer": OPTIMIZERS,
                    "pooling": ("sum", "mean"),
                    "embedding_layout": ("fused", "per_table"), "shuffle": ("batch", "row", "none"),
-                   "kernels": ("auto", "fuselab", "torch"), "precision": ("fp32", "tf32", "bf16")}
+                   "kernels": ("auto", "fuselab", "torch"), "precision": ("fp32", "tf32", "bf16"),
+                   "embedding_dtype": ("fp32", "fp16", "bf16")}
         for key, allowed in choices.items():
             if getattr(self, key) not in allowed:
                 raise bad(f"{key} must be one of {allowed}, got {getattr(self, key)!r}")
@@ -140,6 +144,10 @@ class DLRMConfig:
         if self.steps is not None and self.steps < 0:
             raise bad(f"steps must be >= 0, got {self.steps}")
         self._validate_learning(bad)
+        if self.embedding_dtype != "fp32" and (self.kernels == "torch" or self.embedding_layout != "fused"):
+            raise bad(f"embedding_dtype={self.embedding_dtype} needs fuselab's embedding collection (kernels fuselab "
+                      f"or auto, embedding_layout fused), got kernels={self.kernels}, "
+                      f"embedding_layout={self.embedding_layout}")
         if self.compile and self.cuda_graph:
             raise bad("compile and cuda_graph are exclusive (the CUDA-graph step is captured eagerly)")
         if self.row_wise_share is not None and not self.row_wise_share > 0:
