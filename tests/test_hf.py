@@ -235,11 +235,13 @@ def test_calls_match_transformers(request, device, backend, form, unsqueeze_dim)
     compare_with_library(lib_fn, fuselab.hf.apply_rotary_pos_emb, q, k, cos, sin, args, kwargs, unsqueeze_dim)
 
 
+@pytest.mark.parametrize("backend", ["triton_backend", "torch_backend"])
 @pytest.mark.parametrize("unsqueeze_dim", [2, -2])
-def test_fifth_positional_argument_matches_transformers(triton_backend, device, unsqueeze_dim):
+def test_fifth_positional_argument_matches_transformers(request, device, backend, unsqueeze_dim):
     """As many heads (of q and k) as tokens: a fifth positional argument taken for the wrong parameter would rotate
     along the heads, silently; every element matches the library's instead."""
     _, lib_fn = library_function()
+    request.getfixturevalue(backend)
     q, k, cos, sin = make_inputs(device, unsqueeze_dim, torch.float32, heads=4, seq=4, kv_heads=4)
     args, _ = call_arguments(lib_fn, "positional", unsqueeze_dim, None)
     compare_with_library(lib_fn, fuselab.hf.apply_rotary_pos_emb, q, k, cos, sin, args, {}, unsqueeze_dim)
@@ -255,7 +257,21 @@ def test_dtypes_match_transformers(triton_backend, device, dtype, table_dtype):
     compare_with_library(lib_fn, fuselab.hf.apply_rotary_pos_emb, q, k, cos, sin, [], {"unsqueeze_dim": 2}, 2)
 
 
+def test_signature_without_an_imported_transformers(monkeypatch):
+    """Before transformers is imported, the installed package's metadata decides (5.x's without one)."""
+    import importlib.metadata
+    monkeypatch.delitem(sys.modules, "transformers", raising=False)
+    try:
+        version = importlib.metadata.version("transformers")
+    except importlib.metadata.PackageNotFoundError:
+        version = None
+    assert hf.apply_rotary_pos_emb is hf.signature_for(version)
+    assert "transformers" not in sys.modules  # the lookup imports nothing
+
+
 def test_transformers_4x_in_a_subprocess():
-    """The comparisons with the library above (the dtype ones aside: they do not depend on the signature) and those
-    of ``tests/test_rope_scaling.py``, with the transformers 4.x of ``.ci/run`` first on sys.path."""
-    run_under_transformers_4(["test_hf.py", "test_rope_scaling.py"], "transformers and not subprocess and not dtypes")
+    """The comparisons with the library above and those of ``tests/test_rope_scaling.py``, with the transformers
+    4.x of ``.ci/run`` first on sys.path; on the reference path only and without the dtype cases (the kernel and
+    the dtypes do not depend on the signature: the 5.x run covers them)."""
+    run_under_transformers_4(["test_hf.py", "test_rope_scaling.py"],
+                             "transformers and not subprocess and not dtypes and not triton_backend")

@@ -84,7 +84,7 @@ def _rotate(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tens
     cos_h, sin_h = cos[..., :half], sin[..., :half]  # views: HF duplicates the halves
     if not use_triton(q.device):
         head_ax = 1 if layout == "bhsd" else 2
-        c, s = cos_h.unsqueeze(head_ax), sin_h.unsqueeze(head_ax)
+        c, s = cos_h.detach().unsqueeze(head_ax), sin_h.detach().unsqueeze(head_ax)  # no gradient, as the kernel's
         outs = []
         for t in (q, k):
             compute = torch.float64 if t.dtype == torch.float64 else torch.float32
@@ -115,7 +115,8 @@ def apply_rotary_pos_emb_v5(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor,
     Returns ``(q_embed, k_embed)``, each in the dtype transformers gives it: the common dtype of the tensor, cos
     and sin (HF models cast cos and sin to q's dtype first; a wider table's dtype makes a widened copy of q or k).
     Arithmetic is float32 (float64 for float64 tensors) with one rounding, where transformers rounds after each
-    product and the sum in low precision. Differentiable; traceable by ``torch.compile``. Raises ``TypeError`` for
+    product and the sum in low precision. Differentiable in q and k (not in cos and sin: HF's come from buffers);
+    traceable by ``torch.compile``. Raises ``TypeError`` for
     a non-int ``unsqueeze_dim`` (e.g. a position_ids tensor passed in 4.x's place) or non-float tensors,
     ``ValueError`` for shapes or devices that do not fit (a 2-D table among them: transformers would broadcast it
     against other axes).
