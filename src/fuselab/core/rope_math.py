@@ -23,7 +23,8 @@ multiply cos/sin by ``mscale`` (YaRN's attention factor, 1.0 otherwise). ``d`` b
   "mscale_all_dim", "attention_factor", "truncate"=True}``: YaRN ramp between interpolated and extrapolated
   frequencies; cos and sin are multiplied by the attention factor; HF's ``"yarn"``.
 
-Other keys are ignored (HF's dicts carry e.g. ``"rope_theta"``, which fuselab takes as ``base``).
+Other keys are ignored, but for ``"rope_theta"`` (in HF 5.x's ``config.rope_parameters``): fuselab takes the base
+as its own argument, and a ``"rope_theta"`` that differs from it is a ``ValueError``.
 """
 
 from __future__ import annotations
@@ -184,6 +185,10 @@ def _inv_freq_cached(rotary_dim: int, base: float, frozen: tuple | None) -> tupl
         return inv_freq, 1.0
     cfg = dict(frozen)
     kind = _kind(cfg)
+    theta = _num(cfg, "rope_theta", kind, required=False)
+    if theta is not None and theta != base:
+        raise ValueError(f"scaling['rope_theta'] ({theta}) differs from base ({base}): pass base=scaling['rope_theta'] "
+                         f"(fuselab takes the base as its own argument)")
     if kind == "default":
         return inv_freq, 1.0
     return _RULES[kind](inv_freq, exponents, rotary_dim, base, cfg, kind)
