@@ -22,6 +22,8 @@ from types import ModuleType
 
 import pytest
 
+import fuselab
+
 ROOT = Path(__file__).resolve().parents[1]
 #: the folder that holds a transformers 4.x (``pip install --target``), first on the subprocess's sys.path
 HF4_DIR = Path(os.environ.get("FUSELAB_TRANSFORMERS4_DIR", ROOT / ".venv" / "hf4"))
@@ -62,12 +64,12 @@ def run_under_transformers_4(test_files: list[str], select: str) -> None:
         pytest.skip("already inside the transformers 4.x subprocess")
     if not (HF4_DIR / "transformers").is_dir():
         _missing(f"no transformers 4.x in {HF4_DIR} (FUSELAB_TRANSFORMERS4_DIR); install one with "
-                 f"`pip install --no-deps --target {HF4_DIR} 'transformers>=4.45,<5' 'huggingface-hub<1' "
+                 f"`pip install --no-deps --no-compile --target {HF4_DIR} 'transformers>=4.45,<5' 'huggingface-hub<1' "
                  f"'tokenizers<=0.23.0' requests urllib3 charset-normalizer certifi idna`")
     env = {k: v for k, v in os.environ.items() if not k.startswith(("PYTEST_", "COV_"))}
+    src = Path(fuselab.__file__).resolve().parents[1]  # the fuselab this process tests (a scratch copy's too)
     env.update({INNER: "1", "FUSELAB_REQUIRE_TRANSFORMERS": "1", "FUSELAB_EXPECT_TRANSFORMERS": "4",
-                "PYTHONPATH": os.pathsep.join(p for p in (str(HF4_DIR), str(ROOT / "src"),
-                                                          env.get("PYTHONPATH", "")) if p)})
+                "PYTHONPATH": os.pathsep.join(p for p in (str(HF4_DIR), str(src), env.get("PYTHONPATH", "")) if p)})
     cmd = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-p", "no:xdist", "-k", select,
            *(str(ROOT / "tests" / name) for name in test_files)]
     proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=540)
