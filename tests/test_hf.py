@@ -189,9 +189,10 @@ def compare_with_library(lib_fn, ours, q, k, cos, sin, args, kwargs, unsqueeze_d
     got_q, got_k = ours(q, k, cos, sin, *args, **kwargs)
     assert (got_q.dtype, got_k.dtype, got_q.shape, got_k.shape) == (want_q.dtype, want_k.dtype, want_q.shape,
                                                                      want_k.shape)
-    dtype = want_q.dtype
-    assert_close(got_q, want_q, atol=roundoff_bound(q, cos, sin, dtype, unsqueeze_dim), rtol=0.0, what="q_embed")
-    assert_close(got_k, want_k, atol=roundoff_bound(k, cos, sin, dtype, unsqueeze_dim), rtol=0.0, what="k_embed")
+    assert_close(got_q, want_q, atol=roundoff_bound(q, cos, sin, want_q.dtype, unsqueeze_dim), rtol=0.0,
+                 what="q_embed")
+    assert_close(got_k, want_k, atol=roundoff_bound(k, cos, sin, want_k.dtype, unsqueeze_dim), rtol=0.0,
+                 what="k_embed")
     gq, gk = torch.randn_like(want_q), torch.randn_like(want_k)
     torch.autograd.backward([want_q, want_k], [gq, gk])
     torch.autograd.backward([got_q, got_k], [gq, gk])
@@ -255,6 +256,15 @@ def test_dtypes_match_transformers(triton_backend, device, dtype, table_dtype):
     _, lib_fn = library_function()
     q, k, cos, sin = make_inputs(device, 2, dtype, heads=2, seq=3, table_dtype=table_dtype)
     compare_with_library(lib_fn, fuselab.hf.apply_rotary_pos_emb, q, k, cos, sin, [], {"unsqueeze_dim": 2}, 2)
+
+
+def test_mixed_q_k_dtypes_match_transformers(triton_backend, device):
+    """float32 q with bfloat16 k and tables: the library gives a float32 q_embed and a bfloat16 k_embed (one launch
+    each here)."""
+    _, lib_fn = library_function()
+    q, _, cos, sin = make_inputs(device, 1, torch.float32, heads=2, seq=3, table_dtype=torch.bfloat16)
+    k = make_inputs(device, 1, torch.bfloat16, heads=1, seq=3)[0]
+    compare_with_library(lib_fn, fuselab.hf.apply_rotary_pos_emb, q, k, cos, sin, [], {}, 1)
 
 
 def test_signature_without_an_imported_transformers(monkeypatch):
