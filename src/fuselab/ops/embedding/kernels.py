@@ -84,7 +84,7 @@ def lookup_kernel(
     out_ptr,  # (B*F, D) fp32 output, contiguous
     n_ids, num_bags, F, s_ib, s_if,  # n_ids first: the launch keys it by class (it changes with every batch of bags)
     D: tl.constexpr, BLOCK_ROWS: tl.constexpr, BLOCK_D: tl.constexpr, BAGS: tl.constexpr, MEAN: tl.constexpr,
-    WIDE: tl.constexpr,
+    WIDE: tl.constexpr, UNROLL: tl.constexpr,
 ):
     # Bytes: one id: read B*F ids + B*F rows of D*4, write B*F*D*4. Bags: read N ids + N rows, write B*F*D*4.
     # Position math in int32 unless WIDE (an output or ids offset past 2^31); row addresses are always int64.
@@ -102,19 +102,21 @@ def lookup_kernel(
         jm = j < num_bags
         feature = j % F
     if BAGS:
-        # the loop works on (BLOCK_ROWS, 1) columns, in the accumulator's 2-D layout: with 1-D per-row values in
-        # this loop, Triton 3.6's layout pass fails to compile (PassManager::run failed in make_ttgir) at 32-64
-        # rows x 4 warps
+        # UNROLL ids of each bag per step (BLOCK_ROWS * UNROLL rows in flight); per-bag values are (BLOCK_ROWS, 1)
+        # columns in the 2-D layout: 1-D ones in this loop fail Triton 3.6's layout pass (PassManager::run failed in
+        # make_ttgir) at 32-64 rows x 4 warps
         start, end = _bag_bounds(offsets_ptr, j[:, None], jm[:, None], n_ids)
-        length = end - start
+        length = (end - start)[:, :, None]  # (BLOCK_ROWS, 1, 1)
+        u = tl.arange(0, UNROLL)[None, :, None]
+        dd = d[None, None, :]
         acc = tl.zeros((BLOCK_ROWS, BLOCK_D), dtype=tl.float32)
-        for i in range(0, tl.max(tl.max(length, axis=1), axis=0)):
-            m = jm[:, None] & (i < length)
-            raw = tl.load(ids_ptr + (start + i) * s_ib, mask=m, other=0)
-            row = _global_row(raw, feature[:, None], sizes_ptr, row_offsets_ptr, m)
-            acc += tl.load(w_ptr + row * D + d[None, :], mask=m & (d < D)[None, :], other=0.0).to(tl.float32)
+        for i in range(0, tl.max(tl.max(tl.max(length, axis=2), axis=1), axis=0), UNROLL):
+            m = jm[:, None, None] & (i + u < length)  # (BLOCK_ROWS, UNROLL, 1)
+            raw = tl.load(ids_ptr + (start[:, :, None] + i + u) * s_ib, mask=m, other=0)
+            row = _global_row(raw, feature[:, None, None], sizes_ptr, row_offsets_ptr, m)
+            acc += tl.sum(tl.load(w_ptr + row * D + dd, mask=m & (dd < D), other=0.0).to(tl.float32), axis=1)
         if MEAN:
-            acc = acc / tl.maximum(length, 1).to(tl.float32)
+            acc = acc / tl.maximum(end - start, 1).to(tl.float32)
     else:
         raw = tl.load(ids_ptr + (j // F) * s_ib + feature * s_if, mask=jm, other=0)
         row = _global_row(raw, feature, sizes_ptr, row_offsets_ptr, jm)
@@ -130,20 +132,30 @@ def rows_kernel(
     sizes_ptr,  # (F,) int64
     row_offsets_ptr,  # (F,) int64
     keys_ptr,  # (N,) int32 or int64 out: global row of each id position (the sort keys)
+    offsets_ptr,  # bags: (B*F + 1,) int64 CSR offsets; unused otherwise
+    scale_ptr,  # bags: (N,) fp32 out: the gradient's factor at each position (1 sum, 1/length mean, 0 outside
+    # every bag); unused otherwise
     seed_ptr,  # () int64 seed of the stochastic rounding of half-precision weights; unused unless STOCHASTIC
-    n_pos, F, s_ib, s_if,
-    BLOCK: tl.constexpr, BAGS: tl.constexpr, WIDE: tl.constexpr, STOCHASTIC: tl.constexpr,
+    n_pos, n_ids, F, s_ib, s_if,
+    BLOCK: tl.constexpr, BAGS: tl.constexpr, MEAN: tl.constexpr, WIDE: tl.constexpr, STOCHASTIC: tl.constexpr,
 ):
-    # Bytes: read N ids (+ N*8 bag indices), write N keys. The first kernel of every update: it advances the
-    # rounding seed, which the update's later kernels read (stream order), so each step draws new random bits.
+    # Bytes: read N ids (+ N*8 bag indices and their bounds), write N keys (+ N*4 scales). The first kernel of every
+    # update: it advances the rounding seed, which the update's later kernels read (stream order), so each step
+    # draws new random bits.
     p = _program(WIDE) * BLOCK + tl.arange(0, BLOCK)
     if STOCHASTIC:  # noqa: SIM102 (a constexpr test: Triton has no `and` of a constexpr and a tensor)
         if tl.program_id(0) == 0:
             tl.store(seed_ptr, tl.load(seed_ptr) + 1)
     m = p < n_pos
     if BAGS:
-        feature = _narrow(tl.load(bag_ptr + p, mask=m, other=0), WIDE) % F
+        bag = _narrow(tl.load(bag_ptr + p, mask=m, other=0), WIDE)
+        feature = bag % F
         raw = tl.load(ids_ptr + p * s_ib, mask=m, other=0)
+        start, end = _bag_bounds(offsets_ptr, bag, m, n_ids)
+        scale = tl.where((p >= start) & (p < end), 1.0, 0.0)
+        if MEAN:
+            scale = scale / tl.maximum(end - start, 1).to(tl.float32)
+        tl.store(scale_ptr + p, scale, mask=m)
     else:
         feature = p % F
         raw = tl.load(ids_ptr + (p // F) * s_ib + feature * s_if, mask=m, other=0)
@@ -154,26 +166,25 @@ def rows_kernel(
 @triton.jit
 def _apply_update(w_ptr, s_ptr, lr, rows, g, mask, eps, seed, D: tl.constexpr, BLOCK_D: tl.constexpr,
                   OPTIMIZER: tl.constexpr):
-    # rows: (P,) int64 distinct rows; g: (P, BLOCK_D) fp32 coalesced gradients; mask: (P,) rows to update.
+    # rows: (P, 1) int64 distinct rows; g: (P, BLOCK_D) fp32 coalesced gradients; mask: (P, 1) rows to update.
     # Math in fp32; a half-precision weight is stored stochastically rounded (seed: this step's).
     # Bytes per row: read + write D*itemsize of weight; adagrad also D*4 of state each way, rowwise 4 each way.
-    d = tl.arange(0, BLOCK_D)
-    m2 = _rows_mask(mask, D, BLOCK_D)
-    w_at = w_ptr + rows[:, None] * D + d[None, :]
-    w = tl.load(w_at, mask=m2, other=0.0).to(tl.float32)
+    d = tl.arange(0, BLOCK_D)[None, :]
+    m2 = mask & (d < D)
+    at = rows * D + d
+    w = tl.load(w_ptr + at, mask=m2, other=0.0).to(tl.float32)
     if OPTIMIZER == SGD:
         w = w - lr * g
     elif OPTIMIZER == ADAGRAD:
-        s_at = s_ptr + rows[:, None] * D + d[None, :]
-        s = tl.load(s_at, mask=m2, other=0.0) + g * g
-        tl.store(s_at, s, mask=m2)
+        s = tl.load(s_ptr + at, mask=m2, other=0.0) + g * g
+        tl.store(s_ptr + at, s, mask=m2)
         w = w - lr * tl.div_rn(g, tl.sqrt_rn(s) + eps)
     else:
-        sq = tl.sum(g * g, axis=1)
+        sq = tl.sum(g * g, axis=1, keep_dims=True)
         s = tl.load(s_ptr + rows, mask=mask, other=0.0) + tl.div_rn(sq, tl.zeros_like(sq) + D)
         tl.store(s_ptr + rows, s, mask=mask)
-        w = w - lr * tl.div_rn(g, tl.sqrt_rn(s)[:, None] + eps)
-    tl.store(w_at, stochastically_rounded(w, w_ptr.dtype.element_ty, seed, rows[:, None] * D + d[None, :]), mask=m2)
+        w = w - lr * tl.div_rn(g, tl.sqrt_rn(s) + eps)
+    tl.store(w_ptr + at, stochastically_rounded(w, w_ptr.dtype.element_ty, seed, at), mask=m2)
 
 
 @triton.jit
@@ -183,12 +194,6 @@ def _rounding_seed(seed_ptr, w_ptr):
     if w_ptr.dtype.element_ty != tl.float32:
         seed = tl.load(seed_ptr)
     return seed
-
-
-@triton.jit
-def _segment_add(v1, f1, v2, f2):
-    # segmented sum: a run restarts where the flag is set
-    return tl.where(f2 != 0, v2, v1 + v2), f1 | f2
 
 
 @triton.jit
@@ -216,65 +221,91 @@ def _position_grads(grad_ptr, bag_ptr, offsets_ptr, k, km, F, n_ids, s_gb, s_gf,
 
 
 @triton.jit
-def segment_update_kernel(
+def items_kernel(
+    sorted_ptr,  # (N,) int32/int64 global rows, sorted ascending
+    flags_ptr,  # (N,) int32 out (first pass): 1 where an item starts
+    number_ptr,  # (N,) int64 in (second pass): the flags' inclusive prefix sum, each position's item + 1
+    start_ptr,  # (N + 1,) int64 out (second pass): first position of each item, and N after the last
+    count_ptr,  # (1,) int64 out (second pass): the number of items
+    N,
+    BLOCK: tl.constexpr, CHUNK: tl.constexpr, STARTS: tl.constexpr,
+):
+    # An item starts where the sorted row changes and where a chunk of CHUNK positions starts. The first pass
+    # writes the flags (torch.cumsum numbers the items); the second writes each item's first position.
+    # Bytes: read 2N keys (overlapping, cached); write 4N flags; second pass also reads 8N, writes 8 per item.
+    p = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
+    m = p < N
+    row = tl.load(sorted_ptr + p, mask=m, other=-1)
+    prev = tl.load(sorted_ptr + p - 1, mask=m & (p > 0), other=-1)
+    cut = m & ((p % CHUNK == 0) | (row != prev))
+    if STARTS:
+        number = tl.load(number_ptr + p, mask=m, other=0)
+        tl.store(start_ptr + number - 1, p, mask=cut)
+        last = m & (p == N - 1)
+        tl.store(start_ptr + number, tl.zeros_like(p) + N, mask=last)
+        tl.store(count_ptr + tl.zeros_like(p), number, mask=last)
+    else:
+        tl.store(flags_ptr + p, cut.to(tl.int32), mask=m)
+
+
+@triton.jit
+def item_update_kernel(
     sorted_ptr,  # (N,) int32/int64 global rows, sorted ascending (stable)
-    perm_ptr,  # (N,) int64 id position of each sorted position
+    src_ptr,  # (N,) int64 the bag (b*F + f) whose output gradient each sorted position adds (its grad row)
+    scale_ptr,  # bags: (N,) fp32 factor of each sorted position's gradient (rows_kernel's, sorted); unused otherwise
+    start_ptr,  # (N + 1,) int64 first sorted position of each item; entry [n_items] holds N
+    count_ptr,  # (1,) int64 number of items
     grad_ptr,  # (B, F, D) output gradient, any float dtype, strides (s_gb, s_gf, s_gd)
-    bag_ptr,  # bags: (N,) int64 bag of each id position; unused otherwise
-    offsets_ptr,  # bags: (B*F + 1,) int64; unused otherwise
     w_ptr,  # (R, D) fp32, fp16 or bf16 weight, updated in place
     s_ptr,  # optimizer state: (R, D) fp32 adagrad, (R,) fp32 rowwise_adagrad, unused for sgd
     lr_ptr,  # () fp32 learning rate
     seed_ptr,  # () int64 rounding seed of a half-precision weight (advanced by rows_kernel); unused for fp32
-    head_ptr,  # (n_chunks, BLOCK_D) fp32 out: sum of each chunk's first run
-    tail_ptr,  # (n_chunks, BLOCK_D) fp32 out: sum of each chunk's last run
-    N, n_ids, F, s_gb, s_gf, s_gd, eps,  # N and n_ids first: the launch keys them by class
-    D: tl.constexpr, BLOCK_P: tl.constexpr, STEPS: tl.constexpr, BLOCK_D: tl.constexpr,
-    OPTIMIZER: tl.constexpr, BAGS: tl.constexpr, MEAN: tl.constexpr, WIDE: tl.constexpr,
+    head_ptr,  # (n_chunks, BLOCK_D) fp32 out: sum of the split piece that starts at each chunk's start
+    tail_ptr,  # (n_chunks, BLOCK_D) fp32 out: sum of the split piece that ends at each chunk's end
+    N, F, s_gb, s_gf, s_gd, eps,  # N first: the launch keys it by class
+    D: tl.constexpr, BLOCK_S: tl.constexpr, UNROLL: tl.constexpr, BLOCK_D: tl.constexpr, CHUNK: tl.constexpr,
+    OPTIMIZER: tl.constexpr, SCALED: tl.constexpr,
 ):
-    # A chunk of STEPS * BLOCK_P sorted positions per program, walked BLOCK_P at a time: each step's runs are summed
-    # by a segmented scan, and the sum of the run that continues into the next step is carried in registers. Runs
-    # that start and end inside the chunk are applied here; the chunk's first and last runs also leave their sums
-    # in head/tail for carry_update_kernel (runs that cross chunks). Long chunks keep the carry kernel's walk along
-    # a hot row short (a row with 10^6 ids spans 10^3 chunks of 1024).
-    # Bytes: read N keys (three overlapping loads, cached), N*8 perm, N gradient rows of D*itemsize (gathered);
-    # per distinct row the update's read-modify-write (see _apply_update); write 2*BLOCK_D*4 partials per chunk.
-    chunk = tl.program_id(0)
-    cs = chunk.to(tl.int64) * (BLOCK_P * STEPS)
-    last = tl.minimum(cs + BLOCK_P * STEPS, N) - 1
-    before = tl.load(sorted_ptr + cs - 1, mask=cs > 0, other=-1).to(tl.int64)
-    first = tl.load(sorted_ptr + cs).to(tl.int64)
+    # An item is a run of equal sorted rows inside one chunk of CHUNK positions: a whole segment (all the ids of one
+    # row), or a piece of a segment longer than a chunk. A program takes BLOCK_S items at a time (a persistent
+    # loop), gathers UNROLL gradient rows per item per step (BLOCK_S * UNROLL rows in flight), and sums each item;
+    # a whole segment is applied here, a piece leaves its sum in head/tail for carry_update_kernel, which adds
+    # the pieces of each long segment in chunk order. Per-item values are (BLOCK_S, 1) columns: 1-D ones fail
+    # Triton 3.6's layout pass in such loops.
+    # Bytes: read N sorted rows, sources (8) and scales (4), N gradient rows of D*itemsize (gathered); per distinct
+    # row the update's read-modify-write (see _apply_update); write the split pieces' partial rows.
+    n_items = tl.load(count_ptr)
     lr = tl.load(lr_ptr)
     seed = _rounding_seed(seed_ptr, w_ptr)
-    d = tl.arange(0, BLOCK_D)
-    carry = tl.zeros((BLOCK_D,), dtype=tl.float32)
-    carry_row = tl.full((), -1, tl.int64)  # the row of the run `carry` sums (none before the first step)
-    head = tl.zeros((BLOCK_D,), dtype=tl.float32)
-    tail = tl.zeros((BLOCK_D,), dtype=tl.float32)
-    for step in range(STEPS):
-        p = cs + step * BLOCK_P + tl.arange(0, BLOCK_P)
-        valid = p <= last
-        row = tl.load(sorted_ptr + p, mask=valid, other=-1).to(tl.int64)
-        prev = tl.load(sorted_ptr + p - 1, mask=valid & (p > 0), other=-1).to(tl.int64)
-        nxt = tl.load(sorted_ptr + p + 1, mask=valid & (p + 1 < N), other=-1).to(tl.int64)
-        k = tl.load(perm_ptr + p, mask=valid, other=0)
-        g = _position_grads(grad_ptr, bag_ptr, offsets_ptr, k, valid, F, n_ids, s_gb, s_gf, s_gd,
-                            BLOCK_D, D, BAGS, MEAN, WIDE)
-        flag = tl.broadcast_to(((row != prev) | (p == cs)).to(tl.int32)[:, None], (BLOCK_P, BLOCK_D))
-        run_sum, _ = tl.associative_scan((g, flag), 0, _segment_add)
-        # the step's leading run continues the previous step's last run where the rows match (sorted: exactly the
-        # positions of that row)
-        run_sum += tl.where((row == carry_row)[:, None], carry[None, :], 0.0)
-        is_tail = valid & (row != nxt)
-        _apply_update(w_ptr, s_ptr, lr, row, run_sum, is_tail & (row != before), eps, seed, D, BLOCK_D,
-                      OPTIMIZER)
-        head += tl.sum(tl.where((valid & (row == first) & (is_tail | (p == last)))[:, None], run_sum, 0.0), axis=0)
-        tail += tl.sum(tl.where((p == last)[:, None], run_sum, 0.0), axis=0)
-        step_last = p == cs + step * BLOCK_P + BLOCK_P - 1
-        carry = tl.sum(tl.where(step_last[:, None], run_sum, 0.0), axis=0)
-        carry_row = tl.max(tl.where(step_last, row, -1), axis=0)
-    tl.store(head_ptr + chunk * BLOCK_D + d, head)
-    tl.store(tail_ptr + chunk * BLOCK_D + d, tail)
+    d = tl.arange(0, BLOCK_D)[None, :]
+    dm = d < D
+    u = tl.arange(0, UNROLL)[None, :, None]
+    for blk in range(tl.program_id(0), tl.cdiv(n_items, BLOCK_S), tl.num_programs(0)):
+        i = (blk * BLOCK_S + tl.arange(0, BLOCK_S)).to(tl.int64)[:, None]  # (BLOCK_S, 1)
+        im = i < n_items
+        start = tl.load(start_ptr + i, mask=im, other=0)
+        length = tl.load(start_ptr + i + 1, mask=im, other=0) - start
+        acc = tl.zeros((BLOCK_S, BLOCK_D), dtype=tl.float32)
+        for j in range(0, tl.max(tl.max(length, axis=1), axis=0), UNROLL):
+            pm = (j + u < length[:, :, None]) & im[:, :, None]  # (BLOCK_S, UNROLL, 1)
+            pos = start[:, :, None] + j + u
+            src = tl.load(src_ptr + pos, mask=pm, other=0)
+            at = grad_ptr + (src // F) * s_gb + (src % F) * s_gf + d[:, None, :] * s_gd
+            g = tl.load(at, mask=pm & dm[:, None, :], other=0.0).to(tl.float32)
+            if SCALED:
+                g = g * tl.load(scale_ptr + pos, mask=pm, other=0.0)
+            acc += tl.sum(g, axis=1)
+        end = start + length
+        row = tl.load(sorted_ptr + start, mask=im, other=-1).to(tl.int64)
+        from_left = tl.load(sorted_ptr + start - 1, mask=im & (start > 0), other=-1).to(tl.int64) == row
+        to_right = tl.load(sorted_ptr + end, mask=im & (end < N), other=-1).to(tl.int64) == row
+        split = im & (from_left | to_right)
+        _apply_update(w_ptr, s_ptr, lr, row, acc, im & ~split, eps, seed, D, BLOCK_D, OPTIMIZER)
+        # whole partial rows, the zero columns past D included: the carry kernel reads them unmasked
+        chunk = start // CHUNK
+        whole_row = d < BLOCK_D
+        tl.store(head_ptr + chunk * BLOCK_D + d, acc, mask=(split & (start == chunk * CHUNK)) & whole_row)
+        tl.store(tail_ptr + chunk * BLOCK_D + d, acc, mask=(split & (end == chunk * CHUNK + CHUNK)) & whole_row)
 
 
 @triton.jit
@@ -314,7 +345,7 @@ def carry_update_kernel(
             more = tl.min(match.to(tl.int32), axis=0) == 1
             c0 += BLOCK_C
         lr = tl.load(lr_ptr)
-        one = tl.arange(0, 1)
+        one = tl.zeros((1, 1), dtype=tl.int64)
         _apply_update(w_ptr, s_ptr, lr, row + one, total, one == 0, eps, _rounding_seed(seed_ptr, w_ptr), D, BLOCK_D,
                       OPTIMIZER)
 

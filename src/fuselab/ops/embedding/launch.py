@@ -15,7 +15,7 @@ from dataclasses import dataclass, replace
 
 import torch
 
-from fuselab.core.device import INT32_MAX, cdiv, needs_int64, next_power_of_2
+from fuselab.core.device import INT32_MAX, cdiv, needs_int64, next_power_of_2, sm_count
 from fuselab.ops._launch import launch, relaunch
 from fuselab.reference.embedding import OPTIMIZERS, POOLINGS, momentum_shape
 
@@ -32,27 +32,29 @@ _ID_DTYPES = (torch.int32, torch.int64)
 class EmbeddingConfig:
     """Tuning knobs of the kernels (all powers of two; tiles are rows x D padded to a power of two).
 
-    ``lookup_elements``: tile of a lookup program (4096: 256 rows of D=16, 8 elements per thread on 4 warps).
-    ``update_elements``: tile of the segment kernel (2048: chunks of 128 sorted positions at D=16, 16 at D=128;
-    its segmented scan runs over the rows of the tile, through shared memory: 8 bytes per element).
-    ``rows_block``: id positions per program of the row-computing kernel.
-    ``update_chunk``: sorted positions per program of the segment kernel, walked ``update_elements`` at a time (at
-    least one tile); long chunks keep the carry kernel's serial walk along a hot row short.
-    ``carry_elements``: tile of chunk partials the one-warp carry kernel adds per step along a run that crosses
-    chunks (1024: 64 chunks at D=16).
-    ``num_warps``: warps per program of the lookup, rows and segment kernels.
+    ``lookup_elements``: tile of a lookup program (4096: 256 rows of D=16, 8 elements per thread on 4 warps); with
+    bags, ``lookup_unroll`` ids of each bag per step share it (rows = elements / (unroll * D)).
+    ``update_elements``: tile of the update's item kernel: items per step times ``update_unroll`` gathered
+    gradient rows per item times D.
+    ``update_chunk``: sorted positions per chunk: a segment longer than a chunk is summed in pieces, which the
+    carry kernel adds in chunk order (short chunks balance hot rows; long ones shorten the carry's walk).
+    ``rows_block``: id positions per program of the row-computing and item-numbering kernels.
+    ``carry_elements``: tile of chunk partials the carry kernel adds per step along a segment that crosses chunks.
+    ``num_warps``: warps per program of every kernel.
     """
 
     lookup_elements: int = 4096
-    update_elements: int = 2048
+    update_elements: int = 4096
     rows_block: int = 1024
-    carry_elements: int = 1024
+    carry_elements: int = 4096
     num_warps: int = 4
-    update_chunk: int = 1024
+    update_chunk: int = 256
+    lookup_unroll: int = 4
+    update_unroll: int = 4
 
     def __post_init__(self) -> None:
         for name in ("lookup_elements", "update_elements", "rows_block", "carry_elements", "num_warps",
-                     "update_chunk"):
+                     "update_chunk", "lookup_unroll", "update_unroll"):
             value = getattr(self, name)
             if not isinstance(value, int) or value < 1 or value & (value - 1):
                 raise ValueError(f"EmbeddingConfig.{name} must be a positive power of two, got {value!r}")
@@ -63,27 +65,24 @@ DEFAULT_CONFIG = EmbeddingConfig()
 
 @dataclass(frozen=True)
 class Plan:
-    """Block sizes of one embedding dim: ``block_d`` (D padded to a power of two), rows per lookup program,
-    sorted positions per update step, steps per update chunk, chunk partials per carry step."""
+    """Block sizes of one embedding dim: ``block_d`` (D padded to a power of two); rows per lookup program of one
+    id per feature, and of bags (``bag_rows``, ``config.lookup_unroll`` ids each per step); items per step of the
+    update's item kernel (``config.update_unroll`` gradient rows each); chunk partials per carry step."""
 
     block_d: int
     lookup_rows: int
-    update_rows: int
+    bag_rows: int
+    update_items: int
     carry_chunks: int
-    update_steps: int = 1
-
-    @property
-    def update_chunk(self) -> int:
-        """Sorted positions per program of the segment kernel."""
-        return self.update_rows * self.update_steps
 
 
 def plan(dim: int, config: EmbeddingConfig = DEFAULT_CONFIG) -> Plan:
     """The block sizes for embedding dim ``dim`` under ``config``'s element budgets (at least one row each)."""
     block_d = next_power_of_2(dim)
-    update_rows = max(1, config.update_elements // block_d)
-    return Plan(block_d, max(1, config.lookup_elements // block_d), update_rows,
-                max(1, config.carry_elements // block_d), max(1, config.update_chunk // update_rows))
+    return Plan(block_d, max(1, config.lookup_elements // block_d),
+                max(1, config.lookup_elements // (block_d * config.lookup_unroll)),
+                max(1, config.update_elements // (block_d * config.update_unroll)),
+                max(1, config.carry_elements // block_d))
 
 
 def _require_tensor(name: str, value: object) -> torch.Tensor:
@@ -226,8 +225,8 @@ def lookup_(out: torch.Tensor, weight: torch.Tensor, ids: torch.Tensor, table_si
     if num_bags == 0:
         return None
     blocks = plan(dim, config)
-    block_rows = blocks.lookup_rows
     bags = offsets is not None
+    block_rows = blocks.bag_rows if bags else blocks.lookup_rows
     s_ib, s_if = _id_strides(ids, bags)
     f_count = table_sizes.shape[0]
     grid = (cdiv(out.shape[0], block_rows), f_count) if bags else (cdiv(num_bags, block_rows), 1)
@@ -236,7 +235,7 @@ def lookup_(out: torch.Tensor, weight: torch.Tensor, ids: torch.Tensor, table_si
                    (weight, ids, offsets if bags else table_sizes, table_sizes, row_offsets, out),
                    (ids.shape[0] if bags else 0, num_bags, f_count, s_ib, s_if),
                    dict(D=dim, BLOCK_ROWS=block_rows, BLOCK_D=blocks.block_d, BAGS=bags, MEAN=pooling == "mean",
-                        WIDE=wide, num_warps=config.num_warps), 1)
+                        WIDE=wide, UNROLL=config.lookup_unroll if bags else 1, num_warps=config.num_warps), 1)
     return None if copied else record
 
 
@@ -256,39 +255,60 @@ def _bag_of_positions(offsets: torch.Tensor, n_pos: int) -> torch.Tensor:
     return bag.sub_(1).clamp_(0, offsets.shape[0] - 2)
 
 
+@dataclass(frozen=True)
+class UpdatePlan:
+    """Sizes and launches of one update: ``steps`` holds each kernel's (grid, scalars, constexprs, dynamic-scalar
+    count), in launch order: rows; then atomic SGD, or the two item-numbering passes, the item kernel and the
+    carry kernel."""
+
+    n_pos: int
+    key_dtype: torch.dtype
+    n_chunks: int
+    block_d: int
+    atomic: bool
+    steps: tuple
+
+
 def _update_plan(weight: torch.Tensor, grad: torch.Tensor, ids: torch.Tensor, table_sizes: torch.Tensor,
                  bags: bool, pooling: str, optimizer: str, eps: float, deterministic: bool,
-                 config: EmbeddingConfig) -> tuple:
-    """``(n_pos, key dtype, chunks, BLOCK_D, atomic, steps)``: the update's sizes and, per kernel (rows; then
-    atomic SGD, or segment and carry), its grid, scalars, constexprs and dynamic-scalar count."""
+                 config: EmbeddingConfig) -> UpdatePlan:
+    """The update's sizes and, per kernel, its grid, scalars, constexprs and dynamic-scalar count."""
     n_pos, f_count, dim = ids.numel(), table_sizes.shape[0], weight.shape[1]
     key_dtype = torch.int32 if weight.shape[0] <= INT32_MAX else torch.int64
     s_ib, s_if = _id_strides(ids, bags)
     wide = needs_int64(ids, grad) or n_pos + config.rows_block > INT32_MAX
     blocks = plan(dim, config)
-    block_d, block_p, chunk = blocks.block_d, blocks.update_rows, blocks.update_chunk
+    block_d, warps = blocks.block_d, config.num_warps
     mean = pooling == "mean"
     n_ids = ids.shape[0] if bags else 0
     stochastic = weight.dtype in HALF_WEIGHT_DTYPES
-    steps = [((cdiv(n_pos, config.rows_block),), (n_pos, f_count, s_ib, s_if),
-              dict(BLOCK=config.rows_block, BAGS=bags, WIDE=wide, STOCHASTIC=stochastic, num_warps=config.num_warps),
-              1)]
-    flags = dict(D=dim, BLOCK_D=block_d, num_warps=config.num_warps)
+    rows_grid = (cdiv(n_pos, config.rows_block),)
+    steps = [(rows_grid, (n_pos, n_ids, f_count, s_ib, s_if),
+              dict(BLOCK=config.rows_block, BAGS=bags, MEAN=mean, WIDE=wide, STOCHASTIC=stochastic, num_warps=warps),
+              2)]
     atomic = optimizer == "sgd" and not deterministic and not stochastic  # atomics cannot round stochastically
-    n_chunks = cdiv(n_pos, block_p if atomic else chunk)
     if atomic:
-        steps.append(((n_chunks,), (n_pos, n_ids, f_count, *grad.stride()),
-                      dict(BLOCK_P=block_p, BAGS=bags, MEAN=mean, WIDE=wide, **flags), 2))
-    else:
-        code = _OPTIMIZER_CODE[optimizer]
-        steps.append(((n_chunks,), (n_pos, n_ids, f_count, *grad.stride(), float(eps)),
-                      dict(BLOCK_P=block_p, STEPS=blocks.update_steps, OPTIMIZER=code, BAGS=bags, MEAN=mean,
-                           WIDE=wide, **flags), 2))
-        # most carry programs read 3 keys and exit; a crossing run adds (carry_chunks, D) tiles: one warp
-        steps.append(((n_chunks,), (n_pos, n_chunks, float(eps)),
-                      dict(CHUNK=chunk, BLOCK_C=blocks.carry_chunks, OPTIMIZER=code, D=dim, BLOCK_D=block_d,
-                           num_warps=1), 2))
-    return n_pos, key_dtype, n_chunks, block_d, atomic, steps
+        block_p = max(1, config.update_elements // block_d)
+        steps.append(((cdiv(n_pos, block_p),), (n_pos, n_ids, f_count, *grad.stride()),
+                      dict(BLOCK_P=block_p, BAGS=bags, MEAN=mean, WIDE=wide, D=dim, BLOCK_D=block_d, num_warps=warps),
+                      2))
+        return UpdatePlan(n_pos, key_dtype, 0, block_d, True, tuple(steps))
+    chunk = config.update_chunk
+    for starts in (False, True):
+        steps.append((rows_grid, (n_pos,), dict(BLOCK=config.rows_block, CHUNK=chunk, STARTS=starts, num_warps=warps),
+                      1))
+    code = _OPTIMIZER_CODE[optimizer]
+    # a persistent grid: items are at most N, their count is known on the device only
+    programs = min(cdiv(n_pos, blocks.update_items), 8 * sm_count(weight.device))
+    steps.append(((max(programs, 1),), (n_pos, f_count, *grad.stride(), float(eps)),
+                  dict(D=dim, BLOCK_S=blocks.update_items, UNROLL=config.update_unroll, BLOCK_D=block_d, CHUNK=chunk,
+                       OPTIMIZER=code, SCALED=bags, num_warps=warps), 1))
+    n_chunks = cdiv(n_pos, chunk)
+    # most carry programs read 3 keys and exit; a segment crossing chunks adds (carry_chunks, D) tiles
+    steps.append(((n_chunks,), (n_pos, n_chunks, float(eps)),
+                  dict(CHUNK=chunk, BLOCK_C=blocks.carry_chunks, OPTIMIZER=code, D=dim, BLOCK_D=block_d,
+                       num_warps=warps), 2))
+    return UpdatePlan(n_pos, key_dtype, n_chunks, block_d, False, tuple(steps))
 
 
 @dataclass(frozen=True)
@@ -308,35 +328,46 @@ class UpdateTensors:
     offsets: torch.Tensor | None
 
 
-def _run_update(update_plan: tuple, entries: tuple | None, t: UpdateTensors) -> tuple:
+def _run_update(update_plan: UpdatePlan, entries: tuple | None, t: UpdateTensors) -> tuple:
     """The update's workspace and launches, in stream order: each kernel launched (``entries`` None: returns their
     entries) or relaunched from its entry (returns ``entries``)."""
-    n_pos, key_dtype, n_chunks, block_d, atomic, steps = update_plan
+    p = update_plan
     launched = []
 
     def run(i: int, kernel, tensors: tuple) -> None:
-        grid, scalars, constexprs, dynamic = steps[i]
+        grid, scalars, constexprs, dynamic = p.steps[i]
         if entries is None:
             launched.append(_step(kernel, grid, tensors, scalars, constexprs, dynamic)[0])
         else:
             relaunch(entries[i], grid, tensors, scalars)
 
-    weight, lr, offsets = t.weight, t.lr, t.offsets
+    weight, lr, offsets, device = t.weight, t.lr, t.offsets, t.weight.device
     state = t.state if t.state.numel() else weight  # sgd: no state (never read)
     seed = t.seed if t.seed is not None else lr  # fp32 weights: never read
-    keys = torch.empty(n_pos, dtype=key_dtype, device=weight.device)
-    bag = keys if offsets is None else _bag_of_positions(offsets, n_pos)
-    offsets_arg = keys if offsets is None else offsets
-    run(0, kernels.rows_kernel, (t.ids, bag, t.table_sizes, t.row_offsets, keys, seed))
-    if atomic:
-        run(1, kernels.atomic_sgd_kernel, (t.grad, keys, bag, offsets_arg, weight, lr))
-    else:
-        sorted_keys, perm = torch.sort(keys, stable=True)
-        head = torch.empty(n_chunks, block_d, dtype=torch.float32, device=weight.device)
-        tail = torch.empty_like(head)
-        run(1, kernels.segment_update_kernel, (sorted_keys, perm, t.grad, bag, offsets_arg, weight, state, lr, seed,
-                                               head, tail))
-        run(2, kernels.carry_update_kernel, (sorted_keys, head, tail, weight, state, lr, seed))
+    keys = torch.empty(p.n_pos, dtype=p.key_dtype, device=device)
+    bags = offsets is not None
+    bag = _bag_of_positions(offsets, p.n_pos) if bags else keys
+    scale = torch.empty(p.n_pos if bags else 0, dtype=torch.float32, device=device)
+    run(0, kernels.rows_kernel, (t.ids, bag, t.table_sizes, t.row_offsets, keys, offsets if bags else keys,
+                                 scale if bags else keys, seed))
+    if p.atomic:
+        run(1, kernels.atomic_sgd_kernel, (t.grad, keys, bag, offsets if bags else keys, weight, lr))
+        return entries if entries is not None else tuple(launched)
+    sorted_keys, perm = torch.sort(keys, stable=True)
+    flags = torch.empty(p.n_pos, dtype=torch.int32, device=device)
+    starts = torch.empty(p.n_pos + 1, dtype=torch.int64, device=device)
+    count = torch.empty(1, dtype=torch.int64, device=device)
+    run(1, kernels.items_kernel, (sorted_keys, flags, perm, starts, count))
+    number = torch.cumsum(flags, 0)
+    run(2, kernels.items_kernel, (sorted_keys, flags, number, starts, count))
+    # the gradient row and factor of each sorted position (one id per feature: the position is its bag)
+    src = bag[perm] if bags else perm
+    scale_sorted = scale[perm] if bags else lr
+    head = torch.empty(p.n_chunks, p.block_d, dtype=torch.float32, device=device)
+    tail = torch.empty_like(head)
+    run(3, kernels.item_update_kernel, (sorted_keys, src, scale_sorted, starts, count, t.grad, weight, state, lr, seed,
+                                        head, tail))
+    run(4, kernels.carry_update_kernel, (sorted_keys, head, tail, weight, state, lr, seed))
     return entries if entries is not None else tuple(launched)
 
 
@@ -344,8 +375,11 @@ def update_(t: UpdateTensors, pooling: str, optimizer: str, eps: float, determin
             config: EmbeddingConfig = DEFAULT_CONFIG) -> tuple | None:
     """Apply the optimizer update of the output gradient ``t.grad`` (B, F, D) to the rows the ids touched, in place.
 
-    Deterministic: global rows (int32 keys when R < 2^31) -> stable ``torch.sort`` -> segment kernel -> carry
-    kernel (5-8 launches, the sort's included; workspace: keys, sorted keys, permutation, 2 partial rows per chunk).
+    Deterministic: global rows (int32 keys when R < 2^31) -> stable ``torch.sort`` -> items numbered (runs of one
+    row cut at chunk starts: two passes and a cumsum) -> the item kernel (sums each item, applies whole segments)
+    -> the carry kernel (adds the pieces of segments longer than a chunk, in order, and applies them); about ten
+    launches, the sort's included; workspace: keys, sorted keys, permutation, flags, item numbers and starts, the
+    sorted sources, 2 partial rows per chunk.
     ``deterministic=False`` with ``sgd`` and an fp32 weight: one kernel of atomic adds, no sort (other optimizers
     and half-precision weights ignore the flag). No host synchronisation: every size comes from shapes. Returns a
     record for :func:`update_again` (None when nothing was launched or an index tensor was copied).
