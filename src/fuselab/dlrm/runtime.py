@@ -190,6 +190,17 @@ class StepProfiler:
                  f"traces: {directory / 'trace.json'} (Chrome), {directory / 'tensorboard'} (TensorBoard)")
 
 
+def step_profiler(directory: Path, device: torch.device, log, first_step: int, total_steps: int,
+                  periods: Sequence[int]) -> StepProfiler | None:
+    """The :class:`StepProfiler` of a run from ``first_step`` to ``total_steps`` whose periodic work comes every
+    ``periods`` steps (:func:`profile_window`); None, logged, when the run is too short to profile."""
+    window = profile_window(first_step, total_steps - first_step, periods)
+    if window is None:
+        log(f"profile: nothing recorded: {total_steps - first_step} step(s) to run, profiling needs 2")
+        return None
+    return StepProfiler(directory, device, log, window, first_step)
+
+
 class RateMeter:
     """Samples per second after ``warmup`` steps of this invocation (compilation and first-touch excluded)."""
 
