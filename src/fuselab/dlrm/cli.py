@@ -16,7 +16,7 @@ import os
 import sys
 from collections.abc import Callable
 
-from fuselab.core.console import guarded_console
+from fuselab.core.console import guarded_console, wrap_fields
 
 from . import cli_args
 from .config import DEFAULT_SYNTH_DIR
@@ -203,11 +203,12 @@ def _cmd_evaluate(args: argparse.Namespace) -> int:
     result = evaluate_checkpoint(args.checkpoint, args.data, split=args.split, batch_size=args.batch_size,
                                  device=args.device, max_batches=args.max_batches)
     best = result["best_auc"]
-    print(f"{result['checkpoint']} (step {result['step']}) on {result['data']} [{result['split']}, "
-          f"{result['samples']:,} rows]")
-    print(f"logloss {result['logloss']:.5f}   AUC {result['auc']:.5f}   accuracy {result['accuracy']:.5f}   "
-          f"calibration {result['calibration']:.4f} (mean prediction {result['mean_prediction']:.4f} / "
-          f"mean label {result['positive_rate']:.4f})" + (f"   generator's best AUC {best:.5f}" if best else ""))
+    print("\n".join(wrap_fields([f"{result['checkpoint']} (step {result['step']})", f"on {result['data']}",
+                                 f"[{result['split']}, {result['samples']:,} rows]"], sep=" ")))
+    fields = [f"logloss {result['logloss']:.5f}", f"AUC {result['auc']:.5f}", f"accuracy {result['accuracy']:.5f}",
+              f"calibration {result['calibration']:.4f} (mean prediction {result['mean_prediction']:.4f} / "
+              f"mean label {result['positive_rate']:.4f})"]
+    print("\n".join(wrap_fields(fields + ([f"generator's best AUC {best:.5f}"] if best else []))))
     if args.json:
         atomic_write_json(args.json, result, "--json file")
     return 0
