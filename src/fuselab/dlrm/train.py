@@ -50,13 +50,12 @@ def format_summary(summary: dict[str, Any], width: int | None = None) -> list[st
     where = f"{cfg['name']}, batch {cfg['batch_size']}, {cfg['optimizer']}, {summary['device']}"
     if summary.get("world_size", 1) > 1:
         where += f" x {summary['world_size']} ranks"
+    steps = [f"trained {ran} steps"]
     if summary["first_step"]:
-        steps = f"trained {ran} steps (steps {summary['first_step'] + 1}-{total} of the run; {total} in total)"
-    else:
-        steps = f"trained {ran} steps"
+        steps.append(f"(steps {summary['first_step'] + 1}-{total} of the run; {total} in total)")
     rate = summary["samples_per_s"]
     speed = f"{rate:,.0f} samples/s" if rate is not None else "too few steps to measure samples/s"
-    lines = wrap_fields([steps, f"({where})", f"in {summary['train_seconds']:.1f} s: {speed}"], width, sep=" ")
+    lines = wrap_fields([*steps, f"({where})", f"in {summary['train_seconds']:.1f} s: {speed}"], width, sep=" ")
     best = summary.get("best_auc")
     metrics = [f"{summary['eval_split']}: AUC {final['auc']:.4f}"]
     if best is not None:
