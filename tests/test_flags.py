@@ -11,7 +11,8 @@ from fuselab.cli import main
 
 BAD_FLAGS = [
     # fuselab dlrm train
-    (["dlrm", "train"], "--epochs", "inf"), (["dlrm", "train"], "--epochs", "nan"), (["dlrm", "train"], "--epochs", "0"),
+    (["dlrm", "train"], "--epochs", "inf"), (["dlrm", "train"], "--epochs", "nan"),
+    (["dlrm", "train"], "--epochs", "0"),
     (["dlrm", "train"], "--device", "tpu"), (["dlrm", "train"], "--device", "cuda:x"),
     (["dlrm", "train"], "--seed", "-1"), (["dlrm", "train"], "--time-budget", "-1"),
     (["dlrm", "train"], "--time-budget", "nan"), (["dlrm", "train"], "--steps", "-1"),

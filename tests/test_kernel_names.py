@@ -58,7 +58,8 @@ REAL_NAMES = {
     "at::native::(anonymous namespace)::fill_reverse_indices_kernel(long*, int, "
     "at::cuda::detail::IntDivider<unsigned int>)": "at::native::fill_reverse_indices_kernel",
     # names without templates stay as they are
-    "nvjet_sm90_tst_128x256_64x4_2x1_v_bz_coopA_relubias_TNN": "nvjet_sm90_tst_128x256_64x4_2x1_v_bz_coopA_relubias_TNN",
+    "nvjet_sm90_tst_128x256_64x4_2x1_v_bz_coopA_relubias_TNN":
+        "nvjet_sm90_tst_128x256_64x4_2x1_v_bz_coopA_relubias_TNN",
     "Memcpy DtoD (Device -> Device)": "Memcpy DtoD (Device -> Device)",
     "segment_update_kernel": "segment_update_kernel",
     "aten::linear": "aten::linear",

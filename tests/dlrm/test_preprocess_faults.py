@@ -118,4 +118,4 @@ def test_an_os_error_of_a_full_disk_is_named(tmp_path, capsys, monkeypatch):
     monkeypatch.setattr(tsv, "write_shard", full)
     code, _, err = _cli(["dlrm", "preprocess", str(src), "--out", str(tmp_path / "o"), "--quiet"], capsys)
     assert code == 2 and len(err.strip().splitlines()) == 1, err
-    assert f"{shard}: no space left on the device" in err and "free in" in err and "run the same command" in err
+    assert f"{shard}: No space left on device" in err and "free in" in err and "run the same command" in err

@@ -282,7 +282,10 @@ def main(argv: list[str] | None = None) -> int:
     configure_parser(parser)
     argv = list(sys.argv[1:] if argv is None else argv)
     with guarded_console():  # a closed pipe or a full disk under stdout/stderr never stops the work
-        args = parser.parse_args(argv)
+        try:
+            args = parser.parse_args(argv)
+        except SystemExit as stop:  # a bad flag (2, argparse's message printed) or --help (0)
+            return int(stop.code or 0)
         args.argv = ["dlrm", *argv]  # as the top-level command sees it (--nproc restarts `python -m fuselab ARGV`)
         return args.func(args)
 

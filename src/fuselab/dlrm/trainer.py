@@ -9,9 +9,8 @@ Interruption (:mod:`.interrupt`): while :meth:`Trainer.run` trains, SIGINT and S
 caught; the current step finishes, a checkpoint is written (to ``checkpoint_dir``, else ``<run_dir>/checkpoints``)
 and :class:`~fuselab.dlrm.interrupt.TrainingInterrupted` is raised with its path.
 
-Divergence (:mod:`.health`): the losses are checked where they are read anyway (the progress line, before an
-evaluation or a checkpoint, at the end), the weights before every checkpoint; a non-finite one raises
-:class:`~fuselab.dlrm.health.TrainingDiverged` and no checkpoint is written with such weights.
+Divergence (:mod:`.health`): losses are checked where they are read anyway, weights before every checkpoint; a
+non-finite one raises :class:`~fuselab.dlrm.health.TrainingDiverged`, and no checkpoint is written with it.
 """
 
 from __future__ import annotations
@@ -27,6 +26,7 @@ from typing import Any
 import torch
 
 from fuselab._io import writable_dir, writable_file
+from fuselab.core.flags import SECONDS
 
 from . import checkpoint as ckpt
 from . import health
@@ -103,6 +103,8 @@ class Trainer:
     # ------------------------------------------------------------------------------------------------ build
     def _check_outputs(self) -> None:
         o = self.opts
+        if o.time_budget is not None:
+            SECONDS.check(o.time_budget)  # ValueError: expected a finite number > 0
         if self.checkpoint_dir is not None:
             ckpt.check_checkpoint_dir(self.checkpoint_dir)
         if o.run_dir is not None:
@@ -118,10 +120,8 @@ class Trainer:
     def _clean_checkpoints(self) -> None:
         """Remove what killed checkpoint writes left in the checkpoint folder (temporary files)."""
         folder = self.interrupt_dir()
-        if folder.is_dir():
-            removed = ckpt.clean_checkpoint_dir(folder)
-            if removed:
-                self.log(f"removed {len(removed)} temporary file(s) of an interrupted checkpoint write in {folder}")
+        if folder.is_dir() and (removed := ckpt.clean_checkpoint_dir(folder)):
+            self.log(f"removed {len(removed)} temporary file(s) of an interrupted checkpoint write in {folder}")
 
     def build(self) -> Trainer:
         """Open the data, build hasher, model, optimizers, step, schedule and loaders."""

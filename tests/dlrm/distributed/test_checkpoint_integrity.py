@@ -112,7 +112,7 @@ def test_what_a_killed_save_left_is_removed(saved):
     (root / f".latest.{dead}.abcdefgh.tmp").write_text("step-00000006")
     (root / "notes.tmp").write_text("not ours")
     removed = dckpt.clean_root(root)
-    assert sorted(p.name for p in removed) == [".latest.{}.abcdefgh.tmp".format(dead), ".tmp-step-00000006"]
+    assert sorted(p.name for p in removed) == [f".latest.{dead}.abcdefgh.tmp", ".tmp-step-00000006"]
     assert sorted(p.name for p in root.iterdir()) == ["latest", "notes.tmp", "step-00000002", "step-00000004"]
 
 

@@ -48,8 +48,8 @@ def os_errors_as_path_errors(what: str) -> Iterator[None]:
         if err.errno in (errno.ENOSPC, errno.EDQUOT):
             folder = Path(err.filename).parent if err.filename else Path(".")
             free = shutil.disk_usage(folder).free if folder.is_dir() else 0
-            raise NoSpaceError(f"{what}{where}: no space left on the device ({fmt_bytes(free)} free in {folder})",
-                               None, free, folder) from None
+            raise NoSpaceError(f"{what}{where}: {err.strerror or 'no space left on the device'} ({fmt_bytes(free)} "
+                               f"free in {folder})", None, free, folder) from None
         raise PathError(f"{what}{where}: {err.strerror or err}") from None
 
 

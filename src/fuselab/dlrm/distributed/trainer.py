@@ -194,9 +194,10 @@ class DistributedTrainer(Trainer):
         """The first diverged step over every rank (one all-reduce)."""
         if self.ctx.world_size == 1:
             return step
-        flag = torch.tensor([step if step is not None else -1], device=self.device, dtype=torch.int64)
-        dist.all_reduce(flag, op=dist.ReduceOp.MAX, group=self.ctx.embedding_group)
-        return int(flag) if int(flag) >= 0 else None
+        none = 2**62
+        flag = torch.tensor([step if step is not None else none], device=self.device, dtype=torch.int64)
+        dist.all_reduce(flag, op=dist.ReduceOp.MIN, group=self.ctx.embedding_group)
+        return int(flag) if int(flag) != none else None
 
     def _latest_loss(self) -> float:
         """Rank 0's latest loss (several ranks: checked collectively, at the agreements of :meth:`_stopping`)."""
