@@ -18,6 +18,8 @@ from pathlib import Path
 
 from fuselab.bench.options import COMPARE_THRESHOLD, BenchOptions
 from fuselab.bench.spec import DTYPES, MODES
+from fuselab.core.console import guarded_console, make_console
+from fuselab.core.flags import POSITIVE_INT, Number
 
 _DEFAULTS = BenchOptions()
 
@@ -27,9 +29,7 @@ class CliError(Exception):
 
 
 def _console():
-    from rich.console import Console
-
-    return Console(width=None if sys.stdout.isatty() else 200, highlight=False)
+    return make_console()
 
 
 def _names(values: Sequence[str] | None) -> tuple[str, ...] | None:
@@ -179,8 +179,8 @@ def _compare_parser() -> argparse.ArgumentParser:
                                             "of different devices, timers or timing options are refused.")
     p.add_argument("a", metavar="A.json")
     p.add_argument("b", metavar="B.json")
-    p.add_argument("--threshold", type=float, default=COMPARE_THRESHOLD,
-                   help=f"relative slow-down that counts as a regression (default {COMPARE_THRESHOLD})")
+    p.add_argument("--threshold", type=Number(float, 0).parse, default=COMPARE_THRESHOLD,
+                   help=f"relative slow-down that counts as a regression (>= 0; default {COMPARE_THRESHOLD})")
     p.add_argument("--fail-on-regression", action="store_true", help="exit 1 when any regression is found")
     p.add_argument("--any-device", action="store_true",
                    help="compare runs of different devices, timers or timing options anyway (with a warning)")
@@ -198,7 +198,7 @@ def _profile_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--shape", help="case label, e.g. n=2^24 (default: the op's first quick case)")
     p.add_argument("--dtype", choices=list(DTYPES), default="fp32")
     p.add_argument("--mode", choices=list(MODES), default="fwd")
-    p.add_argument("--steps", type=int, default=10, help="profiled calls (after 3 warm-up calls)")
+    p.add_argument("--steps", type=POSITIVE_INT.parse, default=10, help="profiled calls (after 3 warm-up calls)")
     p.add_argument("--trace", metavar="FILE", help="write a Chrome trace (JSON) here")
     p.add_argument("--out", metavar="DIR", help="where Inductor's source goes (default: next to the trace)")
     p.set_defaults(func=cmd_profile)
@@ -238,6 +238,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     from fuselab.envinfo import enable_interpreter_if_no_cuda
 
     enable_interpreter_if_no_cuda()  # before anything imports triton
+    with guarded_console():  # a closed pipe or a full disk under stdout/stderr never stops the work
+        return _run(argv)
+
+
+def _run(argv: list[str]) -> int:
     if argv[:2] == ["bench", "compare"]:
         parser = _compare_parser()
         args = parser.parse_args(argv[2:])
@@ -248,7 +253,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         return int(args.func(args) or 0)
     except CliError as e:
-        parser.exit(2, f"{parser.prog}: error: {e}\n")
+        print(f"{parser.prog}: error: {e}", file=sys.stderr)
+        return 2
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)
         return 130

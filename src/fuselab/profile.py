@@ -33,6 +33,7 @@ import torch
 from rich.table import Table
 
 from fuselab._io import PathError, atomic_write_text, writable_dir, writable_file
+from fuselab.bench.kernel_names import short_kernel_name
 
 STEP_RANGE = "fuselab::step"
 
@@ -99,20 +100,40 @@ def kernel_table(prof: torch.profiler.profile, device: bool | None = None) -> li
     return sorted(rows, key=lambda r: r.total_us, reverse=True)
 
 
+def _unique_short_names(rows: Sequence[KernelRow]) -> list[str]:
+    """:func:`short_kernel_name` of each row; a name that repeats gets `` #2``, `` #3``..."""
+    seen: dict[str, int] = {}
+    names = []
+    for r in rows:
+        short = short_kernel_name(r.name)
+        seen[short] = seen.get(short, 0) + 1
+        names.append(short if seen[short] == 1 else f"{short} #{seen[short]}")
+    return names
+
+
+def kernel_rows_json(rows: Sequence[KernelRow], steps: int = 1) -> list[dict[str, Any]]:
+    """The rows as JSON records: the full (demangled) ``name``, the table's ``short_name``, the figures per unit."""
+    steps = max(steps, 1)
+    return [{"name": r.name, "short_name": short, "calls_per_unit": r.calls / steps, "us_per_unit": r.total_us / steps,
+             "us_per_call": r.avg_us, "percent": r.percent} for r, short in zip(rows, _unique_short_names(rows))]
+
+
 def render_kernel_table(rows: Sequence[KernelRow], title: str = "kernels", device: bool = True,
                         steps: int = 1, limit: int | None = 30, unit: str = "call", caption: str = "") -> Table:
     """A rich table of :func:`kernel_table` rows of a profile over ``steps`` repetitions of one ``unit`` (a call of
-    an op, a training step), in the rows' order: calls per unit, time per unit, time per call, share of the
-    total. ``limit`` rows at most (None: all); ``caption`` is added below the table's own caption."""
+    an op, a training step), in the rows' order: the kernel's short name (:func:`short_kernel_name`, one line;
+    the full name is in the trace), calls per unit, time per unit, time per call, share of the total. ``limit``
+    rows at most (None: all); ``caption`` is added below the table's own caption."""
     what = "device time" if device else "CPU time"
     steps = max(steps, 1)
     note = f"averages over {steps} {unit}{'s' if steps > 1 else ''}; {what}; share: of the total {what} in the profile"
     table = Table(title=title, caption=note + (f"\n{caption}" if caption else ""), caption_justify="left")
-    table.add_column("kernel" if device else "CPU op", overflow="fold")
+    table.add_column("kernel" if device else "CPU op", no_wrap=True, overflow="ellipsis")
     for col in (f"calls per {unit}", f"{what} per {unit}", "per call", "share"):
         table.add_column(col, justify="right", no_wrap=True)
-    for r in rows[:limit] if limit else rows:
-        table.add_row(r.name, f"{r.calls / steps:g}", f"{r.total_us / steps:.1f} µs", f"{r.avg_us:.2f} µs",
+    shown = rows[:limit] if limit else rows
+    for r, short in zip(shown, _unique_short_names(shown)):
+        table.add_row(short, f"{r.calls / steps:g}", f"{r.total_us / steps:.1f} µs", f"{r.avg_us:.2f} µs",
                       f"{r.percent:.1f}%")
     if limit and len(rows) > limit:
         table.add_row(f"... {len(rows) - limit} more", "", "", "", "")

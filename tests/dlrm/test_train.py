@@ -34,7 +34,8 @@ def test_periodic_checkpoints_are_atomic_and_pruned(synth_dir, tmp_path):
     cfg = load_config("tiny", ["steps=9", "checkpoint_every=3", "batch_size=4096", "eval_batches=1"])
     train(cfg, synth_dir, checkpoint_dir=tmp_path, progress=False, log=_quiet)
     names = sorted(p.name for p in tmp_path.iterdir())
-    assert names == ["ckpt-00000006.pt", "ckpt-00000009.pt", "latest.json"]  # keep=2, no temp files left
+    assert names == ["ckpt-00000006.json", "ckpt-00000006.pt", "ckpt-00000009.json", "ckpt-00000009.pt",
+                     "latest.json"]  # keep=2 (each with its manifest), no temp files left
     with pytest.raises(FileNotFoundError):
         train(cfg, synth_dir, resume=tmp_path / "missing.pt", progress=False, log=_quiet)
 

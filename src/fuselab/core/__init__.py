@@ -5,4 +5,6 @@ build on, importing nothing else of fuselab but :mod:`fuselab.backend`.
 * :mod:`fuselab.core.rope_math`: RoPE's inverse frequencies and amplitude (base, scaling), and cos/sin tables.
 * :mod:`fuselab.core.device`: facts of a device that plans read (SM count, DRAM bandwidth, TMA), offsets.
 * :mod:`fuselab.core.compile`: ``torch.compile`` without torch's own deprecation notices.
+* :mod:`fuselab.core.flags`: the values a command-line flag or config field may take (checked where parsed).
+* :mod:`fuselab.core.console`: the console's width, and output streams whose failure never stops the work.
 """

@@ -32,8 +32,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from fuselab.core.flags import DEVICE, Number, OneOf
+
 CONFIG_DIR = Path(__file__).with_name("configs")
-PRESETS = ("tiny", "kaggle", "mlperf-v1", "mlperf-v2")
+#: the configs shipped in CONFIG_DIR, by name (what ``--config`` accepts besides a .json/.toml file)
+PRESETS = tuple(sorted(p.stem for p in CONFIG_DIR.glob("*.json")))
 NUM_DENSE = 13
 #: directory of the synthetic dataset ``fuselab dlrm train`` makes when given no data
 DEFAULT_SYNTH_DIR = "runs/dlrm/synth-tiny"
@@ -109,40 +112,21 @@ class DLRMConfig:
                 self.lr_sparse = float(rates[1])
 
     def validate(self) -> DLRMConfig:
+        """Every field against its rule (:data:`FIELD_RULES`), then the rules between fields; ``ValueError``
+        naming the config and the field."""
         def bad(what: str) -> ValueError:
             return ValueError(f"config {self.name!r}: {what}")
 
-        if self.embedding_dim <= 0:
-            raise bad(f"embedding_dim must be positive, got {self.embedding_dim}")
-        if not self.bottom_mlp or any(int(w) <= 0 for w in self.bottom_mlp):
-            raise bad(f"bottom_mlp must be a non-empty list of positive widths, got {self.bottom_mlp}")
+        for key in FIELD_RULES:
+            try:
+                _check_rule(key, getattr(self, key))
+            except ValueError as err:
+                raise bad(f"{key}: {err}") from None
         if self.interaction in ("dot", "dcn") and self.bottom_mlp[-1] != self.embedding_dim:
             raise bad(f"bottom_mlp must end at embedding_dim={self.embedding_dim} for the {self.interaction} "
                       f"interaction, got {self.bottom_mlp}")
-        if self.interaction == "dcn" and (self.dcn_num_layers < 1 or self.dcn_low_rank < 1):
-            raise bad(f"dcn_num_layers and dcn_low_rank must be >= 1, got {self.dcn_num_layers}, "
-                      f"{self.dcn_low_rank}")
-        for key in ("multi_hot_sizes", "cardinalities"):
-            value = getattr(self, key)
-            if value is not None and (not value or any(int(n) < 1 for n in value)):
-                raise bad(f"{key} must be null or a non-empty list of positive ints, got {value}")
-        if not self.top_mlp or self.top_mlp[-1] != 1 or any(int(w) <= 0 for w in self.top_mlp):
+        if self.top_mlp[-1] != 1:
             raise bad(f"top_mlp must be positive widths ending in 1, got {self.top_mlp}")
-        choices = {"interaction": ("dot", "cat", "dcn"), "hashing": ("modulus", "vocab"), "optimizer": OPTIMIZERS,
-                   "pooling": ("sum", "mean"),
-                   "embedding_layout": ("fused", "per_table"), "shuffle": ("batch", "row", "none"),
-                   "kernels": ("auto", "fuselab", "torch"), "precision": ("fp32", "tf32", "bf16"),
-                   "embedding_dtype": ("fp32", "fp16", "bf16")}
-        for key, allowed in choices.items():
-            if getattr(self, key) not in allowed:
-                raise bad(f"{key} must be one of {allowed}, got {getattr(self, key)!r}")
-        for key in ("batch_size", "eval_batch_size"):
-            if getattr(self, key) <= 0:
-                raise bad(f"{key} must be positive, got {getattr(self, key)}")
-        if self.max_rows_per_table is not None and self.max_rows_per_table <= 0:
-            raise bad(f"max_rows_per_table must be positive or null, got {self.max_rows_per_table}")
-        if self.steps is not None and self.steps < 0:
-            raise bad(f"steps must be >= 0, got {self.steps}")
         self._validate_learning(bad)
         if self.embedding_dtype != "fp32" and (self.kernels == "torch" or self.embedding_layout != "fused"):
             raise bad(f"embedding_dtype={self.embedding_dtype} needs fuselab's embedding collection (kernels fuselab "
@@ -150,10 +134,6 @@ class DLRMConfig:
                       f"embedding_layout={self.embedding_layout}")
         if self.compile and self.cuda_graph:
             raise bad("compile and cuda_graph are exclusive (the CUDA-graph step is captured eagerly)")
-        if self.row_wise_share is not None and not self.row_wise_share > 0:
-            raise bad(f"row_wise_share must be positive or null, got {self.row_wise_share}")
-        if self.checkpoint_every < 0 or self.eval_every < 0 or self.eval_batches < 0:
-            raise bad("checkpoint_every, eval_every and eval_batches must be >= 0")
         return self
 
     def _validate_learning(self, bad) -> None:
@@ -163,15 +143,6 @@ class DLRMConfig:
         if self.lr_dense is None or self.lr_sparse is None:
             raise bad(f"no learning rates for optimizer {self.optimizer!r}: set lr_dense and lr_sparse or "
                       f"learning_rates.{self.optimizer}")
-        if self.epochs < 0 or self.lr_dense < 0 or self.lr_sparse < 0:
-            raise bad("epochs and learning rates must be >= 0")
-        if not self.adagrad_eps > 0:
-            raise bad(f"adagrad_eps must be positive, got {self.adagrad_eps}")
-        for key in ("warmup_steps", "decay_start_step", "decay_steps"):
-            if getattr(self, key) < 0:
-                raise bad(f"{key} must be >= 0, got {getattr(self, key)}")
-        if not self.decay_power > 0:
-            raise bad(f"decay_power must be positive, got {self.decay_power}")
         if self.decay_steps and self.decay_start_step < self.warmup_steps:
             raise bad(f"decay_start_step ({self.decay_start_step}) must not come before the end of the warm-up "
                       f"(warmup_steps={self.warmup_steps})")
@@ -181,6 +152,48 @@ class DLRMConfig:
 
 
 _FIELDS = {f.name: f for f in dataclasses.fields(DLRMConfig)}
+
+_POSITIVE, _COUNT = Number(int, 1), Number(int, 0)
+_RATE, _ABOVE_ZERO = Number(float, 0), Number(float, 0, low_open=True)
+#: what each field may hold (a list field: each element; None is always allowed where the field's type allows it);
+#: the same rules check ``--set``, the named flags of ``fuselab dlrm train`` and config files
+FIELD_RULES: dict[str, Any] = {
+    "embedding_dim": _POSITIVE, "bottom_mlp": _POSITIVE, "top_mlp": _POSITIVE, "dcn_num_layers": _POSITIVE,
+    "dcn_low_rank": _POSITIVE, "multi_hot_sizes": _POSITIVE, "cardinalities": _POSITIVE,
+    "max_rows_per_table": _POSITIVE, "batch_size": _POSITIVE, "eval_batch_size": _POSITIVE,
+    "lr_dense": _RATE, "lr_sparse": _RATE, "adagrad_eps": _ABOVE_ZERO, "warmup_steps": _COUNT,
+    "decay_start_step": _COUNT, "decay_steps": _COUNT, "decay_power": _ABOVE_ZERO, "epochs": _ABOVE_ZERO,
+    "steps": _COUNT, "eval_every": _COUNT, "eval_batches": _COUNT, "seed": Number(int, 0, 2**63 - 1),
+    "prefetch": _COUNT, "checkpoint_every": _COUNT, "row_wise_share": _ABOVE_ZERO, "device": DEVICE,
+    "interaction": OneOf(("dot", "cat", "dcn")), "hashing": OneOf(("modulus", "vocab")),
+    "optimizer": OneOf(OPTIMIZERS), "pooling": OneOf(("sum", "mean")),
+    "embedding_layout": OneOf(("fused", "per_table")), "shuffle": OneOf(("batch", "row", "none")),
+    "kernels": OneOf(("auto", "fuselab", "torch")), "precision": OneOf(("fp32", "tf32", "bf16")),
+    "embedding_dtype": OneOf(("fp32", "fp16", "bf16")),
+}
+
+
+def _check_rule(key: str, value: Any) -> None:
+    rule = FIELD_RULES.get(key)
+    if rule is None or value is None:
+        return
+    if isinstance(value, list):
+        if not value:
+            raise ValueError("expected a non-empty list")
+        for item in value:
+            rule.check(item)
+    else:
+        rule.check(value)
+
+
+def check_field(key: str, value: Any) -> Any:
+    """``value`` of field ``key`` against :data:`FIELD_RULES` (lists element by element; a list field must not be
+    empty); returns it, or raises ``ValueError`` naming the field and what it expects."""
+    try:
+        _check_rule(key, value)
+    except ValueError as err:
+        raise ValueError(f"config field {key!r}: {err}") from None
+    return value
 
 
 #: older field names still read: name -> function of the value giving (field, value)
@@ -199,7 +212,7 @@ def _coerce_item(key: str, value: Any) -> tuple[str, Any]:
     """(field, value) of a config entry: aliases resolved, the value coerced to the field's type."""
     if key in _ALIASES:
         key, value = _ALIASES[key](value)
-    return key, _coerce(key, value)
+    return key, check_field(key, _coerce(key, value))
 
 
 def _coerce(key: str, value: Any) -> Any:

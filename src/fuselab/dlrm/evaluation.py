@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
@@ -9,7 +10,7 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from .checkpoint import load_checkpoint, resolve_checkpoint
+from .checkpoint import open_checkpoint
 from .config import check_layout, config_from_dict
 from .data.batch import Batch
 from .data.loader import BatchLoader, CriteoDataset, Hasher, kaggle_split, load_vocabs, open_dataset
@@ -63,16 +64,23 @@ def split_rows(ds: CriteoDataset, split: str) -> tuple[int, int]:
     return kaggle_split(len(ds))[split]
 
 
+def _warn(message: str) -> None:
+    print(f"fuselab dlrm: {message}", file=sys.stderr)
+
+
 def evaluate_checkpoint(checkpoint: str | Path, data: str | Path, split: str = "test", batch_size: int = 65536,
-                        device: str | None = None, max_batches: int = 0) -> dict[str, Any]:
+                        device: str | None = None, max_batches: int = 0,
+                        log: Callable[[str], Any] = _warn) -> dict[str, Any]:
     """Metrics of a checkpoint's model on a split of a dataset (logloss, AUC, accuracy, calibration, ...).
 
-    ``checkpoint`` is a file or a checkpoint folder (its latest). Raises ``ValueError`` when the dataset's table
-    sizes differ from the checkpoint's, ``FileNotFoundError``/``PathError`` for missing or corrupt files.
+    ``checkpoint`` is a file or a checkpoint folder (its latest), checked against its manifest before it is read.
+    Raises ``ValueError`` when the dataset's table sizes differ from the checkpoint's,
+    :class:`~fuselab.dlrm.integrity.DamagedCheckpoint` (a ``ValueError`` naming the file) for a damaged checkpoint,
+    ``FileNotFoundError``/``PathError`` for missing or corrupt files; ``log`` gets the warnings (a checkpoint
+    without a manifest is loaded unchecked).
     """
-    path = resolve_checkpoint(checkpoint, None)
     dev = resolve_device(device)
-    state = load_checkpoint(path, map_location=dev)
+    path, state = open_checkpoint(checkpoint, log=log, map_location=dev)
     cfg = config_from_dict(state["config"])
     ds = open_dataset(data)
     sizes = list(state["table_sizes"])

@@ -6,8 +6,11 @@ The ONNX graph takes ``dense`` [B, 13] float32 (already log-transformed, as in t
 work; with ``hashing="vocab"`` ``sparse`` must already be vocabulary rows (the vocabulary lookup, a sorted search,
 stays outside the graph). B is a dynamic axis.
 
-The output path is checked before the checkpoint is read; the file is exported to a temporary name beside it,
-checked, then renamed over it with the usual permissions, so a failed export leaves no partial file.
+The output is one self-contained ``.onnx`` file when the model's weights fit ONNX's 2 GB protobuf limit
+(:data:`ONNX_LIMIT_BYTES`), else the graph in ``FILE`` and the weights in ``FILE.data`` beside it (the two load
+together). The output path is checked before the checkpoint is read (and the checkpoint against its manifest);
+the files are exported to a temporary folder beside the output, checked, then renamed into place with the usual
+permissions, so a failed export leaves no partial file.
 """
 
 from __future__ import annotations
@@ -16,10 +19,12 @@ import contextlib
 import logging
 import os
 import shutil
+import sys
 import tempfile
 import warnings
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import torch
@@ -27,7 +32,7 @@ from torch import Tensor, nn
 
 from fuselab._io import PathError, writable_file
 
-from .checkpoint import load_checkpoint, resolve_checkpoint
+from .checkpoint import open_checkpoint
 from .config import DLRMConfig, config_from_dict
 from .data.textin import os_errors_as_path_errors
 from .layout import torch_model_from_state
@@ -54,9 +59,20 @@ class ExportedDLRM(nn.Module):
         return logits, torch.sigmoid(logits)
 
 
-def model_from_checkpoint(path: str | Path) -> tuple[ExportedDLRM, DLRMConfig]:
-    """Rebuild the model of a checkpoint file (or checkpoint directory: its latest), in eval mode."""
-    state = load_checkpoint(resolve_checkpoint(path, None))
+#: the largest ONNX file protobuf can hold; a model whose weights (and a margin for the graph) pass it is written
+#: with its weights in a separate ``.data`` file
+ONNX_LIMIT_BYTES = 2**31
+_GRAPH_MARGIN_BYTES = 64 << 20
+
+
+def _warn(message: str) -> None:
+    print(f"fuselab dlrm: {message}", file=sys.stderr)
+
+
+def model_from_checkpoint(path: str | Path, log: Callable[[str], Any] = _warn) -> tuple[ExportedDLRM, DLRMConfig]:
+    """Rebuild the model of a checkpoint file (or checkpoint directory: its latest), checked against its manifest,
+    in eval mode; ``log`` gets the warnings."""
+    _, state = open_checkpoint(path, log=log)
     cfg = config_from_dict(state["config"])
     model = torch_model_from_state(cfg, list(state["table_sizes"]), state)
     return ExportedDLRM(model.eval(), state["table_sizes"], cfg.hashing, cfg.multi_hot_sizes).eval(), cfg
@@ -114,7 +130,8 @@ def _quiet_exporter() -> Iterator[None]:
 
 def export_onnx(checkpoint: str | Path, out: str | Path, batch_size: int = 4, opset: int = 18,
                 check: bool = True) -> Path:
-    """Export the checkpoint's model to ``out``; with ``check``, compare onnxruntime with PyTorch.
+    """Export the checkpoint's model to ``out`` (one file under :data:`ONNX_LIMIT_BYTES`, else ``out`` and
+    ``out.data``); with ``check``, compare onnxruntime with PyTorch.
 
     Raises :class:`fuselab._io.PathError` (a ``ValueError`` naming the path) when ``out`` cannot be written,
     before the checkpoint is read, and ``ValueError`` when logits or probabilities differ by more than 1e-4
@@ -124,6 +141,8 @@ def export_onnx(checkpoint: str | Path, out: str | Path, batch_size: int = 4, op
         exported, _ = model_from_checkpoint(checkpoint)
     example = _example(exported.sizes.tolist(), batch_size)
     batch = torch.export.Dim("batch")
+    weights = sum(t.numel() * t.element_size() for t in exported.state_dict().values())
+    external = weights + _GRAPH_MARGIN_BYTES >= ONNX_LIMIT_BYTES
     try:
         staging = Path(tempfile.mkdtemp(dir=out.parent, prefix=f".{out.name}."))
     except OSError as err:
@@ -133,7 +152,7 @@ def export_onnx(checkpoint: str | Path, out: str | Path, batch_size: int = 4, op
         with _quiet_exporter():
             torch.onnx.export(exported, example, tmp, input_names=["dense", "sparse"],
                               output_names=["logits", "probabilities"], opset_version=opset, dynamo=True,
-                              dynamic_shapes=({0: batch}, {0: batch}), verbose=False)
+                              dynamic_shapes=({0: batch}, {0: batch}), verbose=False, external_data=external)
         if check:
             err = check_onnx(tmp, exported)  # loads <name>.data from the staging folder
             if err > 1e-4:

@@ -13,8 +13,9 @@ from pathlib import Path
 
 import torch
 
-from fuselab._io import atomic_write, atomic_write_text
-from fuselab.profile import kernel_table, quiet_profiler, render_kernel_table
+from fuselab._io import atomic_write, atomic_write_json, atomic_write_text
+from fuselab.core.console import console_width
+from fuselab.profile import kernel_rows_json, kernel_table, quiet_profiler, render_kernel_table
 
 from .config import DEFAULT_SYNTH_DIR
 
@@ -123,7 +124,12 @@ def profile_window(first_step: int, steps_left: int, periods: Sequence[int] = ()
     return ProfileWindow(min(wait, steps_left - warmup - recorded), warmup, recorded, clean=False)
 
 
-def _kernel_table_text(rows, device: torch.device, steps: range, clean: bool, limit: int | None) -> str:
+#: columns of the per-kernel table written to ``kernels.txt`` (the terminal's copy takes the console's width)
+TABLE_FILE_WIDTH = 120
+
+
+def _kernel_table_text(rows, device: torch.device, steps: range, clean: bool, limit: int | None,
+                       width: int) -> str:
     from rich.console import Console
 
     on_gpu = device.type == "cuda"
@@ -132,7 +138,7 @@ def _kernel_table_text(rows, device: torch.device, steps: range, clean: bool, li
     title = f"DLRM training {which}: {'GPU kernels' if on_gpu else 'CPU ops'} per step"
     table = render_kernel_table(rows, title=title, device=on_gpu, steps=len(steps), limit=limit, unit="step",
                                 caption=caption)
-    console = Console(file=io.StringIO(), width=150, record=True)
+    console = Console(file=io.StringIO(), width=width, record=True)
     console.print(table)
     return console.export_text()
 
@@ -141,8 +147,9 @@ class StepProfiler:
     """``torch.profiler`` over the training steps of a :class:`ProfileWindow`, used as ``with``, with
     :meth:`step` called after every training step. When the window closes it writes into ``directory``:
     ``kernels.txt`` (every kernel of one step on CUDA, every top-level CPU op on CPU: calls and time per step,
-    time per call, share; largest first), ``trace.json`` (Chrome trace) and ``tensorboard/``, and logs the
-    table's top rows and the paths. Kineto's ``USDT:`` lines are dropped from stderr (other output is kept)."""
+    time per call, share; largest first; short kernel names, one line each), ``kernels.json`` (the same rows with
+    the full demangled names), ``trace.json`` (Chrome trace) and ``tensorboard/``, and logs the table's top rows
+    and the paths. Kineto's ``USDT:`` lines are dropped from stderr (other output is kept)."""
 
     def __init__(self, directory: Path, device: torch.device, log, window: ProfileWindow, first_step: int):
         from torch.profiler import ProfilerActivity, profile, schedule, tensorboard_trace_handler
@@ -184,10 +191,24 @@ class StepProfiler:
             atomic_write(directory / "trace.json", lambda f: shutil.copyfileobj(src, f), "profiler trace")
         rows = kernel_table(prof, device=self.device.type == "cuda")
         table = directory / "kernels.txt"
-        atomic_write_text(table, _kernel_table_text(rows, self.device, steps, self.window.clean, None), "kernel table")
-        self.log(_kernel_table_text(rows, self.device, steps, self.window.clean, 15))
+        atomic_write_text(table, _kernel_table_text(rows, self.device, steps, self.window.clean, None,
+                                                    TABLE_FILE_WIDTH), "kernel table")
+        atomic_write_json(directory / "kernels.json", {"steps": [steps.start, steps.stop - 1],
+                                                       "rows": kernel_rows_json(rows, len(steps))}, "kernel table")
+        self.log(_kernel_table_text(rows, self.device, steps, self.window.clean, 15, console_width()))
         self.log(f"profile: per-{'kernel' if self.device.type == 'cuda' else 'op'} table of one step: {table}; "
                  f"traces: {directory / 'trace.json'} (Chrome), {directory / 'tensorboard'} (TensorBoard)")
+
+
+def step_profiler(directory: Path, device: torch.device, log, first_step: int, total_steps: int,
+                  periods: Sequence[int]) -> StepProfiler | None:
+    """The :class:`StepProfiler` of a run from ``first_step`` to ``total_steps`` whose periodic work comes every
+    ``periods`` steps (:func:`profile_window`); None, logged, when the run is too short to profile."""
+    window = profile_window(first_step, total_steps - first_step, periods)
+    if window is None:
+        log(f"profile: nothing recorded: {total_steps - first_step} step(s) to run, profiling needs 2")
+        return None
+    return StepProfiler(directory, device, log, window, first_step)
 
 
 class RateMeter:

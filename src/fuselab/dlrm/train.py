@@ -11,6 +11,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from fuselab.core.console import wrap_fields
+
 from .config import DLRMConfig
 from .data.datasets import CriteoDataset
 from .distributed.trainer import DistributedTrainer
@@ -40,27 +42,31 @@ def train(cfg: DLRMConfig, data: str | Path | CriteoDataset | None = None, *, br
     return Trainer(cfg, data, options, log=log).run()
 
 
-def format_summary(summary: dict[str, Any]) -> list[str]:
-    """The summary as lines of text: steps of this invocation and of the run, rate, final metrics."""
+def format_summary(summary: dict[str, Any], width: int | None = None) -> list[str]:
+    """The summary as lines of text of at most ``width`` columns (default: the console's,
+    :func:`fuselab.core.console.console_width`): steps of this invocation and of the run, rate, final metrics."""
     cfg, final = summary["config"], summary["final"]
     ran, total = summary["steps_this_run"], summary["steps"]
     where = f"{cfg['name']}, batch {cfg['batch_size']}, {cfg['optimizer']}, {summary['device']}"
     if summary.get("world_size", 1) > 1:
         where += f" x {summary['world_size']} ranks"
+    steps = [f"trained {ran} steps"]
     if summary["first_step"]:
-        steps = f"trained {ran} steps (steps {summary['first_step'] + 1}-{total} of the run; {total} in total)"
-    else:
-        steps = f"trained {ran} steps"
+        steps.append(f"(steps {summary['first_step'] + 1}-{total} of the run; {total} in total)")
     rate = summary["samples_per_s"]
     speed = f"{rate:,.0f} samples/s" if rate is not None else "too few steps to measure samples/s"
-    lines = [f"{steps} ({where}) in {summary['train_seconds']:.1f} s: {speed}"]
+    lines = wrap_fields([*steps, f"({where})", f"in {summary['train_seconds']:.1f} s: {speed}"], width, sep=" ")
     best = summary.get("best_auc")
-    gap = f"   generator's best AUC {best:.4f} (gap {best - final['auc']:.4f})" if best is not None else ""
-    lines.append(f"{summary['eval_split']}: AUC {final['auc']:.4f}{gap}   logloss {final['logloss']:.4f}   "
-                 f"accuracy {final['accuracy']:.4f}   calibration {final['calibration']:.3f}")
+    metrics = [f"{summary['eval_split']}: AUC {final['auc']:.4f}"]
+    if best is not None:
+        metrics.append(f"generator's best AUC {best:.4f} (gap {best - final['auc']:.4f})")
+    metrics += [f"logloss {final['logloss']:.4f}", f"accuracy {final['accuracy']:.4f}",
+                f"calibration {final['calibration']:.3f}"]
+    lines += wrap_fields(metrics, width)
     if "breakdown_ms" in summary:
-        parts = "  ".join(f"{k} {v:.2f}" for k, v in summary["breakdown_ms"].items())
-        lines.append(f"step time (ms, synchronized): {parts}   total {sum(summary['breakdown_ms'].values()):.2f}")
+        parts = [f"{k} {v:.2f}" for k, v in summary["breakdown_ms"].items()]
+        lines += wrap_fields(["step time (ms, synchronized):", *parts,
+                              f"total {sum(summary['breakdown_ms'].values()):.2f}"], width, sep="  ")
     return lines
 
 

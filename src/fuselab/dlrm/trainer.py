@@ -5,9 +5,12 @@ rate on the step (:mod:`.schedule`); so a run resumed from a checkpoint at step 
 uninterrupted run from step k on (bitwise on CPU; on CUDA up to the non-determinism of atomics in the embedding
 backward).
 
-Interruption: while :meth:`Trainer.run` trains, SIGINT and SIGTERM (main thread only) are caught; the current step
-finishes, a checkpoint is written (to ``checkpoint_dir``, else ``<run_dir>/checkpoints``) and
-:class:`TrainingInterrupted` is raised with its path. A second signal a second or more later interrupts at once.
+Interruption (:mod:`.interrupt`): while :meth:`Trainer.run` trains, SIGINT and SIGTERM (main thread only) are
+caught; the current step finishes, a checkpoint is written (to ``checkpoint_dir``, else ``<run_dir>/checkpoints``)
+and :class:`~fuselab.dlrm.interrupt.TrainingInterrupted` is raised with its path.
+
+Divergence (:mod:`.health`): losses are checked where they are read anyway, weights before every checkpoint; a
+non-finite one raises :class:`~fuselab.dlrm.health.TrainingDiverged`, and no checkpoint is written with it.
 """
 
 from __future__ import annotations
@@ -15,8 +18,6 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import math
-import signal
-import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -25,13 +26,16 @@ from typing import Any
 import torch
 
 from fuselab._io import writable_dir, writable_file
+from fuselab.core.flags import SECONDS
 
 from . import checkpoint as ckpt
+from . import health
 from .config import DEFAULT_RUN_DIR, DLRMConfig, check_layout, table_sizes
 from .data.batch import Batch
 from .data.device import DeviceBatches
 from .data.loader import BatchLoader, CriteoDataset, Hasher, kaggle_split, load_vocabs, open_dataset
 from .evaluation import best_auc, evaluate
+from .interrupt import SignalCatcher, TrainingInterrupted
 from .model import DLRM
 from .optim import Optimizers
 from .runtime import (
@@ -39,22 +43,13 @@ from .runtime import (
     RateMeter,
     StepProfiler,
     default_dataset,
-    profile_window,
     progress_bar,
     resolve_device,
     resolve_kernels,
+    step_profiler,
 )
 from .schedule import LRSchedule
 from .step import TrainStep
-
-
-class TrainingInterrupted(Exception):
-    """Training stopped by a signal after a checkpoint was written; ``exit_code`` is 128 + the signal number."""
-
-    def __init__(self, signum: int, step: int, checkpoint: Path):
-        self.signum, self.step, self.checkpoint = signum, step, checkpoint
-        self.exit_code = 128 + signum
-        super().__init__(f"interrupted by {signal.Signals(signum).name} at step {step}; checkpoint {checkpoint}")
 
 
 @dataclass
@@ -80,10 +75,6 @@ class Trainer:
     ``options`` is checked when the trainer is created, before the data is opened (``PathError`` naming it).
     """
 
-    #: a second signal at least this long after the first stops at once (sooner: the same one, delivered by the
-    #: terminal and by a launcher such as torchrun)
-    SIGNAL_REPEAT_S = 1.0
-
     def __init__(self, cfg: DLRMConfig, data: str | Path | CriteoDataset | None = None,
                  options: RunOptions | None = None, log=print):
         self.cfg = cfg.validate()
@@ -103,12 +94,17 @@ class Trainer:
         self.first_step = 0
         self.losses: list[torch.Tensor] = []
         self.evals: list[dict[str, Any]] = []
-        self._signal: int | None = None
+        self.signals = SignalCatcher()
         self._out_of_time = False
+        self.finite = health.FiniteWatch()
+        #: the last checkpoint this run wrote or resumed from: (path, step)
+        self.last_good: tuple[Path, int] | None = None
 
     # ------------------------------------------------------------------------------------------------ build
     def _check_outputs(self) -> None:
         o = self.opts
+        if o.time_budget is not None:
+            SECONDS.check(o.time_budget)  # ValueError: expected a finite number > 0
         if self.checkpoint_dir is not None:
             ckpt.check_checkpoint_dir(self.checkpoint_dir)
         if o.run_dir is not None:
@@ -119,6 +115,13 @@ class Trainer:
             writable_dir(o.tensorboard_dir, "TensorBoard folder")
         if o.profile_dir is not None:
             writable_dir(o.profile_dir, "profile folder")
+        self._clean_checkpoints()
+
+    def _clean_checkpoints(self) -> None:
+        """Remove what killed checkpoint writes left in the checkpoint folder (temporary files)."""
+        folder = self.interrupt_dir()
+        if folder.is_dir() and (removed := ckpt.clean_checkpoint_dir(folder)):
+            self.log(f"removed {len(removed)} temporary file(s) of an interrupted checkpoint write in {folder}")
 
     def build(self) -> Trainer:
         """Open the data, build hasher, model, optimizers, step, schedule and loaders."""
@@ -172,9 +175,9 @@ class Trainer:
 
     def restore(self, resume: str | Path) -> int:
         """Load model, optimizer state, RNG states and schedule of a checkpoint; returns its step."""
-        path = ckpt.resolve_checkpoint(resume, self.checkpoint_dir if self.checkpoint_dir is not None
-                                       else self.interrupt_dir() if self.opts.run_dir is not None else None)
-        state = ckpt.load_checkpoint(path, map_location=self.device)
+        folder = (self.checkpoint_dir if self.checkpoint_dir is not None
+                  else self.interrupt_dir() if self.opts.run_dir is not None else None)
+        path, state = ckpt.open_checkpoint(resume, folder, fallback=True, log=self.log, map_location=self.device)
         if list(state["table_sizes"]) != self.sizes:
             raise ValueError(f"checkpoint {path} has other table sizes than this dataset/config")
         self.model.load_state_dict(state["model"])
@@ -185,6 +188,7 @@ class Trainer:
             self.log(f"note: keeping the learning-rate schedule of {path} ({saved}); this run's config differs")
             self.schedule = LRSchedule(**saved)
         self.step_count = self.first_step = int(state["step"])
+        self.last_good = (path, self.step_count)
         self.log(f"resumed from {path} at step {self.step_count}")
         return self.step_count
 
@@ -223,6 +227,30 @@ class Trainer:
             "batch_in_epoch": step % self.per_epoch, "hashing": self.cfg.hashing,
             "schedule": self.schedule.to_dict()})
 
+    def save(self, directory: str | Path | None = None) -> Path:
+        """:meth:`checkpoint` after checking that the losses and the weights are finite (else
+        :class:`~fuselab.dlrm.health.TrainingDiverged`, and nothing is written)."""
+        self.check_finite(weights=True)
+        path = self.checkpoint(directory)
+        self.last_good = (path, self.step_count)
+        return path
+
+    def check_finite(self, weights: bool = False) -> None:
+        """Raise :class:`~fuselab.dlrm.health.TrainingDiverged` when a loss since the last check (with
+        ``weights``: or a weight) is not finite. Every rank calls it at the same step (distributed: collective)."""
+        step, names = self.finite.first_bad(self.losses, self.first_step, self.model if weights else None,
+                                            self.step_count)
+        self._stop_if_diverged(self._agree_on_divergence(step), names)
+        self.finite.passed(len(self.losses), self.step_count if weights else None)
+
+    def _stop_if_diverged(self, step: int | None, names: list[str] | tuple = ()) -> None:
+        if step is not None:
+            raise health.TrainingDiverged(step, self.schedule(max(0, step - 1)), names, self.last_good)
+
+    def _agree_on_divergence(self, step: int | None) -> int | None:
+        """The first diverged step over every rank (one process: ``step``)."""
+        return step
+
     def interrupt_dir(self) -> Path:
         """Where a checkpoint goes on SIGINT/SIGTERM: the checkpoint folder, else ``<run_dir>/checkpoints``."""
         if self.checkpoint_dir is not None:
@@ -230,37 +258,16 @@ class Trainer:
         return Path(self.opts.run_dir if self.opts.run_dir is not None else DEFAULT_RUN_DIR) / "checkpoints"
 
     # ------------------------------------------------------------------------------------------------ run
-    @contextlib.contextmanager
-    def _catch_signals(self):
-        if threading.current_thread() is not threading.main_thread():
-            yield
-            return
-
-        def on_signal(signum, frame):
-            now = time.monotonic()
-            if self._signal is not None:
-                if now - self._signal_at >= self.SIGNAL_REPEAT_S:  # a second Ctrl-C: stop now
-                    raise KeyboardInterrupt
-                return  # the same interruption delivered twice (terminal and launcher)
-            self._signal, self._signal_at = signum, now
-
-        old = {s: signal.signal(s, on_signal) for s in (signal.SIGINT, signal.SIGTERM)}
-        try:
-            yield
-        finally:
-            for s, handler in old.items():
-                signal.signal(s, handler)
-
     def _stopping(self) -> bool:
         """Whether the loop stops before the next step: a signal arrived or the time budget is spent."""
-        return self._signal is not None or self._out_of_time
+        return self.signals.signum is not None or self._out_of_time
 
     def _interrupt_signal(self) -> int | None:
         """The signal that stopped the loop (None: it ran to its end or out of time)."""
-        return self._signal
+        return self.signals.signum
 
     def _stop_for_signal(self, signum: int) -> None:
-        path = self.checkpoint(self.interrupt_dir())
+        path = self.save(self.interrupt_dir())
         raise TrainingInterrupted(signum, self.step_count, path)
 
     def run(self) -> dict[str, Any]:
@@ -274,15 +281,16 @@ class Trainer:
 
             writer = SummaryWriter(str(self.opts.tensorboard_dir))
         try:
-            with self._catch_signals():
+            with self.signals.catching():
                 self._loop(writer)
+                self.check_finite(weights=True)
                 signum = self._interrupt_signal()
                 if signum is not None:
                     self._stop_for_signal(signum)
             cfg = self.cfg
             if self.checkpoint_dir is not None and (not cfg.checkpoint_every
                                                     or self.step_count % cfg.checkpoint_every):
-                self.checkpoint()
+                self.save()
             self.evaluate(writer)
         finally:
             if writer is not None:
@@ -329,19 +337,16 @@ class Trainer:
         """The ``--profile`` window of this run, clear of periodic evaluations and checkpoints where one fits."""
         if self.opts.profile_dir is None:
             return None
-        cfg, first = self.cfg, self.step_count
-        periods = (cfg.eval_every, cfg.checkpoint_every if self.checkpoint_dir is not None else 0)
-        window = profile_window(first, self.total_steps - first, periods)
-        if window is None:
-            self.log(f"profile: nothing recorded: {self.total_steps - first} step(s) to run, profiling needs 2")
-            return None
-        return StepProfiler(Path(self.opts.profile_dir), self.device, self.log, window, first)
+        periods = (self.cfg.eval_every, self.cfg.checkpoint_every if self.checkpoint_dir is not None else 0)
+        return step_profiler(Path(self.opts.profile_dir), self.device, self.log, self.step_count, self.total_steps,
+                             periods)
 
     def _periodic(self, now: float) -> None:
         cfg, step = self.cfg, self.step_count
         if cfg.checkpoint_every and step % cfg.checkpoint_every == 0 and self.checkpoint_dir is not None:
-            self.checkpoint()
+            self.save()
         if cfg.eval_every and step % cfg.eval_every == 0 and step < self.total_steps:
+            self.check_finite()
             self.evaluate(self._writer)
         if self.opts.time_budget is not None and now - self._started > self.opts.time_budget:
             self._out_of_time = True
@@ -353,10 +358,18 @@ class Trainer:
         """Samples one step trains on (the global batch when distributed)."""
         return len(batch)
 
+    def _latest_loss(self) -> float:
+        """The latest loss; the losses since the last check are checked in the same host read
+        (:class:`~fuselab.dlrm.health.TrainingDiverged`)."""
+        current, step = self.finite.latest(self.losses, self.first_step)
+        self._stop_if_diverged(step)
+        self.finite.passed(len(self.losses))
+        return current
+
     def _log_progress(self, bar, task, meter: RateMeter, writer) -> None:
         """Progress bar and TensorBoard scalars (one host sync for the latest loss)."""
         rate = meter.rate()
-        current = self.losses[-1].item()
+        current = self._latest_loss()
         bar.update(task, completed=self.step_count, info=f"loss {current:.4f}  {rate or 0:,.0f} samples/s")
         if writer is not None:
             writer.add_scalar("train/loss", current, self.step_count)

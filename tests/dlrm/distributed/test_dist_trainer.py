@@ -159,7 +159,7 @@ def test_a_killed_rank_stops_the_job_and_the_last_checkpoint_resumes(synth_dir, 
 
 def test_bad_nproc_and_batch(synth_dir, tmp_path, capsys, monkeypatch):
     assert main(["train", "--nproc", "0", "--data", str(synth_dir), "--run-dir", str(tmp_path)]) == 2
-    assert "--nproc must be >= 1" in capsys.readouterr().err
+    assert "argument --nproc: expected an integer >= 1" in capsys.readouterr().err
     monkeypatch.setenv("WORLD_SIZE", "2")
     assert main(["train", "--nproc", "2", "--data", str(synth_dir), "--run-dir", str(tmp_path)]) == 2
     assert "drop it when running under torchrun" in capsys.readouterr().err

@@ -36,7 +36,7 @@ KAGGLE_CARDINALITIES = (
 
 def save_npy_atomic(path: Path, array: np.ndarray) -> None:
     """Write ``array`` to ``path`` atomically (:func:`fuselab._io.atomic_write`: never a half-written file)."""
-    atomic_write(path, lambda f: np.save(f, array), "shard file")
+    atomic_write(path, lambda f: np.save(f, array), "shard file", size_hint=array.nbytes + 4096)
 
 
 def write_json_atomic(path: Path, data: dict[str, Any]) -> None:

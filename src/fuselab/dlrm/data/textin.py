@@ -7,8 +7,8 @@
   (or print an "Exception ignored ... UnicodeDecodeError" from its invalid-row handler and echo raw bytes);
 * a truncated or corrupt gzip stream ends at the last complete line before the break, the break is recorded in
   :attr:`LineStream.truncated` (no ``EOFError`` / ``zlib.error`` escapes), and the rows before it are kept;
-* a file whose first block holds a NUL byte is refused as binary (:class:`~fuselab._io.PathError`), and an
-  empty file is flagged (:attr:`LineStream.empty`) before pyarrow sees it.
+* a file whose first block holds a NUL byte is refused as binary (:class:`UnreadableInput`, a
+  :class:`~fuselab._io.PathError`), and an empty file is flagged (:attr:`LineStream.empty`) before pyarrow sees it.
 
 Lines end at ``\\n`` (Criteo's files); a ``\\r`` alone is not counted as a line end here.
 """
@@ -16,23 +16,40 @@ Lines end at ``\\n`` (Criteo's files); a ``\\r`` alone is not counted as a line 
 from __future__ import annotations
 
 import contextlib
+import errno
+import shutil
 import zlib
 from collections.abc import Iterator
 from pathlib import Path
 
-from fuselab._io import PathError
+from fuselab._io import NoSpaceError, PathError, fmt_bytes
+
+
+class UnreadableInput(PathError):
+    """An input file that cannot be read as text (binary, not gzip although named ``.gz``, an I/O error);
+    ``reason`` says why, without the path."""
+
+    def __init__(self, path: Path, reason: str):
+        super().__init__(f"input file {path}: {reason}")
+        self.path, self.reason = path, reason
 
 
 @contextlib.contextmanager
 def os_errors_as_path_errors(what: str) -> Iterator[None]:
-    """Re-raise an ``OSError`` from the system (a full disk, a folder removed mid-run) as :class:`PathError`, one
-    line naming the file: the CLI reports ``ValueError`` as a message with exit status 2, never a traceback."""
+    """Re-raise an ``OSError`` from the system (a full disk, a folder removed mid-run) as :class:`PathError` (a full
+    disk: :class:`~fuselab._io.NoSpaceError`, with the space left), one line naming the file: the CLI reports
+    ``ValueError`` as a message with exit status 2, never a traceback."""
     try:
         yield
     except OSError as err:
         if err.errno is None:  # raised with a message of ours (FileNotFoundError("input file ... does not exist"))
             raise
         where = f" {err.filename}" if err.filename else ""
+        if err.errno in (errno.ENOSPC, errno.EDQUOT):
+            folder = Path(err.filename).parent if err.filename else Path(".")
+            free = shutil.disk_usage(folder).free if folder.is_dir() else 0
+            raise NoSpaceError(f"{what}{where}: {err.strerror or 'no space left on the device'} ({fmt_bytes(free)} "
+                               f"free in {folder})", None, free, folder) from None
         raise PathError(f"{what}{where}: {err.strerror or err}") from None
 
 
@@ -44,7 +61,7 @@ _CHUNK = 1 << 20
 class LineStream:
     """A read-only, non-seekable file object over ``path`` (gzip when it ends in ``.gz``); see the module doc.
 
-    Raises :class:`PathError` (a ``ValueError`` naming the path) when the file cannot be opened or read, is not
+    Raises :class:`UnreadableInput` (a ``ValueError`` naming the path) when the file cannot be opened or read, is not
     gzip although named ``.gz``, or holds binary data (a NUL byte in its first :data:`PEEK_BYTES` bytes).
     """
 
@@ -59,17 +76,17 @@ class LineStream:
         try:
             self.raw = open(self.path, "rb")  # noqa: SIM115 - closed by close()
         except OSError as err:
-            raise PathError(f"cannot read input file {self.path}: {err.strerror or err}") from None
+            raise UnreadableInput(self.path, f"cannot read it: {err.strerror or err}") from None
         self._source = _GzipSource(self.raw) if self.path.suffix == ".gz" else self.raw
         try:
             head = self._read_source(PEEK_BYTES)
-        except PathError:
+        except UnreadableInput:
             self.close()
             raise
         if b"\x00" in head:
             self.close()
             at = head.index(b"\x00")
-            raise PathError(f"input file {self.path} is binary data, not Criteo TSV text (NUL byte at offset {at})")
+            raise UnreadableInput(self.path, f"binary data, not Criteo TSV text (NUL byte at offset {at})")
         self.empty = not head and self.truncated is None
         self._pending = head
 
@@ -125,12 +142,12 @@ class LineStream:
         try:
             return self._source.read(size)
         except _NotGzip as err:
-            raise PathError(f"input file {self.path} is not a gzip file ({err})") from None
+            raise UnreadableInput(self.path, f"not a gzip file ({err})") from None
         except _Truncated as err:
             self.truncated = str(err)
             return b""
         except OSError as err:
-            raise PathError(f"cannot read input file {self.path}: {err.strerror or err}") from None
+            raise UnreadableInput(self.path, f"cannot read it: {err.strerror or err}") from None
 
     def _clean(self, data: bytes) -> bytes:
         """Count the lines of ``data`` and blank out those that are not valid UTF-8 (the newline is kept)."""

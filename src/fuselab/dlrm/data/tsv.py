@@ -12,10 +12,13 @@ tab-separated fields, empty = missing. Parsing is pyarrow's CSV reader (all fiel
 A malformed row (wrong field count, bad label, non-integer dense, non-hex categorical, a line that is not valid
 UTF-8) is counted by kind and reported with file and line (the first ``MAX_EXAMPLES``); ``on_error="skip"`` drops
 it, ``"fail"`` stops with :class:`MalformedRowError`. Whole files: an empty input file is reported and skipped; a
-truncated (or corrupt) gzip file keeps the rows before the break and is reported with its row count
-(``on_error="fail"`` then stops with a ``ValueError`` after writing those rows); a binary file (a NUL byte in its
-first 64 KiB), an unreadable file or a ``.gz`` that is not gzip stops with a ``ValueError`` naming it
-(:class:`fuselab._io.PathError`). The output folder is checked for writing before any input is read.
+truncated (or corrupt) gzip file keeps the rows before the break and is reported with its row count; a file that
+cannot be read as text (binary: a NUL byte in its first 64 KiB; a ``.gz`` that is not gzip; an I/O error) is
+reported and skipped (:class:`~.textin.UnreadableInput`). With ``on_error="fail"`` each of these stops the run
+with exit status 2 in the CLI, after writing the dataset of the rows read before it (``"partial": true`` in its
+metadata) and saying how to go on. Inputs without a single valid row raise ``ValueError`` with the first reasons.
+The output folder is checked for writing before any input is read; a full disk stops the run with the space
+left (:class:`~fuselab._io.NoSpaceError`), the shards written so far kept for a resume.
 
 After the shards, a second pass over them counts ids per feature: ``cardinalities``
 (distinct ids) and a vocabulary per feature (ids seen >= ``min_count`` times, sorted, ``vocab/C<k>.npy``) for
@@ -27,19 +30,19 @@ finished shards of a partial file (it re-parses that file from the start, since 
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from fuselab._io import PathError, atomic_write, atomic_write_json, read_json, writable_dir
+from fuselab._io import NoSpaceError, PathError, atomic_write_json, read_json, writable_dir
 
-from .shards import FORMAT, METADATA, dense_transform, write_shard
-from .textin import LineStream, os_errors_as_path_errors
+from .shards import dense_transform, write_shard
+from .textin import LineStream, UnreadableInput, os_errors_as_path_errors
+from .tsv_output import MAX_EXAMPLES, PreprocessReport, finish
 
 NUM_FIELDS = 40
-MAX_EXAMPLES = 20
 _NAMES = ["label"] + [f"I{j}" for j in range(1, 14)] + [f"C{j}" for j in range(1, 27)]
 _HEX = np.full(256, 255, dtype=np.uint8)
 for _i, _c in enumerate("0123456789abcdef"):
@@ -49,27 +52,6 @@ for _i, _c in enumerate("0123456789abcdef"):
 
 class MalformedRowError(ValueError):
     """A malformed row with ``on_error="fail"``: message names the file, line and reason."""
-
-
-@dataclass
-class PreprocessReport:
-    out: str
-    rows: int = 0
-    files: int = 0
-    malformed: dict[str, int] = field(default_factory=dict)
-    examples: list[str] = field(default_factory=list)
-    cardinalities: list[int] = field(default_factory=list)
-    problems: list[str] = field(default_factory=list)  # whole-file problems: "<file>: empty file, skipped", ...
-
-    def summary(self) -> str:
-        bad = sum(self.malformed.values())
-        lines = [f"preprocessed {self.files} file(s): {self.rows:,} rows -> {self.out}; "
-                 f"{bad:,} malformed row(s) skipped" + (f" {self.malformed}" if bad else "")]
-        lines += [f"  {p}" for p in self.problems]
-        lines += [f"  {e}" for e in self.examples]
-        if bad > len(self.examples):
-            lines.append(f"  ... ({bad - len(self.examples)} more)")
-        return "\n".join(lines)
 
 
 def _hex_to_int64(col) -> np.ndarray:
@@ -261,27 +243,6 @@ def _flush(buffers: list, rows: int, root: Path, file_index: int, path: Path, sh
     return len(labels) - rows
 
 
-def _count_ids(root: Path, shards: list[dict[str, Any]], min_count: int) -> tuple[list[int], list[int]]:
-    """Second pass: distinct ids per feature and the vocabulary (ids with count >= min_count)."""
-    ids: list[np.ndarray] = [np.empty(0, np.int64)] * 26
-    counts: list[np.ndarray] = [np.empty(0, np.int64)] * 26
-    for shard in shards:
-        sparse = np.load(root / "shards" / f"{shard['name']}.sparse.npy", mmap_mode="r")
-        for t in range(sparse.shape[1]):
-            u, c = np.unique(np.asarray(sparse[:, t]), return_counts=True)
-            merged, inverse = np.unique(np.concatenate([ids[t], u]), return_inverse=True)
-            counts[t] = np.bincount(inverse, weights=np.concatenate([counts[t], c]), minlength=len(merged)
-                                    ).astype(np.int64)
-            ids[t] = merged
-    (root / "vocab").mkdir(exist_ok=True)
-    vocab_sizes = []
-    for t in range(26):
-        vocab = ids[t][counts[t] >= min_count]
-        atomic_write(root / "vocab" / f"C{t + 1}.npy", lambda f, v=vocab: np.save(f, v), "vocabulary file")
-        vocab_sizes.append(len(vocab))
-    return [len(x) for x in ids], vocab_sizes
-
-
 def _describe(problem: str | None, rows: int) -> str | None:
     if problem is None:
         return None
@@ -290,16 +251,61 @@ def _describe(problem: str | None, rows: int) -> str | None:
     return f"truncated or corrupt gzip stream ({problem}): kept the {rows:,} rows before the break"
 
 
+@dataclass(frozen=True)
+class _Run:
+    """One preprocessing run: where it writes, what it reads, how."""
+
+    root: Path
+    paths: list[Path]
+    shard_rows: int
+    block_size: int
+    on_error: str
+    min_count: int
+
+    @property
+    def state_path(self) -> Path:
+        return self.root / "progress.json"
+
+
 def preprocess(inputs: list[str | Path], out: str | Path, shard_rows: int = 1 << 20, on_error: str = "skip",
                min_count: int = 1, resume: bool = True, progress: bool = False,
                block_size: int = 16 << 20) -> PreprocessReport:
     """Convert Criteo TSV files (in order) into a dataset directory ``out``; see the module docstring.
 
     Raises ``FileNotFoundError`` for a missing input, :class:`fuselab._io.PathError` (a ``ValueError``) for an
-    output folder that cannot be written (before any input is read) or an input that cannot be read,
-    :class:`MalformedRowError` with ``on_error="fail"``, and ``ValueError`` when no input holds a valid row."""
-    with os_errors_as_path_errors("preprocess: cannot read or write"):
-        return _preprocess(inputs, out, shard_rows, on_error, min_count, resume, progress, block_size)
+    output folder that cannot be written (before any input is read), :class:`~fuselab._io.NoSpaceError` when the
+    disk fills (the shards written so far are kept; the same call again resumes), with ``on_error="fail"``
+    :class:`MalformedRowError` or :class:`~.textin.UnreadableInput` (after writing a dataset of the rows read
+    before), and ``ValueError`` when no input holds a valid row (with the first reasons)."""
+    try:
+        with os_errors_as_path_errors("preprocess: cannot read or write"):
+            return _preprocess(inputs, out, shard_rows, on_error, min_count, resume, progress, block_size)
+    except NoSpaceError as err:
+        raise NoSpaceError(f"{err}; the shards written so far are kept: free some space, then run the same "
+                           "command again to go on where it stopped", err.needed, err.free, err.folder) from None
+
+
+def _inputs(inputs: list[str | Path]) -> list[Path]:
+    paths = [Path(p) for p in inputs]
+    for p in paths:
+        if p.is_dir():
+            raise PathError(f"input {p} is a folder, not a TSV file")
+        if not p.is_file():
+            raise FileNotFoundError(f"input file {p} does not exist")
+    return paths
+
+
+def _state(run: _Run, resume: bool) -> dict[str, Any]:
+    """The progress of an earlier run of the same inputs (``resume``), else a fresh one."""
+    state: dict[str, Any] = {"inputs": [str(p) for p in run.paths], "files": {}, "shard_rows": run.shard_rows}
+    if resume and run.state_path.is_file():
+        try:
+            old = read_json(run.state_path, "progress file")
+        except PathError:
+            old = {}  # a corrupt progress file: start over
+        if isinstance(old, dict) and old.get("inputs") == state["inputs"] and old.get("shard_rows") == run.shard_rows:
+            state = old
+    return state
 
 
 def _preprocess(inputs: list[str | Path], out: str | Path, shard_rows: int, on_error: str, min_count: int,
@@ -308,72 +314,71 @@ def _preprocess(inputs: list[str | Path], out: str | Path, shard_rows: int, on_e
         raise ValueError(f"on_error must be 'skip' or 'fail', got {on_error!r}")
     if shard_rows <= 0 or min_count < 1 or block_size < 4096:
         raise ValueError("shard_rows must be > 0, min_count >= 1, block_size >= 4096")
-    paths = [Path(p) for p in inputs]
-    for p in paths:
-        if p.is_dir():
-            raise PathError(f"input {p} is a folder, not a TSV file")
-        if not p.is_file():
-            raise FileNotFoundError(f"input file {p} does not exist")
+    paths = _inputs(inputs)
     root = writable_dir(out, "output folder")
     for sub in ("shards", "vocab"):
         writable_dir(root / sub, "output folder")
-    state_path = root / "progress.json"
-    state: dict[str, Any] = {"inputs": [str(p) for p in paths], "files": {}, "shard_rows": shard_rows}
-    if resume and state_path.is_file():
-        try:
-            old = read_json(state_path, "progress file")
-        except PathError:
-            old = {}  # a corrupt progress file: start over
-        if isinstance(old, dict) and old.get("inputs") == state["inputs"] and old.get("shard_rows") == shard_rows:
-            state = old
-    report = PreprocessReport(out=str(root))
+    run = _Run(root, paths, shard_rows, block_size, on_error, min_count)
+    state = _state(run, resume)
+    try:
+        _parse_all(run, state, progress)
+    except (MalformedRowError, UnreadableInput, _StoppedOnFile) as err:  # on_error="fail"
+        err.args = (_with_partial_dataset(str(err), run, state),)
+        raise
+    return finish(root, paths, state, min_count)
+
+
+class _StoppedOnFile(ValueError):
+    """A whole-file problem (a truncated gzip stream) with ``on_error="fail"``."""
+
+
+def _with_partial_dataset(message: str, run: _Run, state: dict[str, Any]) -> str:
+    """``message`` of a fault that stopped the run, plus what it leaves: the dataset of the rows read before it
+    (written here) and how to go on."""
+    try:
+        report = finish(run.root, run.paths, state, run.min_count, partial=True)
+    except (ValueError, OSError):  # no row yet, or no space for the metadata: the message says what it can
+        return (f"{message}; no dataset was written; to skip such rows and files, run the same command with "
+                "--on-error skip (the files done are not read again)")
+    return (f"{message}; the {report.rows:,} rows read before it are a usable dataset in {run.root}; to skip such "
+            "rows and files and go on, run the same command with --on-error skip (the files done are not read "
+            "again)")
+
+
+def _parse_all(run: _Run, state: dict[str, Any], progress: bool) -> None:
+    """Parse every input not yet complete into shards, recording each file's progress and problem in ``state``."""
     from rich.progress import Progress
 
-    total_bytes = sum(p.stat().st_size for p in paths)
     with Progress(disable=not progress, transient=True) as bar:
-        task = bar.add_task("preprocess", total=total_bytes)
-        for index, path in enumerate(paths):
+        task = bar.add_task("preprocess", total=sum(p.stat().st_size for p in run.paths))
+        for index, path in enumerate(run.paths):
             entry = state["files"].setdefault(str(path), {"shards": [], "complete": False})
             if entry["complete"]:
                 bar.advance(task, path.stat().st_size)
                 continue
-            entry["malformed"], entry["examples"] = {}, []
-            errors = _Errors(str(path), on_error, entry["malformed"], entry["examples"])
+            _parse_one(run, state, index, path, lambda n: bar.advance(task, n))
 
-            def on_shard(info: dict[str, Any], entry=entry) -> None:
-                entry["shards"].append(info)
-                atomic_write_json(state_path, state, "progress file", indent=1)
 
-            problem = _parse_file(path, index, root, shard_rows, block_size, errors, list(entry["shards"]),
-                                  on_shard, lambda n: bar.advance(task, n))
-            entry["problem"] = _describe(problem, sum(s["rows"] for s in entry["shards"]))
-            if problem not in (None, "empty file") and on_error == "fail":
-                raise ValueError(f"input file {path}: {entry['problem']} (use --on-error skip to keep these rows "
-                                 "and go on)")
-            entry["complete"] = True
-            atomic_write_json(state_path, state, "progress file", indent=1)
-    shards = [s for p in paths for s in state["files"][str(p)]["shards"]]
-    report.problems = [f"{p}: {state['files'][str(p)]['problem']}" for p in paths
-                       if state["files"][str(p)].get("problem")]
-    if not shards:
-        raise ValueError("no valid rows in the input" + "".join(f"; {p}" for p in report.problems))
-    cardinalities, vocab_sizes = _count_ids(root, shards, min_count)
-    malformed: dict[str, int] = {}
-    for p in paths:
-        for kind, n in state["files"][str(p)]["malformed"].items():
-            malformed[kind] = malformed.get(kind, 0) + n
-        report.examples += state["files"][str(p)]["examples"]
-    report.examples = report.examples[:MAX_EXAMPLES]
-    rows = sum(s["rows"] for s in shards)
-    meta = {
-        "format": FORMAT, "source": "tsv", "inputs": [str(p) for p in paths], "num_rows": rows, "num_dense": 13,
-        "num_sparse": 26, "cardinalities": cardinalities, "vocab_sizes": vocab_sizes, "min_count": min_count,
-        "positive_rate": sum(s["positives"] for s in shards) / rows,
-        "counts": {"rows_per_file": {str(p): sum(s["rows"] for s in state["files"][str(p)]["shards"]) for p in paths},
-                   "malformed": malformed, "file_problems": report.problems},
-        "dense_transform": "log(max(x, 0) + 1)",
-        "shards": [{"name": s["name"], "rows": s["rows"]} for s in shards],
-    }
-    atomic_write_json(root / METADATA, meta, "metadata file", indent=1)
-    report.rows, report.files, report.malformed, report.cardinalities = rows, len(paths), malformed, cardinalities
-    return report
+def _parse_one(run: _Run, state: dict[str, Any], index: int, path: Path, on_bytes) -> None:
+    entry = state["files"][str(path)]
+    entry["malformed"], entry["examples"], entry["problem"] = {}, [], None
+    errors = _Errors(str(path), run.on_error, entry["malformed"], entry["examples"])
+
+    def on_shard(info: dict[str, Any]) -> None:
+        entry["shards"].append(info)
+        atomic_write_json(run.state_path, state, "progress file", indent=1)
+
+    try:
+        problem = _parse_file(path, index, run.root, run.shard_rows, run.block_size, errors, list(entry["shards"]),
+                              on_shard, on_bytes)
+    except UnreadableInput as err:
+        if run.on_error == "fail":
+            raise
+        entry["problem"] = f"{err.reason}, skipped"  # not complete: a rerun reads it again
+        atomic_write_json(run.state_path, state, "progress file", indent=1)
+        return
+    entry["problem"] = _describe(problem, sum(s["rows"] for s in entry["shards"]))
+    if problem not in (None, "empty file") and run.on_error == "fail":
+        raise _StoppedOnFile(f"input file {path}: {entry['problem']}")
+    entry["complete"] = True
+    atomic_write_json(run.state_path, state, "progress file", indent=1)

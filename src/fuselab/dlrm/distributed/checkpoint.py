@@ -13,9 +13,17 @@ as a ``ShardedTensor`` (shard offsets = the rows' global offsets), so DCP record
 loader with another plan (other world size) reads exactly its rows from whichever files hold them. The dense
 module and its optimizer are replicated; DCP writes them once.
 
-Atomicity: DCP writes into ``.tmp-step-N``; after every rank has finished, rank 0 writes ``meta.json``, renames
-the folder to ``step-N`` and then replaces ``latest``. A crash at any point leaves the previous ``latest`` and its
-folder intact. The folder must be on a file system every rank sees (one host, or a shared one).
+Atomicity: DCP writes into ``.tmp-step-N``; after every rank has finished, the ranks hash the files (each a share
+of them), rank 0 writes ``meta.json`` (with ``files``: ``{name: {"bytes", "sha256"}}`` of every other file of the
+folder), renames the folder to ``step-N`` and then replaces ``latest``. A crash at any point leaves the previous
+``latest`` and its folder intact; the ``.tmp-step-*`` folders it leaves are removed by the next run
+(:func:`clean_root`). The folder must be on a file system every rank sees (one host, or a shared one).
+
+Integrity: every load checks the files against ``meta.json`` (the ranks share the hashing) and names a damaged
+file (:class:`~fuselab.dlrm.integrity.DamagedCheckpoint`); loading "the latest" with ``fallback`` takes the newest
+intact checkpoint instead, with a warning. A full disk is checked before the save (the ranks' bytes against the
+free space) and recognised during it (:class:`~fuselab._io.NoSpaceError`, naming the previous checkpoint, which
+is left as it was).
 """
 
 from __future__ import annotations
@@ -24,7 +32,7 @@ import json
 import os
 import shutil
 import warnings
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
@@ -39,13 +47,28 @@ from torch.distributed._shard.sharded_tensor import ShardedTensor, ShardedTensor
 from torch.distributed._shard.sharded_tensor.metadata import TensorProperties
 from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
 
+from fuselab._io import NoSpaceError, atomic_write_json, atomic_write_text
+
+from ..integrity import DamagedCheckpoint
+from .checkpoint_files import (
+    LATEST,
+    barrier,
+    clean_root,
+    file_records,
+    gathered,
+    is_distributed,
+    local_bytes,
+    no_space_in,
+    on_rank0,
+    previous_text,
+    rank_world,
+    space_error,
+    verify_checkpoint,
+)
 from .embedding import ShardedEmbeddingCollection
 
-LATEST = "latest"
-
-
-def _distributed() -> bool:
-    return dist.is_initialized() and dist.get_world_size() > 1
+__all__ = ["LATEST", "clean_root", "embedding_state", "latest_checkpoint", "load_checkpoint", "resolve_intact",
+           "save_checkpoint", "verify_checkpoint"]
 
 
 def _placement(rank: int, device: torch.device) -> str:
@@ -81,7 +104,7 @@ def embedding_state(sparse: ShardedEmbeddingCollection) -> dict[str, Any]:
         layout = [(s.rank, s.row_start, s.rows) for s in plan.shards_of_table(t)]
         template = sparse.local.momentum if sparse.local is not None else None
         has_state = template is not None and template.numel() > 0
-        if not _distributed():
+        if not is_distributed():
             (_, weight, state), = mine  # one rank: the table is one shard
             out[f"t{t}/weight"] = weight
             if has_state:
@@ -120,47 +143,61 @@ def _quiet() -> Iterator[None]:
         yield
 
 
-def _barrier() -> None:
-    if _distributed():
-        dist.barrier()
-
-
 def save_checkpoint(root: str | os.PathLike, step: int, sparse: ShardedEmbeddingCollection, dense: nn.Module,
                     optimizer: DenseOptimizer = None, extra: dict[str, Any] | None = None,
                     keep: int = 2) -> Path:
     """Save a complete checkpoint of ``step`` under ``root`` (collective: every rank calls it) and point
     ``latest`` at it; keep the newest ``keep`` checkpoints (``0``: keep all). ``dense`` is the unwrapped dense module
     (not the DDP wrapper); ``extra`` (JSON-serialisable: data position, RNG seeds, schedule) is saved in
-    ``meta.json``. Returns the checkpoint folder. Raises ``ValueError`` for a negative step."""
+    ``meta.json``. Returns the checkpoint folder. Raises ``ValueError`` for a negative step,
+    :class:`~fuselab._io.NoSpaceError` on every rank when the disk is (or gets) full."""
     if step < 0:
         raise ValueError(f"step must be >= 0, got {step}")
     root = Path(root)
     name = f"step-{step:08d}"
     tmp, final = root / f".tmp-{name}", root / name
-    rank = dist.get_rank() if _distributed() else 0
+    rank, _ = rank_world()
     if rank == 0:
         root.mkdir(parents=True, exist_ok=True)
         shutil.rmtree(tmp, ignore_errors=True)  # left by a crash during an earlier save of this step
-    _barrier()
+    barrier()
     state = _state(sparse, dense, optimizer)
     state.pop("_param_groups", None)
-    with _quiet():
-        dcp.save(state, checkpoint_id=tmp)
-    _barrier()
-    if rank == 0:
-        meta = {"step": step, "world_size": sparse.world, "plan": sparse.plan.to_dict(), "extra": extra or {}}
-        (tmp / "meta.json").write_text(json.dumps(meta))
-        if final.exists():
-            shutil.rmtree(final)
-        os.replace(tmp, final)
-        pointer = root / f".{LATEST}.tmp"
-        pointer.write_text(name)
-        os.replace(pointer, root / LATEST)
-        if keep > 0:
-            for old in sorted(root.glob("step-*"))[:-keep]:
-                shutil.rmtree(old, ignore_errors=True)
-    _barrier()
+    needed = sum(gathered(local_bytes(state, rank))) + (1 << 20)
+    if min(gathered(shutil.disk_usage(root).free)) < needed:
+        raise space_error(root, final, needed)
+    try:
+        with _quiet():
+            dcp.save(state, checkpoint_id=tmp)
+    except BaseException as exc:  # DCP's CheckpointException is a BaseException
+        if rank == 0:
+            shutil.rmtree(tmp, ignore_errors=True)
+        if no_space_in(exc):
+            raise space_error(root, final, needed) from None
+        raise
+    barrier()
+    meta = {"step": step, "world_size": sparse.world, "plan": sparse.plan.to_dict(), "extra": extra or {},
+            "files": file_records(tmp)}
+    on_rank0(lambda: _publish(root, tmp, final, meta, keep))
+    barrier()
     return final
+
+
+def _publish(root: Path, tmp: Path, final: Path, meta: dict[str, Any], keep: int) -> None:
+    """Rank 0: ``meta.json`` into the saved folder, the folder renamed into place, ``latest`` pointed at it, the
+    oldest checkpoints removed."""
+    try:
+        atomic_write_json(tmp / "meta.json", meta, "checkpoint metadata", indent=None)
+    except NoSpaceError as err:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise NoSpaceError(f"{err}; {previous_text(root)}", err.needed, err.free, err.folder) from None
+    if final.exists():
+        shutil.rmtree(final)
+    os.replace(tmp, final)
+    atomic_write_text(root / LATEST, final.name, "checkpoint pointer")
+    if keep > 0:
+        for old in sorted(root.glob("step-*"))[:-keep]:
+            shutil.rmtree(old, ignore_errors=True)
 
 
 def latest_checkpoint(root: str | os.PathLike) -> Path | None:
@@ -175,17 +212,56 @@ def latest_checkpoint(root: str | os.PathLike) -> Path | None:
     return path
 
 
-def load_checkpoint(path: str | os.PathLike, sparse: ShardedEmbeddingCollection, dense: nn.Module,
-                    optimizer: DenseOptimizer = None) -> dict[str, Any]:
-    """Load a checkpoint folder, or the ``latest`` one of a root folder, into modules built for any world size
-    with the same tables and dim (collective). Returns ``meta.json`` (``step``, ``world_size``, ``plan``,
-    ``extra``). Raises ``FileNotFoundError`` when there is no checkpoint, ``ValueError`` when the tables differ."""
+def _newest_intact(root: Path, skip: Path | None) -> Path | None:
+    """The newest complete checkpoint folder under ``root`` whose files match its ``meta.json`` (collective)."""
+    for folder in sorted(root.glob("step-*"), reverse=True):
+        if folder == skip or not (folder / "meta.json").is_file():
+            continue
+        try:
+            if verify_checkpoint(folder):
+                return folder
+        except DamagedCheckpoint:
+            continue
+    return None
+
+
+def resolve_intact(path: str | os.PathLike, fallback: bool = False, log: Callable[[str], Any] = print) -> Path:
+    """The checkpoint folder ``path`` names (a checkpoint folder, or a root: its ``latest``), checked against its
+    ``meta.json`` (collective). For a root whose latest checkpoint is damaged or missing, ``fallback`` takes the
+    newest intact one with a warning; without, :class:`~fuselab.dlrm.integrity.DamagedCheckpoint` names the damaged
+    file. A checkpoint whose ``meta.json`` records no checksums is used with a warning that it is unchecked."""
     path = Path(path)
-    if not (path / "meta.json").is_file():
+    if (path / "meta.json").is_file():
+        return _checked(path, log)
+    found = None
+    try:
         found = latest_checkpoint(path)
         if found is None:
             raise FileNotFoundError(f"no checkpoint in {path} (no meta.json, no {LATEST} pointer)")
-        path = found
+        return _checked(found, log)
+    except (FileNotFoundError, DamagedCheckpoint) as err:
+        previous = _newest_intact(path, found) if fallback else None
+        if previous is None:
+            raise
+        log(f"warning: {err}; resuming from the previous complete checkpoint {previous}")
+        return previous
+
+
+def _checked(folder: Path, log: Callable[[str], Any]) -> Path:
+    if not verify_checkpoint(folder):
+        log(f"warning: checkpoint {folder} records no checksums: loaded without checking it")
+    return folder
+
+
+def load_checkpoint(path: str | os.PathLike, sparse: ShardedEmbeddingCollection, dense: nn.Module,
+                    optimizer: DenseOptimizer = None, *, fallback: bool = False,
+                    log: Callable[[str], Any] = print) -> dict[str, Any]:
+    """Load a checkpoint folder, or the ``latest`` one of a root folder, into modules built for any world size
+    with the same tables and dim (collective), after checking its files (:func:`resolve_intact`, ``fallback`` and
+    ``log`` as there). Returns ``meta.json`` (``step``, ``world_size``, ``plan``, ``extra``) and ``path`` (the
+    folder loaded). Raises ``FileNotFoundError`` when there is no checkpoint, ``ValueError`` when the tables differ,
+    :class:`~fuselab.dlrm.integrity.DamagedCheckpoint` for a damaged one."""
+    path = resolve_intact(path, fallback, log)
     meta = json.loads((path / "meta.json").read_text())
     saved = meta["plan"]
     if saved["table_sizes"] != sparse.plan.table_sizes or saved["dim"] != sparse.dim:
@@ -202,5 +278,5 @@ def load_checkpoint(path: str | os.PathLike, sparse: ShardedEmbeddingCollection,
         set_state_dict(dense, optimizer, model_state_dict=state["dense"], optim_state_dict=optim_sd)
     else:
         dense.load_state_dict(state["dense"])
-    _barrier()
-    return meta
+    barrier()
+    return {**meta, "path": str(path)}

@@ -99,7 +99,7 @@ class DistributedTrainer(Trainer):
         self.kernels = resolve_kernels(cfg.kernels, self.device)
         if cfg.cuda_graph and self.device.type != "cuda":
             raise ValueError(f"cuda_graph needs a CUDA device, this run is on {self.device}")
-        self._agreed_at, self._agreed = -1, (0, 0)
+        self._agreed_at, self._agreed = -1, (0, 0, 0)
 
     # ---------------------------------------------------------------------------------------------- build
     def _memory_budget(self) -> int | None:
@@ -144,17 +144,20 @@ class DistributedTrainer(Trainer):
                                      self._dense_optimizer_state(), extra=extra)
 
     def restore(self, resume: str | Path) -> int:
-        """Load a sharded checkpoint (saved at any world size; ``"latest"``: the newest in the checkpoint folder)."""
+        """Load a sharded checkpoint (saved at any world size; ``"latest"`` or a root folder: the newest complete
+        and intact one there, falling back from a damaged latest one with a warning)."""
         root = (self.checkpoint_dir if self.checkpoint_dir is not None else self.interrupt_dir()) \
             if str(resume) == "latest" else Path(resume)
-        meta = dckpt.load_checkpoint(root, self.model.sparse, self.model.dense_module, self._dense_optimizer_state())
+        meta = dckpt.load_checkpoint(root, self.model.sparse, self.model.dense_module, self._dense_optimizer_state(),
+                                     fallback=True, log=self.log)
         extra = meta.get("extra", {})
         saved = extra.get("schedule")
         if saved is not None and saved != self.schedule.to_dict():
             self.log(f"note: keeping the learning-rate schedule of {root} ({saved}); this run's config differs")
             self.schedule = type(self.schedule)(**saved)
         self.step_count = self.first_step = int(meta["step"])
-        self.log(f"resumed from {root} at step {self.step_count} (saved by {meta['world_size']} rank(s))")
+        self.last_good = (Path(meta["path"]), self.step_count)
+        self.log(f"resumed from {meta['path']} at step {self.step_count} (saved by {meta['world_size']} rank(s))")
         return self.step_count
 
     # ---------------------------------------------------------------------------------------------- run
@@ -179,16 +182,45 @@ class DistributedTrainer(Trainer):
         gc.collect()
         shutdown()
 
+    def _clean_checkpoints(self) -> None:
+        """Rank 0 removes what killed saves left in the checkpoint folder (``.tmp-step-*`` folders)."""
+        folder = self.interrupt_dir()
+        if self.ctx.is_main and folder.is_dir():
+            removed = dckpt.clean_root(folder)
+            if removed:
+                self.log(f"removed {len(removed)} unfinished checkpoint save(s) of an interrupted run in {folder}")
+
+    def _agree_on_divergence(self, step: int | None) -> int | None:
+        """The first diverged step over every rank (one all-reduce)."""
+        if self.ctx.world_size == 1:
+            return step
+        none = 2**62
+        flag = torch.tensor([step if step is not None else none], device=self.device, dtype=torch.int64)
+        dist.all_reduce(flag, op=dist.ReduceOp.MIN, group=self.ctx.embedding_group)
+        return int(flag) if int(flag) != none else None
+
+    def _latest_loss(self) -> float:
+        """Rank 0's latest loss (several ranks: checked collectively, at the agreements of :meth:`_stopping`)."""
+        if self.ctx.world_size == 1:
+            return super()._latest_loss()
+        return self.losses[-1].item()
+
     def _stopping(self) -> bool:
-        """Every rank stops at the same step: the local reasons (signal, time budget) are combined every
-        :attr:`AGREE_EVERY` steps (one small all-reduce)."""
+        """Every rank stops at the same step: the local reasons (signal, time budget, a loss that is not finite) are
+        combined every :attr:`AGREE_EVERY` steps (one small all-reduce; the losses are checked on the device)."""
         if self.ctx.world_size == 1:
             return super()._stopping()
         step = self.step_count
         if step != self._agreed_at and step % self.AGREE_EVERY == 0:
-            flags = torch.tensor([self._signal or 0, int(self._out_of_time)], device=self.device)
+            count = len(self.losses)
+            fresh = self.losses[self.finite.checked:]
+            flags = torch.tensor([self.signals.signum or 0, int(self._out_of_time), 0], device=self.device)
+            if fresh:
+                flags[2] = (~torch.isfinite(torch.stack(fresh))).any()
             dist.all_reduce(flags, op=dist.ReduceOp.MAX, group=self.ctx.embedding_group)
             self._agreed_at, self._agreed = step, tuple(int(x) for x in flags.tolist())
+            if not self._agreed[2]:
+                self.finite.passed(count)
         return any(self._agreed)
 
     def _interrupt_signal(self) -> int | None:
