@@ -100,8 +100,13 @@ def main() -> None:
     copy_bw = measure_copy()
     rows = []
     configs = {"fuselab": EmbeddingConfig(),
-               "fuselab chunk 4096": EmbeddingConfig(update_chunk=4096),
-               "fuselab tile 4096": EmbeddingConfig(update_elements=4096)}
+               "upd tile 8192": EmbeddingConfig(update_elements=8192),
+               "upd unroll 8": EmbeddingConfig(update_unroll=8, update_elements=8192),
+               "upd unroll 2": EmbeddingConfig(update_unroll=2),
+               "upd chunk 1024": EmbeddingConfig(update_chunk=1024),
+               "lkp unroll 1": EmbeddingConfig(lookup_unroll=1),
+               "lkp unroll 8": EmbeddingConfig(lookup_unroll=8, lookup_elements=8192),
+               "lkp tile 8192": EmbeddingConfig(lookup_elements=8192)}
     for scale in args.scale:
         sizes = [max(2, round(min(n, cfg.max_rows_per_table) * scale)) for n in cfg.cardinalities]
         gen = torch.Generator(device="cuda").manual_seed(0)
