@@ -106,11 +106,12 @@ class StockDLRM(nn.Module):
 
 
 def dense_adagrad(params: list[Tensor], lr: float, eps: float) -> torch.optim.Adagrad:
-    """``torch.optim.Adagrad`` of the dense parameters: fused where this torch has the kernel for their device, else
-    foreach."""
-    device = params[0].device.type.upper()
-    fused = torch._C._dispatch_has_kernel_for_dispatch_key("aten::_fused_adagrad_", device)
-    return torch.optim.Adagrad(params, lr=lr, eps=eps, **({"fused": True} if fused else {"foreach": True}))
+    """``torch.optim.Adagrad`` of the dense parameters: fused where this torch's Adagrad accepts ``fused=True`` for
+    their device, else foreach (torch 2.11's has a fused kernel registered for CUDA but refuses it there)."""
+    try:
+        return torch.optim.Adagrad(params, lr=lr, eps=eps, fused=True)
+    except RuntimeError:
+        return torch.optim.Adagrad(params, lr=lr, eps=eps, foreach=True)
 
 
 class StockStep:
