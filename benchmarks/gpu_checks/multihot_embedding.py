@@ -99,14 +99,18 @@ def main() -> None:
     d, bags = cfg.embedding_dim, list(cfg.multi_hot_sizes)
     copy_bw = measure_copy()
     rows = []
-    configs = {"fuselab": EmbeddingConfig(),
-               "upd tile 8192": EmbeddingConfig(update_elements=8192),
-               "upd unroll 8": EmbeddingConfig(update_unroll=8, update_elements=8192),
-               "upd unroll 2": EmbeddingConfig(update_unroll=2),
-               "upd chunk 1024": EmbeddingConfig(update_chunk=1024),
-               "lkp unroll 1": EmbeddingConfig(lookup_unroll=1),
-               "lkp unroll 8": EmbeddingConfig(lookup_unroll=8, lookup_elements=8192),
-               "lkp tile 8192": EmbeddingConfig(lookup_elements=8192)}
+    E = EmbeddingConfig
+    configs = {"fuselab": E(),
+               "warp/item u8": E(update_elements=1024, update_unroll=8, update_warps=1, lookup_elements=1024,
+                                 lookup_unroll=8, bag_warps=1),
+               "warp/item u4": E(update_elements=512, update_unroll=4, update_warps=1, lookup_elements=512,
+                                 lookup_unroll=4, bag_warps=1),
+               "warp/item u16": E(update_elements=2048, update_unroll=16, update_warps=1, lookup_elements=2048,
+                                  lookup_unroll=16, bag_warps=1),
+               "2 warps, 2 items": E(update_elements=2048, update_unroll=8, update_warps=2, lookup_elements=2048,
+                                     lookup_unroll=4, bag_warps=2),
+               "warp/item u8 chunk 1024": E(update_elements=1024, update_unroll=8, update_warps=1, update_chunk=1024,
+                                            lookup_elements=4096, lookup_unroll=1)}
     for scale in args.scale:
         sizes = [max(2, round(min(n, cfg.max_rows_per_table) * scale)) for n in cfg.cardinalities]
         gen = torch.Generator(device="cuda").manual_seed(0)

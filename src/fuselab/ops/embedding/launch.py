@@ -40,7 +40,9 @@ class EmbeddingConfig:
     carry kernel adds in chunk order (short chunks balance hot rows; long ones shorten the carry's walk).
     ``rows_block``: id positions per program of the row-computing and item-numbering kernels.
     ``carry_elements``: tile of chunk partials the carry kernel adds per step along a segment that crosses chunks.
-    ``num_warps``: warps per program of every kernel.
+    ``num_warps``: warps per program of the one-id lookup and of the rows, item-numbering and carry kernels;
+    ``bag_warps`` and ``update_warps``: of the bag lookup and of the update's item kernel (one warp per bag or item
+    keeps many independent gathers in flight; a wider program waits for its longest bag or item).
     """
 
     lookup_elements: int = 4096
@@ -51,10 +53,12 @@ class EmbeddingConfig:
     update_chunk: int = 256
     lookup_unroll: int = 4
     update_unroll: int = 4
+    bag_warps: int = 4
+    update_warps: int = 4
 
     def __post_init__(self) -> None:
         for name in ("lookup_elements", "update_elements", "rows_block", "carry_elements", "num_warps",
-                     "update_chunk", "lookup_unroll", "update_unroll"):
+                     "update_chunk", "lookup_unroll", "update_unroll", "bag_warps", "update_warps"):
             value = getattr(self, name)
             if not isinstance(value, int) or value < 1 or value & (value - 1):
                 raise ValueError(f"EmbeddingConfig.{name} must be a positive power of two, got {value!r}")
@@ -235,7 +239,8 @@ def lookup_(out: torch.Tensor, weight: torch.Tensor, ids: torch.Tensor, table_si
                    (weight, ids, offsets if bags else table_sizes, table_sizes, row_offsets, out),
                    (ids.shape[0] if bags else 0, num_bags, f_count, s_ib, s_if),
                    dict(D=dim, BLOCK_ROWS=block_rows, BLOCK_D=blocks.block_d, BAGS=bags, MEAN=pooling == "mean",
-                        WIDE=wide, UNROLL=config.lookup_unroll if bags else 1, num_warps=config.num_warps), 1)
+                        WIDE=wide, UNROLL=config.lookup_unroll if bags else 1,
+                        num_warps=config.bag_warps if bags else config.num_warps), 1)
     return None if copied else record
 
 
@@ -298,11 +303,11 @@ def _update_plan(weight: torch.Tensor, grad: torch.Tensor, ids: torch.Tensor, ta
         steps.append((rows_grid, (n_pos,), dict(BLOCK=config.rows_block, CHUNK=chunk, STARTS=starts, num_warps=warps),
                       1))
     code = _OPTIMIZER_CODE[optimizer]
-    # a persistent grid: items are at most N, their count is known on the device only
-    programs = min(cdiv(n_pos, blocks.update_items), 8 * sm_count(weight.device))
+    # a persistent grid of 32 warps per multiprocessor: items are at most N, their count is known on the device only
+    programs = min(cdiv(n_pos, blocks.update_items), max(1, 32 // config.update_warps) * sm_count(weight.device))
     steps.append(((max(programs, 1),), (n_pos, f_count, *grad.stride(), float(eps)),
                   dict(D=dim, BLOCK_S=blocks.update_items, UNROLL=config.update_unroll, BLOCK_D=block_d, CHUNK=chunk,
-                       OPTIMIZER=code, SCALED=bags, num_warps=warps), 1))
+                       OPTIMIZER=code, SCALED=bags, num_warps=config.update_warps), 1))
     n_chunks = cdiv(n_pos, chunk)
     # most carry programs read 3 keys and exit; a segment crossing chunks adds (carry_chunks, D) tiles
     steps.append(((n_chunks,), (n_pos, n_chunks, float(eps)),
