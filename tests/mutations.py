@@ -103,8 +103,11 @@ FAULTS: tuple[Fault, ...] = (
     fault("interaction: backward pair index transposed", "                pair = hi * (hi - 1) // 2 + lo\n",
           "                pair = lo * (lo - 1) // 2 + hi\n", INTER, "-k", "forward_backward and triton and strict"),
     # ---------------------------------------------------------------- embedding collection
-    fault("embedding: negative ids not wrapped into the table", "return base + tl.where(r < 0, r + n, r)",
-          "return base + tl.where(r < 0, r, r)", EMB, "-k", "lookup_one_id and triton"),
+    fault("embedding: negative ids not wrapped into the table", "r = tl.where(r < 0, r + n, r)", "r = r", EMB, "-k",
+          "lookup_one_id and triton"),
+    fault("embedding: ids outside their table read without the remainder",
+          "if tl.max(((r < 0) | (r >= n)).to(tl.int32)) > 0:", "if tl.max(((r < 0) | (r >= n)).to(tl.int32)) > 1:",
+          EMB, "-k", "lookup_bags and triton"),
     fault("embedding: row-wise Adagrad state not averaged over D", "tl.div_rn(sq, tl.zeros_like(sq) + D)",
           "tl.div_rn(sq, tl.zeros_like(sq) + 1)", EMB, "-k", "fused_update and triton and rowwise"),
     fault("embedding: duplicate rows not summed (an item keeps only its last gathered step)",

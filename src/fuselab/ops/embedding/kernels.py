@@ -60,8 +60,18 @@ def _global_row(raw, feature, sizes_ptr, row_offsets_ptr, mask):
     # raw: ids of any integer dtype; feature: their feature index (same shape); sizes_ptr/row_offsets_ptr: (F,) int64
     n = tl.load(sizes_ptr + feature, mask=mask, other=1)
     base = tl.load(row_offsets_ptr + feature, mask=mask, other=0)
-    r = raw.to(tl.int64) % n  # C remainder: the sign of raw
-    return base + tl.where(r < 0, r + n, r)
+    return base + _wrapped(raw, n)
+
+
+@triton.jit
+def _wrapped(raw, n):
+    # raw mod n, non-negative (int64). The 64-bit remainder costs ~100 instructions per id, so it runs only when some
+    # id of the tile is outside [0, n): ids a loader already hashed into their tables skip it
+    r = raw.to(tl.int64)
+    if tl.max(((r < 0) | (r >= n)).to(tl.int32)) > 0:
+        r = r % n  # C remainder: the sign of raw
+        r = tl.where(r < 0, r + n, r)
+    return r
 
 
 @triton.jit
@@ -107,13 +117,15 @@ def lookup_kernel(
         # make_ttgir) at 32-64 rows x 4 warps
         start, end = _bag_bounds(offsets_ptr, j[:, None], jm[:, None], n_ids)
         length = (end - start)[:, :, None]  # (BLOCK_ROWS, 1, 1)
+        n_rows = tl.load(sizes_ptr + tl.program_id(1))  # the program's table, read once
+        base = tl.load(row_offsets_ptr + tl.program_id(1))
         u = tl.arange(0, UNROLL)[None, :, None]
         dd = d[None, None, :]
         acc = tl.zeros((BLOCK_ROWS, BLOCK_D), dtype=tl.float32)
         for i in range(0, tl.max(tl.max(tl.max(length, axis=2), axis=1), axis=0), UNROLL):
             m = jm[:, None, None] & (i + u < length)  # (BLOCK_ROWS, UNROLL, 1)
             raw = tl.load(ids_ptr + (start[:, :, None] + i + u) * s_ib, mask=m, other=0)
-            row = _global_row(raw, feature[:, None, None], sizes_ptr, row_offsets_ptr, m)
+            row = base + _wrapped(raw, n_rows)
             acc += tl.sum(tl.load(w_ptr + row * D + dd, mask=m & (dd < D), other=0.0).to(tl.float32), axis=1)
         if MEAN:
             acc = acc / tl.maximum(end - start, 1).to(tl.float32)
@@ -264,7 +276,7 @@ def item_update_kernel(
     tail_ptr,  # (n_chunks, BLOCK_D) fp32 out: sum of the split piece that ends at each chunk's end
     N, F, s_gb, s_gf, s_gd, eps,  # N first: the launch keys it by class
     D: tl.constexpr, BLOCK_S: tl.constexpr, UNROLL: tl.constexpr, BLOCK_D: tl.constexpr, CHUNK: tl.constexpr,
-    OPTIMIZER: tl.constexpr, SCALED: tl.constexpr,
+    OPTIMIZER: tl.constexpr, SCALED: tl.constexpr, FLAT_GRAD: tl.constexpr,
 ):
     # An item is a run of equal sorted rows inside one chunk of CHUNK positions: a whole segment (all the ids of one
     # row), or a piece of a segment longer than a chunk. A program takes BLOCK_S items at a time (a persistent
@@ -290,7 +302,10 @@ def item_update_kernel(
             pm = (j + u < length[:, :, None]) & im[:, :, None]  # (BLOCK_S, UNROLL, 1)
             pos = start[:, :, None] + j + u
             src = tl.load(src_ptr + pos, mask=pm, other=0)
-            at = grad_ptr + (src // F) * s_gb + (src % F) * s_gf + d[:, None, :] * s_gd
+            if FLAT_GRAD:  # s_gb == F * s_gf: bag b*F + f is row b*F + f (no 64-bit division per id)
+                at = grad_ptr + src * s_gf + d[:, None, :] * s_gd
+            else:
+                at = grad_ptr + (src // F) * s_gb + (src % F) * s_gf + d[:, None, :] * s_gd
             g = tl.load(at, mask=pm & dm[:, None, :], other=0.0).to(tl.float32)
             if SCALED:
                 g = g * tl.load(scale_ptr + pos, mask=pm, other=0.0)

@@ -307,7 +307,8 @@ def _update_plan(weight: torch.Tensor, grad: torch.Tensor, ids: torch.Tensor, ta
     programs = min(cdiv(n_pos, blocks.update_items), max(1, 32 // config.update_warps) * sm_count(weight.device))
     steps.append(((max(programs, 1),), (n_pos, f_count, *grad.stride(), float(eps)),
                   dict(D=dim, BLOCK_S=blocks.update_items, UNROLL=config.update_unroll, BLOCK_D=block_d, CHUNK=chunk,
-                       OPTIMIZER=code, SCALED=bags, num_warps=config.update_warps), 1))
+                       OPTIMIZER=code, SCALED=bags, FLAT_GRAD=grad.stride(0) == f_count * grad.stride(1),
+                       num_warps=config.update_warps), 1))
     n_chunks = cdiv(n_pos, chunk)
     # most carry programs read 3 keys and exit; a segment crossing chunks adds (carry_chunks, D) tiles
     steps.append(((n_chunks,), (n_pos, n_chunks, float(eps)),
