@@ -1,0 +1,170 @@
+"""Argument checks of the GEMM family: ``validate(...) -> GemmCall`` (and the DCN's), frozen records of the validated
+arguments plus what is derived from them; their ``signature`` is the launch cache's key (``docs/gemm.md``)."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+
+from fuselab.core.checks import require_float, require_same_device, require_tensor
+from fuselab.ops.bias_act.checks import check_activation
+from fuselab.ops.opdef import operand
+from fuselab.reference.bias_act import ACTIVATIONS, SAVED
+from fuselab.reference.gemm import LoRA
+
+#: what the forward keeps for the backward: "auto" picks per activation (the output for relu/relu2/sigmoid, the
+#: pre-activation for silu/gelu/gelu_tanh); "mask" (relu only) a 1-bit-per-element mask
+KEEP_CHOICES: tuple[str, ...] = ("auto", "output", "pre", "mask")
+#: the largest LoRA rank the fused kernel takes (its side accumulator lives in registers)
+MAX_LORA_RANK = 128
+
+
+@dataclass(frozen=True)
+class LinearOptions:
+    """The non-tensor arguments of :func:`fuselab.gemm`."""
+
+    alpha: float = 1.0
+    activation: str = "none"
+    keep: str = "auto"
+    out_dtype: torch.dtype | None = None
+
+
+def resolve_keep(activation: str, keep: str, needs_grad: bool) -> str:
+    """What the forward writes for the backward: "nothing", "output", "pre" or "mask"."""
+    if not needs_grad or activation == "none":
+        return "nothing"
+    if keep == "auto":
+        return SAVED[activation]
+    return keep
+
+
+def tf32_enabled() -> bool:
+    """Whether fp32 GEMMs may round their operands to TF32: torch's own switch
+    (``torch.set_float32_matmul_precision``: anything but "highest")."""
+    return torch.get_float32_matmul_precision() != "highest"
+
+
+def signature_of(x, weight, bias, residual, lora, options: LinearOptions, needs_grad: bool) -> tuple:
+    """The launch key of a :func:`fuselab.gemm` call: every operand's shape, strides, dtype, device, storage offset
+    and 16-byte alignment, the options, whether autograd records it and the TF32 switch. Raises AttributeError /
+    TypeError for non-tensors or unhashable options (the checks then name the argument)."""
+    lora_key = None if lora is None else (operand(lora.a), operand(lora.b), type(lora.scale))
+    return (operand(x), operand(weight), None if bias is None else operand(bias),
+            None if residual is None else operand(residual), lora_key, type(options.alpha), options.activation,
+            options.keep, options.out_dtype, needs_grad, tf32_enabled())
+
+
+@dataclass(frozen=True)
+class GemmCall:
+    """A validated :func:`fuselab.gemm` call: the arguments, the resolved ``keep`` and ``out_dtype`` and the sizes
+    (``M`` rows: the product of x's leading dims)."""
+
+    x: torch.Tensor
+    weight: torch.Tensor
+    bias: torch.Tensor | None
+    residual: torch.Tensor | None
+    lora: LoRA | None
+    alpha: float
+    activation: str
+    keep: str
+    out_dtype: torch.dtype
+    needs_grad: bool
+    M: int
+    N: int
+    K: int
+
+    @property
+    def signature(self) -> tuple:
+        options = LinearOptions(self.alpha, self.activation, self.keep, self.out_dtype)
+        return signature_of(self.x, self.weight, self.bias, self.residual, self.lora, options, self.needs_grad)
+
+    @property
+    def rank(self) -> int:
+        return 0 if self.lora is None else self.lora.a.shape[0]
+
+
+def _check_lora(lora, n: int, k: int, dtype: torch.dtype) -> None:
+    if not isinstance(lora, LoRA):
+        raise TypeError(f"lora must be a fuselab.reference.gemm.LoRA(a, b, scale) or None, got {type(lora).__name__}")
+    require_tensor("lora.a", lora.a)
+    require_tensor("lora.b", lora.b)
+    if lora.a.dim() != 2 or lora.a.shape[1] != k or not 1 <= lora.a.shape[0] <= MAX_LORA_RANK:
+        raise ValueError(f"lora.a must have shape (rank, in_features) = (r, {k}) with 1 <= r <= {MAX_LORA_RANK}, "
+                         f"got {tuple(lora.a.shape)}")
+    rank = lora.a.shape[0]
+    if lora.b.shape != (n, rank):
+        raise ValueError(f"lora.b must have shape (out_features, rank) = ({n}, {rank}), got {tuple(lora.b.shape)}")
+    for name, t in (("lora.a", lora.a), ("lora.b", lora.b)):
+        if t.dtype != dtype:
+            raise TypeError(f"{name} must have x's dtype {dtype}, got {t.dtype}")
+    if isinstance(lora.scale, bool) or not isinstance(lora.scale, (int, float)):
+        raise TypeError(f"lora.scale must be a Python float, got {type(lora.scale).__name__}")
+
+
+def _check_options(options: LinearOptions) -> str:
+    """The options' own checks; returns the activation."""
+    if isinstance(options.alpha, bool) or not isinstance(options.alpha, (int, float)):
+        raise TypeError(f"alpha must be a Python float, got {type(options.alpha).__name__}")
+    activation = check_activation(options.activation)
+    keep = options.keep
+    if keep not in KEEP_CHOICES:
+        raise ValueError(f"keep must be one of {', '.join(KEEP_CHOICES)}, got {keep!r}")
+    if keep == "mask" and activation != "relu":
+        raise ValueError(f"keep='mask' needs activation='relu' (a 1-bit mask is relu's derivative), got {activation!r}")
+    if keep == "output" and SAVED[activation] == "pre":
+        raise ValueError(f"keep='output' cannot give the derivative of {activation!r}: use 'pre' or 'auto'")
+    out = options.out_dtype
+    if out is not None and out not in (torch.float32, torch.float16, torch.bfloat16, torch.float64):
+        raise TypeError(f"out_dtype must be None or a floating dtype, got {out}")
+    return activation
+
+
+def validate(x, weight, bias, residual, lora, options: LinearOptions, needs_grad: bool) -> GemmCall:
+    """The checks of :func:`fuselab.gemm` (TypeError/ValueError naming the argument) -> :class:`GemmCall`."""
+    require_float("x", x)
+    require_float("weight", weight)
+    activation = _check_options(options)
+    if x.dim() == 0:
+        raise ValueError("x must have at least one dim (..., in_features), got a 0-dim tensor")
+    if weight.dim() != 2 or weight.shape[1] != x.shape[-1]:
+        raise ValueError(f"weight must have shape (out_features, in_features) with in_features = x.shape[-1] = "
+                         f"{x.shape[-1]}, got {tuple(weight.shape)}")
+    if weight.dtype != x.dtype:
+        raise TypeError(f"weight must have x's dtype {x.dtype}, got {weight.dtype}")
+    n, k = weight.shape
+    if bias is not None:
+        require_float("bias", bias)
+        if bias.shape != (n,):
+            raise ValueError(f"bias must have shape (out_features,) = ({n},), got {tuple(bias.shape)}")
+    if residual is not None:
+        require_float("residual", residual)
+        want = (*x.shape[:-1], n)
+        if residual.shape != want:
+            raise ValueError(f"residual must have shape {want} (x's leading dims, out_features), "
+                             f"got {tuple(residual.shape)}")
+    if lora is not None:
+        _check_lora(lora, n, k, x.dtype)
+    require_same_device(x=x, weight=weight, bias=bias, residual=residual, lora_a=None if lora is None else lora.a,
+                        lora_b=None if lora is None else lora.b)
+    return GemmCall(x=x, weight=weight, bias=bias, residual=residual, lora=lora, alpha=float(options.alpha),
+                    activation=activation, keep=resolve_keep(activation, options.keep, needs_grad),
+                    out_dtype=options.out_dtype or x.dtype, needs_grad=needs_grad, M=math.prod(x.shape[:-1]), N=n,
+                    K=k)
+
+
+def rows(t: torch.Tensor) -> torch.Tensor:
+    """``t`` as a 2-D ``[M, last]`` view, strides kept where the leading dims merge (else a copy: documented)."""
+    if t.dim() == 2:
+        return t
+    shape = (math.prod(t.shape[:-1]), t.shape[-1])
+    try:
+        return t.view(shape)
+    except RuntimeError:
+        return t.reshape(shape)
+
+
+def activation_id(name: str) -> int:
+    """The kernels' id of an activation (its index in :data:`~fuselab.reference.bias_act.ACTIVATIONS`)."""
+    return ACTIVATIONS.index(name)

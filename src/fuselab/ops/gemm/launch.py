@@ -1,0 +1,360 @@
+"""Tuning, plans and the out-param launcher of the GEMM family (kernel: :func:`fuselab.ops.gemm.kernels._gemm_kernel`).
+
+One launch computes ``C = epilogue(prologue(A) · B)`` for ``A`` ``[P, R]`` and ``B`` ``[R, Q]`` given as views with
+those logical shapes (a transposed operand is a ``.t()`` view: the kernel reads through the strides).
+:class:`GemmSpec` is what the plan depends on (sizes, dtype, device, the prologue's and epilogue's flags, the TMA
+eligibility of the operands): hashable, no tensors. :func:`plan` turns it into a :class:`GemmPlan` (tile config by
+shape rules read from :class:`GemmTuning`, split of the reduction, grid, constexprs); :func:`gemm_` launches a plan
+on :class:`GemmOperands`. Nothing here validates or allocates outputs (the ops do), except the split's scratch.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+import torch
+import triton.language as tl
+
+from fuselab.core.device import cdiv, next_power_of_2, sm_count, tma_capable
+from fuselab.ops._launch import TensorDescriptor
+from fuselab.ops._launch import launch as launch_kernel
+from fuselab.ops._tickets import scratch, ticket_counters
+from fuselab.ops.opdef import memo
+from fuselab.ops.tuning import current
+
+from .kernels import _gemm_kernel
+
+#: bytes of shared memory a plan's pipelined A and B tiles may take (an H100/H200 SM has 227 KiB for a block)
+SMEM_BUDGET = 200 * 1024
+
+
+@dataclass(frozen=True)
+class TileConfig:
+    """One tile shape: ``[block_p, block_q]`` output tiles, ``block_r`` reduction steps, ``warps`` per program,
+    ``stages`` of software pipelining, ``group`` row tiles walked together (L2 reuse)."""
+
+    block_p: int = 128
+    block_q: int = 128
+    block_r: int = 64
+    warps: int = 8
+    stages: int = 3
+    group: int = 8
+
+
+@dataclass(frozen=True, eq=False)
+class GemmTuning:
+    """The planner's knobs (:func:`fuselab.ops.tuning.override` changes them for a sweep). Tile configs are picked
+    by the shape rules of :func:`choose_tile` (``benchmarks/notes/gemm.md``): ``wide`` for large outputs with at least
+    ``wide_min_q`` columns and ``wide_min_p`` rows and no prologue, ``narrow`` for at most ``narrow_max_q`` columns,
+    ``weight_grad`` for the reductions over tokens (weight and bias gradients), ``fp32`` for exact fp32, else
+    ``large``; ``force`` overrides them all. Reductions over tokens split into up to ``max_split`` parts (each at
+    least ``min_split_steps`` steps) when the output has fewer tiles than the grid has programs
+    (``programs_per_sm`` per SM). ``tma``: read A and B through host TMA descriptors where Hopper, alignment and
+    layout allow. ``flatten`` / ``warp_specialize``: Triton's options of the persistent loop.
+    ``materialize_dz``: the backward writes dZ once in the operand dtype (while computing dX) and the weight
+    gradients read it, instead of applying act' again as they load dY."""
+
+    large: TileConfig = TileConfig(128, 128, 64, 8, 3)
+    wide: TileConfig = TileConfig(128, 256, 64, 8, 3)
+    narrow: TileConfig = TileConfig(128, 64, 64, 4, 4)
+    weight_grad: TileConfig = TileConfig(128, 64, 64, 4, 4)
+    fp32: TileConfig = TileConfig(128, 128, 32, 8, 3)
+    wide_min_q: int = 256
+    wide_min_p: int = 8192
+    narrow_max_q: int = 64
+    programs_per_sm: int = 1
+    max_split: int = 16
+    min_split_steps: int = 8
+    tma: bool = True
+    flatten: bool = False
+    warp_specialize: bool = False
+    materialize_dz: bool = False
+    force: TileConfig | None = None
+
+
+@dataclass(frozen=True)
+class RopeSpec:
+    """What a RoPE epilogue (or the inverse rotation of a prologue) is compiled for: pairs (i, i + pair_stride)
+    inside groups of 2·pair_stride columns (neox: pair_stride = half; interleaved: 1), ``half`` rotated pairs per
+    head of ``head_dim`` columns, columns below ``rot_cols`` (q and k) rotated, a cos/sin table or in-kernel
+    angles, and how a token finds its position (``pos_mode``, see ``kernels._positions``)."""
+
+    pair_stride: int
+    half: int
+    head_dim: int
+    rot_cols: int
+    use_table: bool
+    pos_mode: int = 0
+    search_steps: int = 1
+
+
+@dataclass(frozen=True)
+class GemmSpec:
+    """Everything a launch's plan depends on (no tensors, hashable): sizes (``p`` x ``r`` times ``r`` x ``q``), the
+    operands' dtype, the device and the flags. ``act`` / ``pro_act``: activation ids (the index
+    in :data:`fuselab.reference.bias_act.ACTIVATIONS`); ``keep`` 0 nothing, 1 the pre-activation, 2 ReLU bits;
+    ``a_tma`` / ``b_tma``: 0 pointers, 1 a descriptor of the operand, 2 of its transpose (see :func:`tma_mode`)."""
+
+    p: int
+    q: int
+    r: int
+    dtype: torch.dtype
+    device: torch.device
+    tf32: bool = False
+    act: int = 0
+    bias: bool = False
+    x0: bool = False
+    residual: bool = False
+    keep: int = 0
+    rope: RopeSpec | None = None
+    lora_rank: int = 0
+    pro_act: int = 0
+    pro_mask: bool = False
+    pro_x0: bool = False
+    pro_rope: RopeSpec | None = None
+    n_along_p: bool = False
+    row_sum: bool = False
+    write_a: bool = False
+    int64: bool = False
+    a_tma: int = 0
+    b_tma: int = 0
+
+
+@dataclass(frozen=True)
+class GemmPlan:
+    """A launch: the spec, its tile config, the split of the reduction, the grid and the constexprs (a tuple of
+    (name, value) pairs: hashable, the launch cache's key)."""
+
+    spec: GemmSpec
+    tile: TileConfig
+    split: int
+    k_per_split: int
+    grid: tuple[int]
+    constexprs: tuple[tuple[str, Any], ...]
+
+    @property
+    def n_tiles(self) -> int:
+        return cdiv(self.spec.p, self.tile.block_p) * cdiv(self.spec.q, self.tile.block_q)
+
+
+@dataclass
+class RopeArgs:
+    """The per-launch values of a RoPE epilogue/prologue: tables (or ``freq``), positions/offsets/cu_seqlens and
+    how a row index m splits into (batch b, index s) = ((m // div_b) % mod_b, (m // div_s) % mod_s)."""
+
+    cos: torch.Tensor | None = None
+    sin: torch.Tensor | None = None
+    freq: torch.Tensor | None = None
+    positions: torch.Tensor | None = None  # [B or 1, S] (thd: [1, T])
+    offsets: torch.Tensor | None = None
+    cu_seqlens: torch.Tensor | None = None
+    offset: int = 0
+    mscale: float = 1.0
+    div_b: int = 1
+    mod_b: int = 1
+    div_s: int = 1
+    mod_s: int = 1
+
+
+@dataclass
+class GemmOperands:
+    """The tensors of one launch, as views of the logical shapes the kernel's comments give (``a`` [P, R], ``b``
+    [R, Q], ``c`` [P, Q], ``s``/``g0`` [P, R], ``x0``/``res`` [P, Q], ``l1`` [R, rank], ``l2`` [rank, Q]); ``kept``,
+    ``t``, ``aout``, ``db`` contiguous. ``s`` holds ReLU bits ([token rows, cdiv(n, 8)] uint8) for a mask prologue."""
+
+    a: torch.Tensor
+    b: torch.Tensor
+    c: torch.Tensor
+    bias: torch.Tensor | None = None
+    x0: torch.Tensor | None = None
+    res: torch.Tensor | None = None
+    kept: torch.Tensor | None = None
+    l1: torch.Tensor | None = None
+    l2: torch.Tensor | None = None
+    t: torch.Tensor | None = None
+    s: torch.Tensor | None = None
+    g0: torch.Tensor | None = None
+    aout: torch.Tensor | None = None
+    db: torch.Tensor | None = None
+    alpha: float = 1.0
+    lora_scale: float = 1.0
+    rope: RopeArgs | None = field(default=None)
+
+
+# ---------------------------------------------------------------------------------------------- specs
+def tma_mode(t: torch.Tensor, device_ok: bool) -> int:
+    """How a 2-D operand view can be read through a TMA descriptor: 1 as it is (unit column stride), 2 through its
+    transpose (unit row stride), 0 not at all (16-byte aligned base and row stride required, no zero strides)."""
+    if not device_ok or t.dim() != 2 or t.data_ptr() % 16 or 0 in t.stride():
+        return 0
+    size = t.element_size()
+    s0, s1 = t.stride()
+    if s1 == 1 and (s0 * size) % 16 == 0:
+        return 1
+    if s0 == 1 and (s1 * size) % 16 == 0:
+        return 2
+    return 0
+
+
+def spec_of(ops: GemmOperands, **flags: Any) -> GemmSpec:
+    """The :class:`GemmSpec` of a launch on ``ops`` with ``flags`` (GemmSpec's flag fields)."""
+    a, b = ops.a, ops.b
+    tma_ok = current(GemmTuning).tma and a.dtype != torch.float64 and tma_capable(a.device)
+    big = [t for t in (a, b, ops.c, ops.s, ops.g0, ops.x0, ops.res, ops.kept, ops.aout) if t is not None]
+    int64 = any(_reach(t) > 2**31 - 1 for t in big)
+    return GemmSpec(p=a.shape[0], q=b.shape[1], r=a.shape[1], dtype=a.dtype, device=a.device, int64=int64,
+                    a_tma=tma_mode(a, tma_ok), b_tma=tma_mode(b, tma_ok), **flags)
+
+
+def _reach(t: torch.Tensor) -> int:
+    """Largest element offset reachable through ``t``'s strides, from its data pointer."""
+    return sum((n - 1) * abs(s) for n, s in zip(t.shape, t.stride()) if n > 0)
+
+
+# ---------------------------------------------------------------------------------------------- plans
+def choose_tile(spec: GemmSpec, tuning: GemmTuning) -> TileConfig:
+    """The tile config of ``spec`` by the shape rules (see :class:`GemmTuning`), fitted to the problem: blocks no
+    larger than the next power of 2 of each size (16 at least), wide enough for a RoPE pair group, few warps for
+    small tiles, stages within :data:`SMEM_BUDGET`."""
+    if tuning.force is not None:
+        cfg = tuning.force
+    elif (spec.dtype == torch.float32 and not spec.tf32) or spec.dtype == torch.float64:
+        cfg = tuning.fp32
+    elif spec.n_along_p:
+        cfg = tuning.weight_grad
+    elif spec.q <= tuning.narrow_max_q:
+        cfg = tuning.narrow
+    elif (spec.q >= tuning.wide_min_q and spec.p >= tuning.wide_min_p and not spec.lora_rank and spec.rope is None
+          and spec.pro_act == 0 and not spec.pro_mask and not spec.pro_x0 and spec.pro_rope is None):
+        cfg = tuning.wide
+    else:
+        cfg = tuning.large
+    bp = min(cfg.block_p, max(16, next_power_of_2(spec.p)))
+    bq = min(cfg.block_q, max(16, next_power_of_2(spec.q)))
+    br = min(cfg.block_r, max(16, next_power_of_2(spec.r)))
+    if spec.rope is not None:
+        bq = max(bq, 2 * spec.rope.pair_stride)
+    if spec.pro_rope is not None:
+        if spec.n_along_p:
+            bp = max(bp, 2 * spec.pro_rope.pair_stride)
+        else:
+            br = max(br, 2 * spec.pro_rope.pair_stride)
+    warps = cfg.warps if bp * bq >= 128 * 128 else min(cfg.warps, 4)
+    item = 4 if spec.dtype in (torch.float32, torch.float64) else 2
+    per_stage = (bp * br + br * bq) * item
+    stages = max(1, min(cfg.stages, SMEM_BUDGET // per_stage))
+    return TileConfig(bp, bq, br, warps, stages, cfg.group)
+
+
+def _dot_types(spec: GemmSpec) -> tuple:
+    """(DOT, ACC, PRECISION) constexprs: the operand dtype of tl.dot (fp32 under the interpreter, whose dot cannot
+    take bf16), the accumulator dtype and the fp32 input precision (tf32 or ieee; None for 16-bit operands)."""
+    if spec.dtype == torch.float64:
+        return tl.float64, tl.float64, "ieee"
+    if spec.device.type != "cuda" or spec.dtype == torch.float32:
+        return tl.float32, tl.float32, "tf32" if spec.tf32 and spec.device.type == "cuda" else "ieee"
+    return (tl.bfloat16 if spec.dtype == torch.bfloat16 else tl.float16), tl.float32, None
+
+
+def _split(spec: GemmSpec, tile: TileConfig, tuning: GemmTuning, programs: int) -> tuple[int, int]:
+    """(split, reduction steps per split): a split of the reduction when the output has fewer tiles than the grid
+    has programs (a power of 2, at most ``max_split``, at least ``min_split_steps`` steps each)."""
+    k_full = spec.r // tile.block_r
+    n_tiles = cdiv(spec.p, tile.block_p) * cdiv(spec.q, tile.block_q)
+    split = 1
+    if not spec.lora_rank and not spec.write_a:
+        limit = min(tuning.max_split, programs // max(n_tiles, 1), k_full // max(tuning.min_split_steps, 1))
+        while split * 2 <= limit:
+            split *= 2
+    return split, cdiv(k_full, split) if k_full else 0
+
+
+@memo(maxsize=1024)
+def _plan(spec: GemmSpec, tuning: GemmTuning) -> GemmPlan:
+    tile = choose_tile(spec, tuning)
+    programs = sm_count(spec.device) * tuning.programs_per_sm
+    split, k_per_split = _split(spec, tile, tuning, programs)
+    n_units = cdiv(spec.p, tile.block_p) * cdiv(spec.q, tile.block_q) * split
+    dot, acc, precision = _dot_types(spec)
+    rope = spec.rope or spec.pro_rope or RopeSpec(1, 1, 2, 0, False)
+    cx = dict(
+        BP=tile.block_p, BQ=tile.block_q, BR=tile.block_r, GROUP=tile.group, SPLIT=split,
+        EVEN_R=spec.r % tile.block_r == 0, EVEN_P=spec.p % tile.block_p == 0, EVEN_Q=spec.q % tile.block_q == 0,
+        DOT=dot, ACC=acc, PRECISION=precision, INT64=spec.int64,
+        A_DESC=spec.a_tma > 0, A_DESC_T=spec.a_tma == 2, B_DESC=spec.b_tma > 0, B_DESC_T=spec.b_tma == 2,
+        PRO_ACT=spec.pro_act, PRO_MASK=spec.pro_mask, PRO_X0=spec.pro_x0, PRO_ROPE=spec.pro_rope is not None,
+        N_ALONG_P=spec.n_along_p, ROW_SUM=spec.row_sum, WRITE_A=spec.write_a, LORA=spec.lora_rank > 0,
+        RANK_B=max(16, next_power_of_2(spec.lora_rank)), HAS_BIAS=spec.bias, EPI_X0=spec.x0, HAS_RES=spec.residual,
+        EPI_ROPE=spec.rope is not None, KEEP=spec.keep, ACT=spec.act, ROPE_PS=rope.pair_stride, ROPE_HALF=rope.half,
+        HEAD_DIM=rope.head_dim, USE_TABLE=rope.use_table, POS_MODE=rope.pos_mode, SEARCH_STEPS=rope.search_steps,
+        NUM_STAGES=tile.stages, FLATTEN=tuning.flatten, WARP_SPEC=tuning.warp_specialize and spec.a_tma > 0,
+        num_warps=tile.warps, num_stages=tile.stages)
+    return GemmPlan(spec, tile, split, k_per_split, (max(1, min(n_units, programs)),), tuple(cx.items()))
+
+
+def plan(spec: GemmSpec) -> GemmPlan:
+    """The launch plan of ``spec`` under the tuning in force (memoized)."""
+    return _plan(spec, current(GemmTuning))
+
+
+def with_flags(spec: GemmSpec, **flags: Any) -> GemmSpec:
+    """``spec`` with some flags changed (a backward launch derived from a forward spec)."""
+    return replace(spec, **flags)
+
+
+# ---------------------------------------------------------------------------------------------- launch
+def _descriptor(t: torch.Tensor, mode: int, rows: int, cols: int):
+    """The TMA descriptor of operand view ``t`` (mode 1: of t with box [rows, cols]; 2: of t.T, box [cols, rows])."""
+    if mode == 1:
+        return TensorDescriptor(t, list(t.shape), list(t.stride()), [rows, cols])
+    tt = t.t()
+    return TensorDescriptor(tt, list(tt.shape), list(tt.stride()), [cols, rows])
+
+
+def _strides(t: torch.Tensor | None, n: int = 2) -> tuple[int, ...]:
+    if t is None:
+        return (0,) * n
+    return tuple(t.stride()) if n == 2 else (t.stride(0),)
+
+
+def _rope_scalars(rope: RopeArgs | None, spec: GemmSpec) -> tuple:
+    """(n_table, s_ct, s_cf, s_st, s_sf, rot_cols, div_b, mod_b, div_s, mod_s, s_pb, s_ps, n_seq)."""
+    r = spec.rope or spec.pro_rope
+    if rope is None or r is None:
+        return (1, 0, 0, 0, 0, 0, 1, 1, 1, 1, 0, 0, 1)
+    cos, sin, pos = rope.cos, rope.sin, rope.positions
+    n_seq = rope.cu_seqlens.shape[0] - 1 if rope.cu_seqlens is not None else 1
+    return (cos.shape[0] if cos is not None else 1, *_strides(cos), *_strides(sin), r.rot_cols, rope.div_b,
+            rope.mod_b, rope.div_s, rope.mod_s, *_strides(pos), n_seq)
+
+
+def gemm_(p: GemmPlan, ops: GemmOperands) -> None:
+    """Launch plan ``p`` on ``ops`` (outputs written in place; the split's partials and tickets are scratch)."""
+    spec, tile = p.spec, p.tile
+    dev = ops.a.device
+    c = ops.c
+    a = _descriptor(ops.a, spec.a_tma, tile.block_p, tile.block_r) if spec.a_tma else ops.a
+    b = _descriptor(ops.b, spec.b_tma, tile.block_r, tile.block_q) if spec.b_tma else ops.b
+    acc_dtype = torch.float64 if spec.dtype == torch.float64 else torch.float32
+    if p.split > 1:
+        ws = scratch(dev, (p.split, spec.p, spec.q), acc_dtype)
+        dbs = scratch(dev, (p.split, spec.p), acc_dtype) if spec.row_sum else c
+        count = ticket_counters(dev, p.n_tiles)
+    else:
+        ws = dbs = count = c
+    rope = ops.rope or RopeArgs()
+
+    def arg(t: torch.Tensor | None) -> torch.Tensor:
+        return c if t is None else t
+
+    tensors = (c, a, b, arg(ops.bias), arg(ops.x0), arg(ops.res), arg(ops.kept), arg(ops.l1), arg(ops.l2),
+               arg(ops.t), arg(ops.s), arg(ops.g0), arg(ops.aout), arg(ops.db), ws, dbs, count, arg(rope.cos),
+               arg(rope.sin), arg(rope.freq), arg(rope.positions), arg(rope.offsets), arg(rope.cu_seqlens))
+    s_sp, s_sr = _strides(ops.s) if not spec.pro_mask else (ops.s.stride(0), 0)
+    scalars = (float(ops.alpha), float(ops.lora_scale), int(rope.offset), float(rope.mscale),
+               spec.p, spec.q, spec.r, p.k_per_split, *c.stride(), *ops.a.stride(), *ops.b.stride(),
+               *_strides(ops.bias, 1), *_strides(ops.x0), *_strides(ops.res), *_strides(ops.kept, 1),
+               *_strides(ops.l1), *_strides(ops.l2), s_sp, s_sr, *_strides(ops.g0), spec.lora_rank,
+               *_rope_scalars(ops.rope, spec))
+    launch_kernel(_gemm_kernel, p.constexprs, p.grid, tensors, scalars, dict(p.constexprs), dynamic=4)

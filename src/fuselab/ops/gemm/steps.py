@@ -1,0 +1,116 @@
+"""The launch sequences of the GEMM ops on the Triton path: which launches of :func:`~fuselab.ops.gemm.launch.gemm_`
+each forward and backward makes, on which operand views (imports Triton: loaded through :mod:`.lazy`)."""
+
+from __future__ import annotations
+
+import torch
+
+from fuselab.ops.tuning import current
+from fuselab.reference.bias_act import activation_grad
+from fuselab.reference.gemm import unpack_bits
+
+from .checks import GemmCall, activation_id, rows, tf32_enabled
+from .launch import GemmOperands, GemmPlan, GemmTuning, gemm_, plan, spec_of
+
+#: kept-tensor kinds -> the kernels' KEEP ids
+KEEP_IDS = {"nothing": 0, "output": 0, "pre": 1, "mask": 2}
+
+
+def run(ops: GemmOperands, **flags) -> GemmPlan:
+    """Plan and launch one GEMM on ``ops`` (``flags``: :class:`~fuselab.ops.gemm.launch.GemmSpec`'s)."""
+    p = plan(spec_of(ops, tf32=tf32_enabled(), **flags))
+    gemm_(p, ops)
+    return p
+
+
+def prologue_flags(keep: str, activation: str) -> dict:
+    """The prologue that forms dZ from dY as it is loaded, for what the forward kept."""
+    if keep == "mask":
+        return {"pro_mask": True}
+    if keep in ("output", "pre"):
+        return {"pro_act": activation_id(activation)}
+    return {}
+
+
+# ---------------------------------------------------------------------------------------------- linear
+def linear_forward(call: GemmCall, y2: torch.Tensor, kept: torch.Tensor, t: torch.Tensor | None,
+                   prepared: GemmPlan | None) -> GemmPlan:
+    """The forward's one launch into ``y2`` ``[M, N]`` (and ``kept``, ``t``); returns its plan, which a later call of
+    the same key passes back as ``prepared``."""
+    lora = call.lora
+    ops = GemmOperands(a=rows(call.x), b=call.weight.t(), c=y2, bias=call.bias, kept=kept if kept.numel() else None,
+                       res=None if call.residual is None else rows(call.residual), alpha=call.alpha,
+                       l1=None if lora is None else lora.a.t(), l2=None if lora is None else lora.b.t(), t=t,
+                       lora_scale=1.0 if lora is None else lora.scale)
+    if prepared is not None:
+        gemm_(prepared, ops)
+        return prepared
+    return run(ops, act=activation_id(call.activation), bias=call.bias is not None,
+               residual=call.residual is not None, keep=KEEP_IDS[call.keep], lora_rank=call.rank)
+
+
+def _dz_torch(g: torch.Tensor, saved: torch.Tensor | None, keep: str, activation: str) -> torch.Tensor:
+    """dZ = dY ⊙ act' with PyTorch ops (the rare cases that need dZ without the dX launch)."""
+    gf = g.float() if g.dtype != torch.float64 else g
+    if keep == "mask":
+        return (gf * unpack_bits(saved, g.shape[1])).to(g.dtype)
+    if keep in ("output", "pre"):
+        return (gf * activation_grad(rows(saved), activation)).to(g.dtype)
+    return g
+
+
+def linear_backward(grad, x, weight, saved, lora_a, lora_b, t, alpha: float, lora_scale: float, activation: str,
+                    keep: str, want: list[bool]) -> tuple:
+    """(dx [M, K], dw [N, K], db [N] in the accumulator dtype, dz [M, N], da, dlb): those in ``want`` (x, weight,
+    bias, residual, lora_a, lora_b), empty tensors for the others."""
+    want_x, want_w, want_b, want_r, want_a, want_lb = want
+    dtype = (x if x is not None else weight).dtype
+    g = rows(grad if grad.dtype == dtype else grad.to(dtype))
+    m, n = g.shape
+    k = (x if x is not None else weight).shape[-1]
+    empty = g.new_empty(0)
+    acc = torch.float64 if dtype == torch.float64 else torch.float32
+    if g.numel() == 0 or k == 0:
+        return _empty_grads(g, k, lora_a, acc, want)
+    pro = prologue_flags(keep, activation)
+    s = None if not pro else saved if keep == "mask" else rows(saved)
+    tuning = current(GemmTuning)
+    need_dz = bool(pro) and (want_r or tuning.materialize_dz or (want_b and not want_w and not want_lb))
+    dz = g.new_empty((m, n)) if need_dz and want_x else None
+    rank = 0 if lora_a is None else lora_a.shape[0]
+    u = g.new_empty((m, rank)) if rank and (want_x or want_a) else None
+    dx = g.new_empty((m, k)) if want_x else empty
+    if want_x:  # dX = dZ·W + U·A, U = s·dZ·B beside the main loop; dZ written once where asked
+        run(GemmOperands(a=g, b=weight, c=dx, s=s, aout=dz, l1=lora_b, l2=lora_a, t=u, lora_scale=lora_scale),
+            lora_rank=rank, write_a=dz is not None, **pro)
+    elif u is not None:  # U alone: dZ·(s·B)
+        run(GemmOperands(a=g, b=lora_b * lora_scale, c=u, s=s), **pro)
+    if need_dz and dz is None:
+        dz = _dz_torch(g, saved, keep, activation)
+    src, wpro = (dz, {}) if dz is not None else (g, pro)
+    s_t = None if not wpro else s if keep == "mask" else s.t()
+    db = g.new_empty(n, dtype=acc) if want_b else empty
+    dw = g.new_empty((n, k)) if want_w else empty
+    x2 = rows(x) if x is not None else None
+    if want_w:  # dW = dZᵀ·x; the bias gradient as the row sums of dZᵀ
+        run(GemmOperands(a=src.t(), b=x2, c=dw, s=s_t, db=db if want_b else None), n_along_p=True,
+            row_sum=want_b, **wpro)
+    dlb = g.new_empty((n, rank)) if want_lb else empty
+    if want_lb:  # dB = dZᵀ·T
+        run(GemmOperands(a=src.t(), b=t, c=dlb, s=s_t, db=db if want_b and not want_w else None), n_along_p=True,
+            row_sum=want_b and not want_w, **wpro)
+    da = g.new_empty((rank, k)) if want_a else empty
+    if want_a:  # dA = Uᵀ·x
+        run(GemmOperands(a=u.t(), b=x2, c=da), n_along_p=True)
+    if want_b and not (want_w or want_lb):
+        db = src.sum(0, dtype=acc)
+    return dx, dw, db, (dz if dz is not None else g) if want_r else empty, da, dlb
+
+
+def _empty_grads(g: torch.Tensor, k: int, lora_a, acc: torch.dtype, want: list[bool]) -> tuple:
+    """The gradients of an empty problem (no rows, or no input features): zeros."""
+    m, n = g.shape
+    rank = 0 if lora_a is None else lora_a.shape[0]
+    shapes = ((m, k), (n, k), (n,), (m, n), (rank, k), (n, rank))
+    return tuple(g.new_zeros(shape, dtype=acc if i == 2 else g.dtype) if w else g.new_empty(0)
+                 for i, (w, shape) in enumerate(zip(want, shapes)))
