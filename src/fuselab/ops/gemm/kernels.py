@@ -159,7 +159,7 @@ def _prologue(a, p, r, p0, r0, rmask, S, G0, s_sp, s_sr, s_gp, s_gr, P, R, PRO_A
 def _keep_bits(KEPT, z, p, q0, P, Q, s_kt, BP: tl.constexpr, BQ: tl.constexpr):
     """Store the ReLU bits (z > 0; NaN passes, as relu's gradient does) of the [BP, BQ] tile as uint8 words,
     8 columns each: KEPT is [P, cdiv(Q, 8)] with row stride s_kt."""
-    bit = tl.where(z <= 0.0, 0, 1)
+    bit = tl.where((z <= 0.0) | (q0 + tl.arange(0, BQ) >= Q)[None, :], 0, 1)
     words = tl.sum(tl.reshape(bit, (BP, BQ // 8, 8)) << tl.arange(0, 8)[None, None, :], axis=2)
     w = q0 // 8 + tl.arange(0, BQ // 8)
     tl.store(KEPT + p[:, None] * s_kt + w[None, :], words.to(tl.uint8), mask=(p < P)[:, None] & (w * 8 < Q)[None, :])

@@ -87,9 +87,9 @@ def _forward_fake(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | No
             x.new_empty((m, rank)) if rank else x.new_empty(0))
 
 
-def _setup_context(ctx, inputs, outputs) -> None:
+def _setup_context(ctx, inputs, output) -> None:
     x, weight, bias, residual, lora_a, lora_b, alpha, lora_scale, activation, keep, _ = inputs
-    y, kept, t = outputs
+    y, kept, t = output
     ctx.mark_non_differentiable(kept, t)
     want = ctx.needs_input_grad
     saved = y if keep == "output" else kept if keep in ("pre", "mask") else None
@@ -106,6 +106,8 @@ def _backward(ctx, grad_y, grad_kept, grad_t) -> tuple:
     x, weight, saved, lora_a, lora_b, t = ctx.saved_tensors
     alpha, lora_scale, activation, keep = ctx.flags
     want = [bool(w) for w in ctx.needs_input_grad[:6]]
+    want_r = want[3]
+    want[3] = want_r and keep != "nothing"  # dZ from the op only where it is not dY itself
     key = getattr(ctx, "key", None)
     if key is not None:
         key = ("gemm_bwd", key, tuple(want), layout(grad_y))
@@ -113,8 +115,9 @@ def _backward(ctx, grad_y, grad_kept, grad_t) -> tuple:
         ctx, (grad_y, x, weight, saved, lora_a, lora_b, t, alpha, lora_scale, activation, keep, want), key)
     bias_dtype, residual_dtype = ctx.dtypes
     dr = None
-    if want[3]:
-        dr = (alpha * dz if alpha != 1.0 else dz).to(residual_dtype).view(*ctx.x_shape[:-1], dz.shape[-1])
+    if want_r:
+        dz = dz.view(grad_y.shape) if want[3] else grad_y
+        dr = (alpha * dz if alpha != 1.0 else dz).to(residual_dtype)
     return (dx.view(ctx.x_shape) if want[0] else None, dw if want[1] else None,
             db.to(bias_dtype) if want[2] else None, dr, da if want[4] else None, dlb if want[5] else None,
             None, None, None, None, None)
@@ -135,7 +138,7 @@ def _backward_torch(grad, x, weight, saved, lora_a, lora_b, t, alpha, lora_scale
         dz = g * activation_grad(saved.view(g.shape), activation)
     else:
         dz = g
-    dt = grad.dtype
+    dt = (x if x is not None else weight).dtype
     u = lora_scale * (dz @ lora_b.to(acc)) if lora_a is not None else None
     dx = dz @ weight.to(acc) + (u @ lora_a.to(acc) if u is not None else 0) if want[0] else None
     x2 = rows(x).to(acc) if x is not None else None
@@ -160,14 +163,11 @@ def _backward_fake(grad: torch.Tensor, x: torch.Tensor | None, weight: torch.Ten
                    want: list[bool]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor,
                                             torch.Tensor]:
     m, n = math.prod(grad.shape[:-1]), grad.shape[-1]
-    acc = compute_dtype(grad.dtype)
-    empty = grad.new_empty(0)
-    return (grad.new_empty((m, weight.shape[1])) if want[0] else empty,
-            grad.new_empty((n, x.shape[-1])) if want[1] else empty,
-            grad.new_empty(n, dtype=acc) if want[2] else empty,
-            grad.new_empty((m, n)) if want[3] else empty,
-            grad.new_empty(lora_a.shape) if want[4] else empty,
-            grad.new_empty(lora_b.shape) if want[5] else empty)
+    dtype = (x if x is not None else weight).dtype
+    shapes = ((m, weight.shape[1]) if want[0] else 0, (n, x.shape[-1]) if want[1] else 0, n if want[2] else 0,
+              (m, n) if want[3] else 0, lora_a.shape if want[4] else 0, lora_b.shape if want[5] else 0)
+    return tuple(grad.new_empty(shape, dtype=compute_dtype(dtype) if i == 2 else dtype)
+                 for i, shape in enumerate(shapes))
 
 
 BACKWARD = Op("fuselab::gemm_bwd", eager=_backward_launch, fake=_backward_fake)
@@ -205,7 +205,7 @@ def gemm(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None
     options = LinearOptions(alpha, activation, keep, out_dtype)
     compiling = torch.compiler.is_compiling()
     needs_grad = torch.is_grad_enabled() and any(
-        t is not None and t.requires_grad
+        isinstance(t, torch.Tensor) and t.requires_grad
         for t in (x, weight, bias, residual, *((lora.a, lora.b) if isinstance(lora, LoRA) else ())))
     key = prepared = None
     if not compiling:

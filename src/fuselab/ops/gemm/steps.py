@@ -62,16 +62,16 @@ def _dz_torch(g: torch.Tensor, saved: torch.Tensor | None, keep: str, activation
 def linear_backward(grad, x, weight, saved, lora_a, lora_b, t, alpha: float, lora_scale: float, activation: str,
                     keep: str, want: list[bool]) -> tuple:
     """(dx [M, K], dw [N, K], db [N] in the accumulator dtype, dz [M, N], da, dlb): those in ``want`` (x, weight,
-    bias, residual, lora_a, lora_b), empty tensors for the others."""
+    bias, dZ for the residual, lora_a, lora_b), empty tensors for the others. dZ is asked only where it differs
+    from dY (an activation): the outputs never alias the inputs or each other (a custom op's rule)."""
     want_x, want_w, want_b, want_r, want_a, want_lb = want
     dtype = (x if x is not None else weight).dtype
     g = rows(grad if grad.dtype == dtype else grad.to(dtype))
     m, n = g.shape
     k = (x if x is not None else weight).shape[-1]
-    empty = g.new_empty(0)
     acc = torch.float64 if dtype == torch.float64 else torch.float32
     if g.numel() == 0 or k == 0:
-        return _empty_grads(g, k, lora_a, acc, want)
+        return _empty_grads(g, k, lora_a, acc, want, _dz_torch(g, saved, keep, activation))
     pro = prologue_flags(keep, activation)
     s = None if not pro else saved if keep == "mask" else rows(saved)
     tuning = current(GemmTuning)
@@ -79,7 +79,7 @@ def linear_backward(grad, x, weight, saved, lora_a, lora_b, t, alpha: float, lor
     dz = g.new_empty((m, n)) if need_dz and want_x else None
     rank = 0 if lora_a is None else lora_a.shape[0]
     u = g.new_empty((m, rank)) if rank and (want_x or want_a) else None
-    dx = g.new_empty((m, k)) if want_x else empty
+    dx = g.new_empty((m, k)) if want_x else g.new_empty(0)
     if want_x:  # dX = dZ·W + U·A, U = s·dZ·B beside the main loop; dZ written once where asked
         run(GemmOperands(a=g, b=weight, c=dx, s=s, aout=dz, l1=lora_b, l2=lora_a, t=u, lora_scale=lora_scale),
             lora_rank=rank, write_a=dz is not None, **pro)
@@ -89,28 +89,33 @@ def linear_backward(grad, x, weight, saved, lora_a, lora_b, t, alpha: float, lor
         dz = _dz_torch(g, saved, keep, activation)
     src, wpro = (dz, {}) if dz is not None else (g, pro)
     s_t = None if not wpro else s if keep == "mask" else s.t()
-    db = g.new_empty(n, dtype=acc) if want_b else empty
-    dw = g.new_empty((n, k)) if want_w else empty
+    db = g.new_empty(n, dtype=acc) if want_b else g.new_empty(0)
+    dw = g.new_empty((n, k)) if want_w else g.new_empty(0)
     x2 = rows(x) if x is not None else None
     if want_w:  # dW = dZᵀ·x; the bias gradient as the row sums of dZᵀ
         run(GemmOperands(a=src.t(), b=x2, c=dw, s=s_t, db=db if want_b else None), n_along_p=True,
             row_sum=want_b, **wpro)
-    dlb = g.new_empty((n, rank)) if want_lb else empty
+    dlb = g.new_empty((n, rank)) if want_lb else g.new_empty(0)
     if want_lb:  # dB = dZᵀ·T
         run(GemmOperands(a=src.t(), b=t, c=dlb, s=s_t, db=db if want_b and not want_w else None), n_along_p=True,
             row_sum=want_b and not want_w, **wpro)
-    da = g.new_empty((rank, k)) if want_a else empty
+    da = g.new_empty((rank, k)) if want_a else g.new_empty(0)
     if want_a:  # dA = Uᵀ·x
         run(GemmOperands(a=u.t(), b=x2, c=da), n_along_p=True)
     if want_b and not (want_w or want_lb):
         db = src.sum(0, dtype=acc)
-    return dx, dw, db, (dz if dz is not None else g) if want_r else empty, da, dlb
+    return dx, dw, db, dz if want_r else g.new_empty(0), da, dlb
 
 
-def _empty_grads(g: torch.Tensor, k: int, lora_a, acc: torch.dtype, want: list[bool]) -> tuple:
-    """The gradients of an empty problem (no rows, or no input features): zeros."""
+def _empty_grads(g: torch.Tensor, k: int, lora_a, acc: torch.dtype, want: list[bool], dz: torch.Tensor) -> tuple:
+    """The gradients of a problem without rows or without input features: zeros, but the bias and residual
+    gradients of ``act(bias + alpha·r)`` when there are rows and no features (dZ itself, its column sums)."""
     m, n = g.shape
     rank = 0 if lora_a is None else lora_a.shape[0]
-    shapes = ((m, k), (n, k), (n,), (m, n), (rank, k), (n, rank))
-    return tuple(g.new_zeros(shape, dtype=acc if i == 2 else g.dtype) if w else g.new_empty(0)
-                 for i, (w, shape) in enumerate(zip(want, shapes)))
+    out = [g.new_zeros(shape) if w else g.new_empty(0)
+           for w, shape in zip(want, ((m, k), (n, k), (n,), (m, n), (rank, k), (n, rank)))]
+    if want[2]:
+        out[2] = dz.sum(0, dtype=acc)
+    if want[3]:
+        out[3] = dz
+    return tuple(out)
