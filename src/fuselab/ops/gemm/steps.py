@@ -119,3 +119,53 @@ def _empty_grads(g: torch.Tensor, k: int, lora_a, acc: torch.dtype, want: list[b
     if want[3]:
         out[3] = dz
     return tuple(out)
+
+
+# ---------------------------------------------------------------------------------------------- DCN cross layer
+def dcn_forward(x0: torch.Tensor, xl: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
+                weight_v: torch.Tensor | None, y: torch.Tensor, h: torch.Tensor | None) -> None:
+    """y = x0 ⊙ (h Wᵀ + b) + xl with h = xl Vᵀ written first (low rank) or h = xl: one or two launches."""
+    xl2 = rows(xl)
+    if weight_v is not None:
+        run(GemmOperands(a=xl2, b=weight_v.t(), c=h))
+    run(GemmOperands(a=xl2 if h is None else h, b=weight.t(), c=y, bias=bias, x0=rows(x0), res=xl2),
+        bias=bias is not None, x0=True, residual=True)
+
+
+def dcn_backward(grad, x0, xl, weight, bias, weight_v, h, want: list[bool]) -> tuple:
+    """(dx0, dxl, dw, db [acc dtype], dv) of :func:`dcn_forward` (empty where not in ``want``): dx0 = g ⊙ (h Wᵀ + b)
+    recomputed by the forward's epilogue with g as the multiplier; dT = (g ⊙ x0)·W with the product formed as g is
+    loaded; dW = (g ⊙ x0)ᵀ·h with the bias gradient as its row sums; dxl = g + dT·V (low rank) or g + (g ⊙ x0)·W,
+    the g added in the epilogue; dV = dTᵀ·xl."""
+    want_x0, want_xl, want_w, want_b, want_v = want
+    g = rows(grad)
+    x02, xl2 = rows(x0), rows(xl)
+    hh = xl2 if h is None else h
+    m, n = g.shape
+    acc = torch.float64 if g.dtype == torch.float64 else torch.float32
+    out = [g.new_empty(0) for _ in range(5)]
+    if want_x0:
+        out[0] = g.new_empty((m, n))
+        run(GemmOperands(a=hh, b=weight.t(), c=out[0], bias=bias, x0=g), bias=bias is not None, x0=True)
+    if weight_v is None and want_xl:
+        out[1] = g.new_empty((m, n))
+        run(GemmOperands(a=g, b=weight, c=out[1], g0=x02, res=g), pro_x0=True, residual=True)
+    dt = None
+    if weight_v is not None and (want_xl or want_v):
+        dt = g.new_empty((m, weight.shape[1]))
+        run(GemmOperands(a=g, b=weight, c=dt, g0=x02), pro_x0=True)
+    if want_b:
+        out[3] = g.new_empty(n, dtype=acc)
+    if want_w:
+        out[2] = g.new_empty(weight.shape)
+        run(GemmOperands(a=g.t(), b=hh, c=out[2], g0=x02.t(), db=out[3] if want_b else None), pro_x0=True,
+            n_along_p=True, row_sum=want_b)
+    elif want_b:
+        out[3] = (g.to(acc) * x02.to(acc)).sum(0)
+    if dt is not None and want_xl:
+        out[1] = g.new_empty((m, n))
+        run(GemmOperands(a=dt, b=weight_v, c=out[1], res=g), residual=True)
+    if dt is not None and want_v:
+        out[4] = g.new_empty(weight_v.shape)
+        run(GemmOperands(a=dt.t(), b=xl2, c=out[4]), n_along_p=True)
+    return tuple(out)
