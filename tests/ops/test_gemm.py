@@ -72,7 +72,8 @@ def _run(x, w, b=None, r=None, *, alpha=1.0, act="none", keep="auto", lora=None,
              out_dtype=out_dtype)
     y64 = ref.linear(leaves64[0], leaves64[1], leaves64[2], residual=leaves64[3], alpha=alpha, activation=act,
                      lora=lo64)
-    g64 = torch.randn_like(y64) if grad is None else grad.double()
+    # the incoming gradient as y's dtype holds it (the reference gets the same rounded values)
+    g64 = torch.randn_like(y64).to(y.dtype).double() if grad is None else grad.double()
     needs = [t is not None and t.requires_grad for t in leaves]
     if any(needs):
         y.backward(g64.to(y.dtype) if grad is None else grad)

@@ -52,7 +52,7 @@ def test_dcn_cross(backend, rank, dtype):
     y = dcn_cross(*leaves[:4], weight_v=leaves[4])
     l64 = _leaves(x0, xl, w, b, v, dtype=torch.float64)
     y64 = ref.dcn_cross(*l64)
-    g = torch.randn(m, n, dtype=torch.float64)
+    g = torch.randn(m, n, dtype=torch.float64).to(dtype).double()  # the gradient as y's dtype holds it
     y.backward(g.to(dtype))
     y64.backward(g)
     x0d, xld, wd, bd = (t.detach() for t in l64[:4])
@@ -119,4 +119,185 @@ def test_dcn_opcheck(triton_backend):
     x0, xl = torch.randn(6, 16), torch.randn(6, 16, requires_grad=True)
     args = (x0, xl, torch.randn(16, 4, requires_grad=True), torch.randn(16), torch.randn(4, 16, requires_grad=True))
     torch.library.opcheck(DCN.custom, args, test_utils=("test_schema", "test_faketensor",
+                                                        "test_autograd_registration"))
+
+
+# ---------------------------------------------------------------------------------------------- QKV + RoPE
+def _complex_rotation(z: torch.Tensor, pos: torch.Tensor, inv_freq: torch.Tensor, mscale: float, heads: int,
+                      head_dim: int, half: int, interleaved: bool) -> torch.Tensor:
+    """An independent RoPE: the first ``heads`` heads of each row of ``z`` [M, N] times e^{i·pos·f} as complex
+    numbers (pairs (i, i + half) or (2i, 2i + 1)), the rest of each head and the other heads unchanged."""
+    out = z.clone()
+    theta = pos.double()[:, None] * inv_freq.double()[None, :]  # [M, half]
+    rot = torch.polar(torch.full_like(theta, mscale), theta)
+    for h in range(heads):
+        head = z[:, h * head_dim:(h + 1) * head_dim]
+        if interleaved:
+            pairs = torch.view_as_complex(head[:, :2 * half].reshape(-1, half, 2).contiguous())
+            out[:, h * head_dim:h * head_dim + 2 * half] = torch.view_as_real(pairs * rot).reshape(-1, 2 * half)
+        else:
+            c = torch.complex(head[:, :half], head[:, half:2 * half]) * rot
+            out[:, h * head_dim:h * head_dim + half] = c.real
+            out[:, h * head_dim + half:h * head_dim + 2 * half] = c.imag
+    return out
+
+
+QKV_CASES = {
+    "bshd-neox-table-gqa": dict(layout="bshd", interleaved=False, table=True, heads=(4, 1), rotary=16),
+    "bshd-interleaved-angles-partial-bias": dict(layout="bshd", interleaved=True, table=False, heads=(2, 2),
+                                                 rotary=8, bias=True),
+    "sbhd-neox-table-positions": dict(layout="sbhd", interleaved=False, table=True, heads=(2, 1), rotary=16,
+                                      positions=True),
+    "bhsd-interleaved-table-offset": dict(layout="bhsd", interleaved=True, table=True, heads=(2, 2), rotary=16,
+                                          offset=3),
+    "thd-neox-angles-cu-offsets-partial": dict(layout="thd", interleaved=False, table=False, heads=(4, 2),
+                                               rotary=8, packed=True, bias=True),
+    "bshd-neox-offsets-tensor": dict(layout="bshd", interleaved=False, table=False, heads=(2, 1), rotary=16,
+                                     offsets=True),
+}
+
+
+def _qkv_case(case: dict, dtype: torch.dtype):
+    """(x, weight, bias, rope kwargs, per-row positions [M], inv_freq, mscale) of a case: batch 2, seq 5 (thd: 3 + 7
+    tokens), hidden 24, head_dim 16."""
+    batch, seq, hidden, head_dim = 2, 5, 24, 16
+    hq, hkv = case["heads"]
+    n = (hq + 2 * hkv) * head_dim
+    lay = case["layout"]
+    tokens = 10 if lay == "thd" else batch * seq
+    x = torch.randn(tokens, hidden)
+    x = {"thd": x, "sbhd": x.view(seq, batch, hidden)}.get(lay, x.view(batch, seq, hidden)).to(dtype)
+    w = (torch.randn(n, hidden) / hidden**0.5).to(dtype)
+    b = torch.randn(n).to(dtype) if case.get("bias") else None
+    half = case["rotary"] // 2
+    rope = dict(layout=lay, interleaved=case["interleaved"], rotary_dim=case["rotary"])
+    inv_freq = 1.0 / (10000.0 ** (torch.arange(0, 2 * half, 2, dtype=torch.float64) / (2 * half)))
+    if case["table"]:
+        angles = torch.arange(32, dtype=torch.float64)[:, None] * inv_freq
+        rope.update(cos=angles.cos().float(), sin=angles.sin().float())
+    # per-token position of each row of x viewed as [tokens, hidden]
+    if lay == "thd":
+        cu = torch.tensor([0, 3, 10], dtype=torch.int32)
+        off = torch.tensor([4, 1])
+        rope.update(cu_seqlens=cu, seqlen_offsets=off, max_seqlen=7)
+        pos = torch.cat([torch.arange(3) + 4, torch.arange(7) + 1])
+    elif case.get("positions"):
+        p = torch.randint(0, 20, (batch, seq))
+        rope["positions"] = p
+        pos = p.t().reshape(-1) if lay == "sbhd" else p.reshape(-1)
+    elif case.get("offsets"):
+        off = torch.tensor([2, 7])
+        rope["seqlen_offsets"] = off
+        pos = (torch.arange(seq)[None, :] + off[:, None]).reshape(-1)
+    else:
+        offset = case.get("offset", 0)
+        rope["seqlen_offsets"] = offset
+        s_idx = torch.arange(seq)
+        pos = (s_idx[:, None].expand(seq, batch) if lay == "sbhd" else s_idx[None, :].expand(batch, seq)).reshape(-1)
+        pos = pos + offset
+    return x, w, b, rope, pos, inv_freq
+
+
+def _fused_rows(q, k, v, lay: str) -> torch.Tensor:
+    """q, k, v back to the fused [tokens, N] rows (bhsd transposed back)."""
+    if lay == "bhsd":
+        q, k, v = (t.transpose(1, 2) for t in (q, k, v))
+    return torch.cat([t.flatten(-2) for t in (q, k, v)], dim=-1).reshape(-1, sum(t.shape[-2] * t.shape[-1]
+                                                                                  for t in (q, k, v)))
+
+
+@pytest.mark.parametrize("name", list(QKV_CASES))
+def test_qkv_rope(triton_backend, name):
+    import fuselab
+    from fuselab.ops.gemm.qkv import qkv_rope
+
+    case = QKV_CASES[name]
+    dtype = torch.bfloat16
+    x, w, b, rope, pos, inv_freq = _qkv_case(case, dtype)
+    hq, hkv = case["heads"]
+    head_dim = 16
+    xs, ws, bs = _leaves(x, w, b)
+    q, k, v = qkv_rope(xs, ws, bs, num_heads=hq, num_kv_heads=hkv, **rope)
+    lay = case["layout"]
+    # (a) fuselab.apply_rope after the plain projection, in float64
+    x64, w64, b64 = _leaves(x, w, b, dtype=torch.float64)
+    plain = x64 @ w64.t() + (b64 if b64 is not None else 0.0)
+    heads = plain.view(*x.shape[:-1], hq + 2 * hkv, head_dim)
+    q64, k64, v64 = heads.split((hq, hkv, hkv), dim=-2)
+    if lay == "bhsd":
+        q64, k64, v64 = (t.transpose(1, 2) for t in (q64, k64, v64))
+    rope64 = {key: (val.double() if key in ("cos", "sin") else val) for key, val in rope.items()}
+    q64, k64 = fuselab.apply_rope(q64, k64, rope64.pop("cos", None), rope64.pop("sin", None), **rope64)
+    assert q.shape == q64.shape and k.shape == k64.shape and v.shape == v64.shape
+    got = _fused_rows(q, k, v, lay)
+    want = _fused_rows(q64, k64, v64, lay)
+    mag = (_mm(x64.detach().reshape(-1, x.shape[-1]), w64.detach().t()) + (b64.detach().abs() if b is not None
+                                                                            else 0.0))
+    row = mag.amax(1, keepdim=True).expand_as(mag)
+    atol = 3 * _atol(row, x.shape[-1], torch.float32) + 1e-5 * row  # rotation of two fp32 sums; fp32 angles
+    assert_close(got, want, dtype, "qkv vs apply_rope", atol=atol)
+    # (b) an independent rotation (complex numbers) of the plain projection
+    indep = _complex_rotation(plain.detach().reshape(-1, w.shape[0]), pos, inv_freq, 1.0, hq + hkv, head_dim,
+                              case["rotary"] // 2, case["interleaved"])
+    assert_close(got, indep, dtype, "qkv vs complex rotation", atol=atol + 1e-5 * row)
+    # gradients against autograd through (a)
+    # the incoming gradients as the bf16 outputs receive them: rounded to the dtype (the reference gets the same)
+    gq, gk, gv = (torch.randn_like(t, dtype=torch.float64).to(dtype).double() for t in (q64, k64, v64))
+    (q.double() * gq).sum().add_((k.double() * gk).sum()).add_((v.double() * gv).sum()).backward()
+    ((q64 * gq).sum() + (k64 * gk).sum() + (v64 * gv).sum()).backward()
+    gm = _fused_rows(gq, gk, gv, lay)
+    dzm = 2 * gm.abs().amax(1, keepdim=True).expand_as(gm)  # a rotated pair mixes two gradients
+    x2 = x64.detach().reshape(-1, x.shape[-1])
+    rtol = tolerances(dtype).rtol
+    dx_mag = _mm(dzm, w64.detach())
+    assert_close(xs.grad.reshape(x2.shape), x64.grad.reshape(x2.shape), dtype, "dx",
+                 atol=_atol(dx_mag, w.shape[0], dtype, dx_mag), rtol=rtol)
+    dw_mag = _mm(dzm.t(), x2)
+    assert_close(ws.grad, w64.grad, dtype, "dw", atol=_atol(dw_mag, x2.shape[0], dtype, dw_mag), rtol=rtol)
+    if b is not None:
+        assert_close(bs.grad, b64.grad, dtype, "db", atol=_atol(dzm.sum(0), x2.shape[0], dtype), rtol=rtol)
+
+
+def test_qkv_rope_torch_path_matches(torch_backend):
+    """The PyTorch path (CPU without Triton) gives the reference values."""
+    from fuselab.ops.gemm.qkv import qkv_rope
+
+    x, w, b, rope, _, _ = _qkv_case(QKV_CASES["bshd-neox-table-gqa"], torch.float32)
+    q, k, v = qkv_rope(x, w, b, num_heads=4, num_kv_heads=1, **rope)
+    q2, k2, v2 = ref.qkv_rope(x, w, b, 4, 1, rope)
+    assert torch.equal(q, q2) and torch.equal(k, k2) and torch.equal(v, v2)
+
+
+def _bad_qkv():
+    from fuselab.ops.gemm.qkv import qkv_rope
+
+    x, w = torch.randn(2, 5, 24), torch.randn(64, 24)
+    return [
+        (lambda: qkv_rope(x[0], w, num_heads=2, num_kv_heads=1), ValueError, "x must have 3 dims"),
+        (lambda: qkv_rope(x, torch.randn(62, 24), num_heads=2, num_kv_heads=1), ValueError, "weight must have shape"),
+        (lambda: qkv_rope(x, w, num_heads=0, num_kv_heads=1), ValueError, "num_heads must be a positive int"),
+        (lambda: qkv_rope(x, w, num_heads=2, num_kv_heads=1, layout="bsd"), ValueError, "layout must be one of"),
+        (lambda: qkv_rope(x, w, num_heads=2, num_kv_heads=1, rotary_dim=12), ValueError, "power of 2 dividing"),
+        (lambda: qkv_rope(x, w, num_heads=2, num_kv_heads=1, cos=torch.randn(3, 8), sin=torch.randn(3, 8)),
+         ValueError, "cos/sin have 3 rows"),
+        (lambda: qkv_rope(x, w, num_heads=2, num_kv_heads=1, rotary_dim=7), ValueError, "rotary_dim"),
+        (lambda: qkv_rope(x, w.double(), num_heads=2, num_kv_heads=1), TypeError, "weight must have x's dtype"),
+        (lambda: qkv_rope(x, w, torch.randn(3), num_heads=2, num_kv_heads=1), ValueError, "bias must have shape"),
+    ]
+
+
+@pytest.mark.parametrize("index", range(9))
+def test_qkv_bad_inputs(index):
+    call, exc, match = _bad_qkv()[index]
+    with pytest.raises(exc, match=match):
+        call()
+
+
+def test_qkv_opcheck(triton_backend):
+    from fuselab.ops.gemm.qkv import QKV
+
+    x, w = torch.randn(2, 5, 24, requires_grad=True), torch.randn(64, 24, requires_grad=True)
+    cos, sin = torch.randn(8, 8), torch.randn(8, 8)
+    args = (x, w, torch.randn(64), cos, sin, None, None, None, None, "bshd", 2, 1, 8, False, 0, 1.0)
+    torch.library.opcheck(QKV.custom, args, test_utils=("test_schema", "test_faketensor",
                                                         "test_autograd_registration"))

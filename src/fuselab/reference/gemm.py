@@ -79,7 +79,8 @@ def qkv_rope(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, n
     q, k, v = heads.split((num_heads, num_kv_heads, num_kv_heads), dim=-2)
     if layout == "bhsd":
         q, k, v = (t.transpose(1, 2) for t in (q, k, v))
-    q, k = apply_rope(q, k, **rope)
+    options = {key: value for key, value in rope.items() if key not in ("cos", "sin")}
+    q, k = apply_rope(q, k, rope.get("cos"), rope.get("sin"), **options)
     return q, k, v
 
 

@@ -82,7 +82,7 @@ def _positions(rows, OFF, POS, CU, offset, div_b, mod_b, div_s, mod_s, s_pb, s_p
 def _rope_cols(v, pos, n0, COS, SIN, FREQ, n_table, s_ct, s_cf, s_st, s_sf, rot_cols, mscale,
                BM: tl.constexpr, BN: tl.constexpr, PS: tl.constexpr, HALF: tl.constexpr, HEAD_DIM: tl.constexpr,
                USE_TABLE: tl.constexpr, CONJ: tl.constexpr):
-    """``v`` [BM, BN] (fp32, columns n0.. of a fused q|k|v row) with the columns below ``rot_cols`` (q and k)
+    """``v`` [BM, BN] (compute dtype, columns n0.. of a fused q|k|v row) with the columns below ``rot_cols`` (q and k)
     rotated by the angles of their row's position ``pos`` [BM]: pairs (i, i + PS) inside each group of 2·PS
     columns (PS = HALF: neox half-split; PS = 1: interleaved pairs); frequency index f of a pair = its rank inside
     the head, f >= HALF passes (partial rotary). CONJ: the inverse rotation (the backward)."""
@@ -99,8 +99,8 @@ def _rope_cols(v, pos, n0, COS, SIN, FREQ, n_table, s_ct, s_cf, s_st, s_sf, rot_
         p = tl.minimum(tl.maximum(pos, 0), n_table - 1)[:, None, None]
         c = tl.load(COS + p * s_ct + f[None, :, :] * s_cf, mask=m3, other=1.0).to(v.dtype)
         s = tl.load(SIN + p * s_st + f[None, :, :] * s_sf, mask=m3, other=0.0).to(v.dtype)
-    else:  # the angle in fp32, as fuselab.apply_rope computes it
-        angle = (pos.to(tl.float32)[:, None, None] * tl.load(FREQ + f)[None, :, :]).to(v.dtype)
+    else:  # the angle as fuselab.apply_rope computes it: position times the fp32 frequency, in the compute dtype
+        angle = pos.to(v.dtype)[:, None, None] * tl.load(FREQ + f).to(v.dtype)[None, :, :]
         c = tl.where(m3, tl.cos(angle) * mscale, 1.0)
         s = tl.where(m3, tl.sin(angle) * mscale, 0.0)
     if CONJ:

@@ -10,7 +10,8 @@ from fuselab.reference.bias_act import activation_grad
 from fuselab.reference.gemm import unpack_bits
 
 from .checks import GemmCall, activation_id, rows, tf32_enabled
-from .launch import GemmOperands, GemmPlan, GemmTuning, gemm_, plan, spec_of
+from .launch import gemm_, plan, spec_of
+from .spec import GemmOperands, GemmPlan, GemmTuning, RopeArgs, RopeSpec
 
 #: kept-tensor kinds -> the kernels' KEEP ids
 KEEP_IDS = {"nothing": 0, "output": 0, "pre": 1, "mask": 2}
@@ -169,3 +170,31 @@ def dcn_backward(grad, x0, xl, weight, bias, weight_v, h, want: list[bool]) -> t
         out[4] = g.new_empty(weight_v.shape)
         run(GemmOperands(a=dt.t(), b=xl2, c=out[4]), n_along_p=True)
     return tuple(out)
+
+
+# ---------------------------------------------------------------------------------------------- QKV + RoPE
+def qkv_forward(x2: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, out: torch.Tensor,
+                rope: RopeSpec, args: RopeArgs) -> None:
+    """out = rope(x Wᵀ + b) on the q and k columns of the fused projection: one launch."""
+    run(GemmOperands(a=x2, b=weight.t(), c=out, bias=bias, rope=args), bias=bias is not None, rope=rope)
+
+
+def qkv_backward(grad: torch.Tensor, x2: torch.Tensor, weight: torch.Tensor, rope: RopeSpec, args: RopeArgs,
+                 want: list[bool]) -> tuple:
+    """(dx [M, K], dw, db [acc dtype]) with dZ = R⁻¹(dY) formed as dY is loaded (the inverse rotation of the q and
+    k columns): dX = dZ·W and dW = dZᵀ·x, the bias gradient the row sums of the latter."""
+    want_x, want_w, want_b = want
+    g = grad
+    m, n = g.shape
+    k = weight.shape[1]
+    acc = torch.float64 if g.dtype == torch.float64 else torch.float32
+    dx, dw, db = (g.new_empty((m, k)) if want_x else g.new_empty(0), g.new_empty((n, k)) if want_w else g.new_empty(0),
+                  g.new_empty(n, dtype=acc) if want_b else g.new_empty(0))
+    if want_x:
+        run(GemmOperands(a=g, b=weight, c=dx, rope=args), pro_rope=rope)
+    if want_w or want_b:
+        target = dw if want_w else g.new_empty((n, 1))  # the bias alone: row sums beside a one-column product
+        b = x2 if want_w else x2[:, :1]
+        run(GemmOperands(a=g.t(), b=b, c=target, db=db if want_b else None, rope=args), pro_rope=rope,
+            n_along_p=True, row_sum=want_b)
+    return dx, dw, db

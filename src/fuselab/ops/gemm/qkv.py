@@ -1,0 +1,289 @@
+"""The fused QKV projection with RoPE in the epilogue: q and k leave the GEMM rotated, v untouched; the backward
+rotates dq and dk back as they are loaded. The ops ``fuselab::qkv_rope`` / ``fuselab::qkv_rope_bwd`` and the public
+:func:`qkv_rope` (``docs/gemm.md``); the RoPE options and their checks are :func:`fuselab.apply_rope`'s.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from fuselab.backend import use_triton
+from fuselab.core.checks import require_float, require_same_device
+from fuselab.core.rope_math import inv_freq_on, rope_frequencies
+from fuselab.ops.opdef import Op, layout
+from fuselab.reference import gemm as ref
+
+from .checks import rows
+from .lazy import steps
+from .spec import RopeArgs, RopeSpec
+
+__all__ = ["QKV", "QkvCall", "qkv_rope"]
+
+#: x's shape per layout (q, k and v come out in the layout; bhsd reads x as (batch, seq, hidden))
+X_SHAPES = {"bshd": "(batch, seq, hidden)", "bhsd": "(batch, seq, hidden)", "sbhd": "(seq, batch, hidden)",
+            "thd": "(total_tokens, hidden)"}
+
+
+@dataclass(frozen=True)
+class QkvCall:
+    """A validated :func:`qkv_rope` call: the projection's operands, the heads, and the rotation (tables or in-kernel
+    angles ``freq`` with ``mscale``; positions, per-sequence offsets or an int offset; packed sequences)."""
+
+    x: torch.Tensor
+    weight: torch.Tensor
+    bias: torch.Tensor | None
+    num_heads: int
+    num_kv_heads: int
+    head_dim: int
+    layout: str
+    interleaved: bool
+    half: int
+    cos: torch.Tensor | None
+    sin: torch.Tensor | None
+    freq: torch.Tensor | None
+    mscale: float
+    positions: torch.Tensor | None
+    offsets: torch.Tensor | None
+    offset: int
+    cu_seqlens: torch.Tensor | None
+
+    @property
+    def tensors(self) -> tuple:
+        return (self.x, self.weight, self.bias, self.cos, self.sin, self.freq, self.positions, self.offsets,
+                self.cu_seqlens)
+
+    @property
+    def scalars(self) -> tuple:
+        return (self.layout, self.num_heads, self.num_kv_heads, self.half, self.interleaved, self.offset, self.mscale)
+
+
+def _q_like(x: torch.Tensor, lay: str, heads: int, head_dim: int) -> torch.Tensor:
+    """A zero-stride tensor shaped like q (or k) in ``lay`` for x's tokens: what :func:`fuselab.apply_rope`'s checks
+    read of q."""
+    lead = x.shape[:-1]
+    shape = (lead[0], heads, lead[1], head_dim) if lay == "bhsd" else (*lead, heads, head_dim)
+    return x.new_empty(1).expand(shape)
+
+
+def validate(x, weight, bias, num_heads: int, num_kv_heads: int, rope: Mapping[str, Any]) -> QkvCall:
+    """TypeError/ValueError naming the argument -> :class:`QkvCall` (the RoPE options checked by
+    :func:`fuselab.apply_rope`'s own checks)."""
+    from fuselab.ops.rope.checks import validate as rope_validate  # imports Triton: on first use only
+
+    require_float("x", x)
+    require_float("weight", weight)
+    lay = rope.get("layout", "bshd")
+    if lay not in X_SHAPES:
+        raise ValueError(f"layout must be one of {', '.join(X_SHAPES)}, got {lay!r}")
+    ndim = 2 if lay == "thd" else 3
+    if x.dim() != ndim:
+        raise ValueError(f"x must have {ndim} dims {X_SHAPES[lay]} for layout={lay!r}, got shape {tuple(x.shape)}")
+    for name, h in (("num_heads", num_heads), ("num_kv_heads", num_kv_heads)):
+        if isinstance(h, bool) or not isinstance(h, int) or h <= 0:
+            raise ValueError(f"{name} must be a positive int, got {h!r}")
+    heads = num_heads + 2 * num_kv_heads
+    if weight.dim() != 2 or weight.shape[1] != x.shape[-1] or weight.shape[0] % heads:
+        raise ValueError(f"weight must have shape ((num_heads + 2 * num_kv_heads) * head_dim, hidden) = "
+                         f"({heads} * head_dim, {x.shape[-1]}), got {tuple(weight.shape)}")
+    if weight.dtype != x.dtype:
+        raise TypeError(f"weight must have x's dtype {x.dtype}, got {weight.dtype}")
+    head_dim = weight.shape[0] // heads
+    if bias is not None:
+        require_float("bias", bias)
+        if bias.shape != (weight.shape[0],):
+            raise ValueError(f"bias must have shape ({weight.shape[0]},), got {tuple(bias.shape)}")
+    require_same_device(x=x, weight=weight, bias=bias)
+    cos, sin = rope.get("cos"), rope.get("sin")
+    q, k = _q_like(x, lay, num_heads, head_dim), _q_like(x, lay, num_kv_heads, head_dim)
+    half, offsets, offset = rope_validate(q, k, cos, sin, lay, rope.get("positions"), rope.get("seqlen_offsets", 0),
+                                          rope.get("cu_seqlens"), rope.get("max_seqlen"), rope.get("rotary_dim"),
+                                          False)
+    interleaved = bool(rope.get("interleaved", False))
+    if not interleaved and (half & (half - 1) or head_dim % (2 * half)):
+        raise ValueError(f"rotary_dim ({2 * half}) must be a power of 2 dividing head_dim ({head_dim}) for the "
+                         f"half-split (neox) rotation in the epilogue; rotate with fuselab.apply_rope after "
+                         f"fuselab.gemm otherwise")
+    freq, mscale = None, 1.0
+    if cos is None:
+        _, mscale = rope_frequencies(2 * half, rope.get("base", 10000.0), rope.get("scaling"))
+        freq = inv_freq_on(x.device, 2 * half, rope.get("base", 10000.0), rope.get("scaling"))
+    return QkvCall(x, weight, bias, num_heads, num_kv_heads, head_dim, lay, interleaved, half, cos, sin, freq,
+                   float(mscale), rope.get("positions"), offsets, offset, rope.get("cu_seqlens"))
+
+
+# ---------------------------------------------------------------------------------------------- launch geometry
+def _geometry(x, weight, cos, freq, positions, offsets, cu_seqlens, lay: str, num_heads: int, num_kv_heads: int,
+              half: int, interleaved: bool, offset: int, mscale: float) -> tuple:
+    """(RopeSpec, RopeArgs) of a call: how a row of x finds its token's (batch, index) and position."""
+    head_dim = weight.shape[0] // (num_heads + 2 * num_kv_heads)
+    lead = x.shape[:-1]
+    if lay == "thd":
+        div_b, mod_b, div_s, mod_s = 1, 1, 1, max(lead[0], 1)
+    elif lay == "sbhd":
+        div_b, mod_b, div_s, mod_s = 1, lead[1], lead[1], lead[0]
+    else:
+        div_b, mod_b, div_s, mod_s = lead[1], lead[0], 1, lead[1]
+    pos = positions
+    if pos is not None:
+        pos = pos.view(1, -1) if pos.dim() == 1 else pos
+        pos = pos.as_strided(pos.shape, (0 if pos.shape[0] == 1 else pos.stride(0), pos.stride(1)))
+    packed = cu_seqlens is not None and positions is None
+    mode = 2 if pos is not None else (3 if offsets is None else 4) if packed else (0 if offsets is None else 1)
+    n_seq = cu_seqlens.shape[0] - 1 if cu_seqlens is not None else 1
+    spec = RopeSpec(pair_stride=1 if interleaved else half, half=half, head_dim=head_dim,
+                           rot_cols=(num_heads + num_kv_heads) * head_dim, use_table=cos is not None, pos_mode=mode,
+                           search_steps=max(1, n_seq.bit_length()))
+    args = RopeArgs(cos=cos, sin=None, freq=freq, positions=pos, offsets=offsets, cu_seqlens=cu_seqlens,
+                           offset=offset, mscale=mscale, div_b=div_b, mod_b=mod_b, div_s=div_s, mod_s=mod_s)
+    return spec, args
+
+
+def _rope_of(x, weight, cos, sin, freq, positions, offsets, cu_seqlens, scalars: tuple) -> tuple:
+    spec, args = _geometry(x, weight, cos, freq, positions, offsets, cu_seqlens, *scalars)
+    args.sin = sin
+    return spec, args
+
+
+# ---------------------------------------------------------------------------------------------- op
+def _forward(x, weight, bias, cos, sin, freq, positions, offsets, cu_seqlens, lay: str, num_heads: int,
+             num_kv_heads: int, half: int, interleaved: bool, offset: int, mscale: float, *, prepared=None) -> tuple:
+    """(the fused projection ``[M, N]`` with q and k rotated, None)."""
+    x2 = rows(x)
+    out = x.new_empty((x2.shape[0], weight.shape[0]))
+    if out.numel() == 0:
+        return out, None
+    scalars = (lay, num_heads, num_kv_heads, half, interleaved, offset, mscale)
+    if not use_triton(x.device):
+        with torch.no_grad():
+            out.copy_(_reference(x, weight, bias, cos, sin, positions, offsets, cu_seqlens, scalars))
+        return out, None
+    spec, args = _rope_of(x, weight, cos, sin, freq, positions, offsets, cu_seqlens, scalars)
+    steps().qkv_forward(x2, weight, bias, out, spec, args)
+    return out, None
+
+
+def _reference(x, weight, bias, cos, sin, positions, offsets, cu_seqlens, scalars: tuple) -> torch.Tensor:
+    """The fused projection ``[M, N]`` by the reference (projection, then :func:`fuselab.reference.rope.apply_rope`)."""
+    lay, num_heads, num_kv_heads, half, interleaved, offset, _ = scalars
+    rope = dict(cos=cos, sin=sin, layout=lay, interleaved=interleaved, positions=positions,
+                seqlen_offsets=offsets if offsets is not None else offset, cu_seqlens=cu_seqlens, rotary_dim=2 * half)
+    q, k, v = ref.qkv_rope(x, weight, bias, num_heads, num_kv_heads, rope)
+    if lay == "bhsd":
+        q, k, v = (t.transpose(1, 2) for t in (q, k, v))
+    return torch.cat([t.flatten(-2) for t in (q, k, v)], dim=-1).reshape(-1, weight.shape[0])
+
+
+def _forward_fake(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, cos: torch.Tensor | None,
+                  sin: torch.Tensor | None, freq: torch.Tensor | None, positions: torch.Tensor | None,
+                  offsets: torch.Tensor | None, cu_seqlens: torch.Tensor | None, lay: str, num_heads: int,
+                  num_kv_heads: int, half: int, interleaved: bool, offset: int, mscale: float) -> torch.Tensor:
+    return x.new_empty((math.prod(x.shape[:-1]), weight.shape[0]))
+
+
+def _setup_context(ctx, inputs, output) -> None:
+    x, weight, bias, *rope_tensors = inputs[:9]
+    ctx.save_for_backward(x, weight, *rope_tensors)
+    ctx.scalars = inputs[9:]
+    ctx.bias_dtype = None if bias is None else bias.dtype
+
+
+def _backward(ctx, grad) -> tuple:
+    """Gradients of x, weight and bias: one :data:`QKV_BACKWARD` call."""
+    x, weight, *rope_tensors = ctx.saved_tensors
+    want = [bool(w) for w in ctx.needs_input_grad[:3]]
+    key = getattr(ctx, "key", None)
+    if key is not None:
+        key = ("qkv_bwd", key, tuple(want), layout(grad))
+    dx, dw, db = QKV_BACKWARD.run_in_backward(ctx, (grad, x, weight, *rope_tensors, *ctx.scalars, want), key)
+    return (dx.view(x.shape) if want[0] else None, dw if want[1] else None,
+            db.to(ctx.bias_dtype) if want[2] else None, *(None,) * 13)
+
+
+QKV = Op("fuselab::qkv_rope", eager=_forward, fake=_forward_fake, setup_context=_setup_context, backward=_backward,
+         differentiable=(0, 1, 2))
+
+
+def _backward_launch(grad, x, weight, cos, sin, freq, positions, offsets, cu_seqlens, lay: str, num_heads: int,
+                     num_kv_heads: int, half: int, interleaved: bool, offset: int, mscale: float, want: list[bool],
+                     *, prepared=None) -> tuple:
+    scalars = (lay, num_heads, num_kv_heads, half, interleaved, offset, mscale)
+    if grad.numel() == 0 or not use_triton(grad.device):
+        return _backward_torch(grad, x, weight, cos, sin, positions, offsets, cu_seqlens, scalars, want), None
+    spec, args = _rope_of(x, weight, cos, sin, freq, positions, offsets, cu_seqlens, scalars)
+    g = grad if grad.dtype == x.dtype else grad.to(x.dtype)
+    return steps().qkv_backward(g, rows(x), weight, spec, args, want), None
+
+
+def _backward_torch(grad, x, weight, cos, sin, positions, offsets, cu_seqlens, scalars: tuple, want) -> tuple:
+    """The backward on the PyTorch path: autograd through the reference (float32; float64 stays)."""
+    acc = torch.float64 if x.dtype == torch.float64 else torch.float32
+    xs, ws = x.detach().to(acc).requires_grad_(want[0]), weight.detach().to(acc).requires_grad_(want[1])
+    bs = torch.zeros(weight.shape[0], dtype=acc, device=x.device, requires_grad=want[2])
+    leaves = [t for t, w in zip((xs, ws, bs), want) if w]
+    with torch.enable_grad():
+        y = _reference(xs, ws, bs, cos, sin, positions, offsets, cu_seqlens, scalars)
+        grads = iter(torch.autograd.grad(y, leaves, grad.to(acc)) if leaves else ())
+    return tuple(next(grads).to(acc if i == 2 else x.dtype) if w else grad.new_empty(0) for i, w in enumerate(want))
+
+
+def _backward_fake(grad: torch.Tensor, x: torch.Tensor, weight: torch.Tensor, cos: torch.Tensor | None,
+                   sin: torch.Tensor | None, freq: torch.Tensor | None, positions: torch.Tensor | None,
+                   offsets: torch.Tensor | None, cu_seqlens: torch.Tensor | None, lay: str, num_heads: int,
+                   num_kv_heads: int, half: int, interleaved: bool, offset: int, mscale: float,
+                   want: list[bool]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    acc = torch.float64 if x.dtype == torch.float64 else torch.float32
+    m = math.prod(x.shape[:-1])
+    shapes = ((m, x.shape[-1]), weight.shape, (weight.shape[0],))
+    return tuple(grad.new_empty(s, dtype=acc if i == 2 else x.dtype) if w else grad.new_empty(0)
+                 for i, (w, s) in enumerate(zip(want, shapes)))
+
+
+QKV_BACKWARD = Op("fuselab::qkv_rope_bwd", eager=_backward_launch, fake=_backward_fake)
+
+
+def qkv_rope(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None, *, num_heads: int,
+             num_kv_heads: int, cos: torch.Tensor | None = None, sin: torch.Tensor | None = None,
+             layout: str = "bshd", interleaved: bool = False, positions: torch.Tensor | None = None,
+             seqlen_offsets: int | torch.Tensor = 0, cu_seqlens: torch.Tensor | None = None,
+             max_seqlen: int | None = None, base: float = 10000.0, scaling: Mapping[str, Any] | None = None,
+             rotary_dim: int | None = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """q, k, v of the fused projection ``x @ weight.T + bias``, q and k rotated by RoPE in the GEMM's epilogue: the
+    values of ``fuselab.apply_rope`` on the plain projection's q and k, in one launch. Differentiable in x, weight
+    and bias (the backward rotates dq and dk back as it loads them).
+
+    Args:
+        x: ``(batch, seq, hidden)`` for layouts bshd and bhsd, ``(seq, batch, hidden)`` for sbhd,
+            ``(total_tokens, hidden)`` for thd.
+        weight: ``((num_heads + 2 * num_kv_heads) * head_dim, hidden)``: the q, k and v projections stacked (GQA:
+            ``num_kv_heads`` divides nothing here, any counts). bias: its rows' bias or None.
+        num_heads, num_kv_heads: heads of q and of k and v.
+        cos, sin, layout, interleaved, positions, seqlen_offsets, cu_seqlens, max_seqlen, base, scaling,
+            rotary_dim: as :func:`fuselab.apply_rope` (tables or in-kernel angles, partial rotary, positions,
+            KV-cache offsets, packed sequences).
+
+    Returns:
+        q ``(..., num_heads, head_dim)``, k and v ``(..., num_kv_heads, head_dim)`` in ``layout``: views of one
+        ``(tokens, (num_heads + 2 * num_kv_heads) * head_dim)`` tensor (bhsd: transposed views).
+
+    Raises:
+        TypeError / ValueError: as :func:`fuselab.apply_rope` for the RoPE options; x of the wrong rank for the
+        layout, a weight whose rows are not a multiple of the heads, tensors of other dtypes or devices; for the
+        half-split rotation a ``rotary_dim`` that is not a power of 2 dividing head_dim (the fused epilogue's limit).
+    """
+    rope = dict(cos=cos, sin=sin, layout=layout, interleaved=interleaved, positions=positions,
+                seqlen_offsets=seqlen_offsets, cu_seqlens=cu_seqlens, max_seqlen=max_seqlen, base=base,
+                scaling=scaling, rotary_dim=rotary_dim)
+    call = validate(x, weight, bias, num_heads, num_kv_heads, rope)
+    if not torch.compiler.is_compiling() and not use_triton(x.device):
+        return ref.qkv_rope(x, weight, bias, num_heads, num_kv_heads, rope)
+    qkv = QKV.run((*call.tensors, *call.scalars))
+    heads = qkv.view(*x.shape[:-1], num_heads + 2 * num_kv_heads, call.head_dim)
+    q, k, v = heads.split((num_heads, num_kv_heads, num_kv_heads), dim=-2)
+    if layout == "bhsd":
+        q, k, v = (t.transpose(1, 2) for t in (q, k, v))
+    return q, k, v
