@@ -299,3 +299,43 @@ def test_qkv_opcheck(triton_backend):
     args = (x, w, torch.randn(64), cos, sin, None, None, None, None, "bshd", 2, 1, 8, False, 0, 1.0)
     torch.library.opcheck(QKV.custom, args, test_utils=("test_schema", "test_faketensor",
                                                         "test_autograd_registration"))
+
+
+# ---------------------------------------------------------------------------------------------- master weights
+@pytest.mark.parametrize("optimizer", ["sgd", "adagrad"])
+@pytest.mark.parametrize("lr_tensor", [False, True])
+@pytest.mark.parametrize("low_dtype", [torch.bfloat16, torch.float16])
+def test_cast_update(backend, optimizer, lr_tensor, low_dtype):
+    from fuselab.ops.gemm import cast_update_
+
+    master = torch.randn(3000)
+    grad = torch.randn(3000).to(low_dtype)
+    state = torch.rand(3000) if optimizer == "adagrad" else None
+    low = torch.empty(3000, dtype=low_dtype)
+    w64, s64, _ = ref.cast_update(master.double(), grad.double(), None if state is None else state.double(),
+                                  optimizer=optimizer, lr=0.1, weight_decay=0.01)
+    lr = torch.tensor(0.1) if lr_tensor else 0.1
+    out = cast_update_(master, grad, low, lr=lr, optimizer=optimizer, state=state, weight_decay=0.01)
+    assert out is low
+    assert_close(master, w64, torch.float32, "master", atol=1e-6)
+    if state is not None:
+        assert_close(state, s64, torch.float32, "state")
+    assert torch.equal(low, master.to(low_dtype))  # the copy is the updated master rounded to nearest
+
+
+def test_cast_update_bad_inputs():
+    from fuselab.ops.gemm import cast_update_
+
+    w, g, low = torch.randn(8), torch.randn(8), torch.empty(8, dtype=torch.bfloat16)
+    cases = [
+        (lambda: cast_update_(w.bfloat16(), g, low, lr=0.1), TypeError, "master must be float32"),
+        (lambda: cast_update_(w, torch.randn(7), low, lr=0.1), ValueError, "grad must have master's shape"),
+        (lambda: cast_update_(w, g, low, lr=0.1, optimizer="adam"), ValueError, "optimizer must be one of"),
+        (lambda: cast_update_(w, g, low, lr=0.1, optimizer="adagrad"), TypeError, "state must be a torch.Tensor"),
+        (lambda: cast_update_(w, g, low, lr=0.1, state=torch.zeros(8)), ValueError, "only with optimizer='adagrad'"),
+        (lambda: cast_update_(w, g, low, lr="0.1"), TypeError, "lr must be a float"),
+        (lambda: cast_update_(torch.randn(8, 2).t(), g, low, lr=0.1), ValueError, "master must be contiguous"),
+    ]
+    for call, exc, match in cases:
+        with pytest.raises(exc, match=match):
+            call()

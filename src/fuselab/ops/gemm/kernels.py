@@ -380,3 +380,36 @@ def _gemm_kernel(
             _epilogue(acc, p, q, pid_q * BQ, P, Q, C, BIAS, X0, RES, KEPT, alpha, s_cp, s_cq, s_bias, s_xp, s_xq,
                       s_rp, s_rq, s_kt, rope_pos, COS, SIN, FREQ, n_table, s_ct, s_cf, s_st, s_sf, rot_cols, mscale,
                       HAS_BIAS, EPI_X0, HAS_RES, EPI_ROPE, KEEP, ACT, ROPE_PS, ROPE_HALF, HEAD_DIM, USE_TABLE, BP, BQ)
+
+
+# ---------------------------------------------------------------------------------------------- master weights
+@triton.jit
+def _cast_update_kernel(
+    W,  # [n] fp32 (fp64) master weights, contiguous, updated in place
+    G,  # [n] gradient (any float dtype: the low-precision copy's gradient), contiguous
+    LOW,  # [n] low-precision copy of W, contiguous, written from the updated W
+    S,  # [n] fp32 Adagrad sum of squares, contiguous, updated in place; if ADAGRAD
+    LR,  # [] fp32 learning rate tensor (a CUDA graph reads its current value); if LR_TENSOR
+    lr, eps, weight_decay,  # Python floats (lr unused when LR_TENSOR)
+    n,
+    ADAGRAD: tl.constexpr, LR_TENSOR: tl.constexpr, DECAY: tl.constexpr, BLOCK: tl.constexpr,
+):
+    # bytes: read W (4), G, S (4) when Adagrad; write W (4), LOW, S (4): the optimizer's own pass plus the copy's write
+    offs = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
+    mask = offs < n
+    w = tl.load(W + offs, mask=mask, other=0.0)
+    g = tl.load(G + offs, mask=mask, other=0.0).to(w.dtype)
+    if DECAY:
+        g = g + weight_decay * w
+    if LR_TENSOR:
+        step = tl.load(LR).to(w.dtype)
+    else:
+        step = lr
+    if ADAGRAD:
+        s = tl.load(S + offs, mask=mask, other=0.0).to(w.dtype) + g * g
+        tl.store(S + offs, s.to(S.dtype.element_ty), mask=mask)
+        w = w - step * g / (tl.sqrt(s) + eps)
+    else:
+        w = w - step * g
+    tl.store(W + offs, w, mask=mask)
+    tl.store(LOW + offs, rounded(w, LOW.dtype.element_ty), mask=mask)

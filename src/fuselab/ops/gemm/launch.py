@@ -25,11 +25,14 @@ from fuselab.ops._tickets import scratch, ticket_counters
 from fuselab.ops.opdef import memo
 from fuselab.ops.tuning import current
 
-from .kernels import _gemm_kernel
+from .kernels import _cast_update_kernel, _gemm_kernel
 from .spec import SMEM_BUDGET, GemmOperands, GemmPlan, GemmSpec, GemmTuning, RopeArgs, RopeSpec, TileConfig
 
 __all__ = ["SMEM_BUDGET", "GemmOperands", "GemmPlan", "GemmSpec", "GemmTuning", "RopeArgs", "RopeSpec", "TileConfig",
-           "choose_tile", "gemm_", "plan", "spec_of", "tma_mode", "with_flags"]
+           "cast_update", "choose_tile", "gemm_", "plan", "spec_of", "tma_mode", "with_flags"]
+
+#: elements per program of :func:`cast_update`
+CAST_BLOCK = 2048
 
 
 # ---------------------------------------------------------------------------------------------- specs
@@ -208,3 +211,15 @@ def gemm_(p: GemmPlan, ops: GemmOperands) -> None:
                *_strides(ops.l1), *_strides(ops.l2), s_sp, s_sr, *_strides(ops.g0), spec.lora_rank,
                *_rope_scalars(ops.rope, spec))
     launch_kernel(_gemm_kernel, p.constexprs, p.grid, tensors, scalars, dict(p.constexprs), dynamic=4)
+
+
+def cast_update(master: torch.Tensor, grad: torch.Tensor, low: torch.Tensor, state: torch.Tensor | None,
+                lr_tensor: torch.Tensor | None, lr: float, eps: float, weight_decay: float, adagrad: bool) -> None:
+    """Launch the master-weight update (:func:`~fuselab.ops.gemm.kernels._cast_update_kernel`) on contiguous
+    tensors of one size: ``lr_tensor`` (read on the device) or the float ``lr``."""
+    n = master.numel()
+    cx = dict(ADAGRAD=adagrad, LR_TENSOR=lr_tensor is not None, DECAY=weight_decay != 0.0, BLOCK=CAST_BLOCK,
+              num_warps=4)
+    tensors = (master, grad, low, master if state is None else state, master if lr_tensor is None else lr_tensor)
+    launch_kernel(_cast_update_kernel, tuple(cx.items()), (cdiv(n, CAST_BLOCK),), tensors,
+                  (float(lr), float(eps), float(weight_decay), n), cx, dynamic=3)

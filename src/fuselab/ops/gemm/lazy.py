@@ -13,3 +13,11 @@ def steps() -> ModuleType:
     from fuselab.ops.gemm import steps as module
 
     return module
+
+
+@functools.cache
+def launchers() -> ModuleType:
+    """:mod:`fuselab.ops.gemm.launch`."""
+    from fuselab.ops.gemm import launch as module
+
+    return module
