@@ -18,6 +18,7 @@ SUITES: dict[str, str] = {
     "reduce": "fuselab.bench.suites.reduce",
     "embedding": "fuselab.bench.suites.embedding",
     "interaction": "fuselab.bench.suites.interaction",
+    "gemm": "fuselab.bench.suites.gemm",
 }
 
 
