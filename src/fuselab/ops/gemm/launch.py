@@ -79,7 +79,8 @@ def choose_tile(spec: GemmSpec, tuning: GemmTuning) -> TileConfig:
     elif spec.q <= tuning.narrow_max_q:
         cfg = tuning.narrow
     elif (spec.q >= tuning.wide_min_q and spec.p >= tuning.wide_min_p and not spec.lora_rank and spec.rope is None
-          and spec.pro_act == 0 and not spec.pro_mask and not spec.pro_x0 and spec.pro_rope is None):
+          and not spec.x0 and not spec.residual and spec.pro_act == 0 and not spec.pro_mask and not spec.pro_x0
+          and spec.pro_rope is None):
         cfg = tuning.wide
     else:
         cfg = tuning.large
@@ -91,12 +92,15 @@ def choose_tile(spec: GemmSpec, tuning: GemmTuning) -> TileConfig:
     if spec.pro_rope is not None:
         if spec.n_along_p:
             bp = max(bp, 2 * spec.pro_rope.pair_stride)
-        else:
+        else:  # wide reduction steps: fewer rows, so that the rotation's layout conversions fit beside the stages
             br = max(br, 2 * spec.pro_rope.pair_stride)
-    warps = cfg.warps if bp * bq >= 128 * 128 else min(cfg.warps, 4)
+            bp = min(bp, 64) if br >= 128 else bp
+    warps = cfg.warps if bp * bq >= 64 * 64 else min(cfg.warps, 4)
     item = 4 if spec.dtype in (torch.float32, torch.float64) else 2
     per_stage = (bp * br + br * bq) * item
-    stages = max(1, min(cfg.stages, SMEM_BUDGET // per_stage))
+    converts = spec.rope is not None or spec.pro_rope is not None or spec.pro_mask or spec.keep == 2
+    scratch = 6 * bp * max(bq, br) if converts else 0  # fp32 tiles through shared memory, 1.5 of one
+    stages = max(1, min(cfg.stages, (SMEM_BUDGET - scratch) // per_stage))
     return TileConfig(bp, bq, br, warps, stages, cfg.group)
 
 

@@ -12,7 +12,8 @@ import torch
 
 from fuselab.core.device import cdiv
 
-#: bytes of shared memory a plan's pipelined A and B tiles may take (an H100/H200 SM has 227 KiB for a block)
+#: bytes of shared memory a plan's pipelined A and B tiles and its epilogue/prologue layout conversions may take
+#: (an H100/H200 SM gives a block 227 KiB)
 SMEM_BUDGET = 200 * 1024
 
 
@@ -45,8 +46,8 @@ class GemmTuning:
     large: TileConfig = TileConfig(128, 128, 64, 8, 3)
     wide: TileConfig = TileConfig(128, 256, 64, 8, 3)
     narrow: TileConfig = TileConfig(128, 64, 64, 4, 4)
-    weight_grad: TileConfig = TileConfig(128, 64, 64, 4, 4)
-    fp32: TileConfig = TileConfig(128, 128, 32, 8, 3)
+    weight_grad: TileConfig = TileConfig(128, 64, 64, 8, 4)
+    fp32: TileConfig = TileConfig(64, 64, 32, 4, 3)
     wide_min_q: int = 256
     wide_min_p: int = 8192
     narrow_max_q: int = 64
