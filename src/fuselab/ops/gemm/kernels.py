@@ -121,31 +121,28 @@ def _load(ptr, mask, MASKED: tl.constexpr):
 
 
 @triton.jit
-def _mask_bits(MSK, p, r, p0, r0, s_mt, P, R, N_ALONG_P: tl.constexpr, BP: tl.constexpr, BR: tl.constexpr):
-    """The kept ReLU bits of the [BP, BR] tile at rows p (from p0), columns r (from r0) as 0/1 int32; MSK is
-    [rows, cdiv(n, 8)] uint8 (bit j of word w is column 8w + j) with row stride s_mt; the column (n) axis is r, or
-    p when N_ALONG_P."""
-    if N_ALONG_P:  # p = n: words [BP // 8, BR] along p
-        w = (p0 // 8) + tl.arange(0, BP // 8)
-        words = tl.load(MSK + r[None, :] * s_mt + w[:, None], mask=(w[:, None] * 8 < P) & (r[None, :] < R),
-                        other=0).to(tl.int32)
-        bits = (words[:, None, :] >> tl.arange(0, 8)[None, :, None]) & 1
-        return tl.reshape(bits, (BP, BR))
+def _mask_bits(MSK, p, r, s_mt, P, R, N_ALONG_P: tl.constexpr):
+    """The kept ReLU bits of the tile at rows p, columns r as 0/1 int32; MSK is [rows, cdiv(n, 8)] uint8 (bit j of
+    word w is column 8w + j) with row stride s_mt; the column (n) axis is r, or p when N_ALONG_P. Each element loads
+    its byte (eight neighbours share one: L1 hits) and shifts: no reshape of the tile."""
+    if N_ALONG_P:  # p = n, r = token
+        words = tl.load(MSK + r[None, :] * s_mt + (p // 8)[:, None], mask=(p < P)[:, None] & (r < R)[None, :],
+                        other=0)
+        bits = (words.to(tl.int32) >> (p % 8)[:, None]) & 1
     else:
-        w = (r0 // 8) + tl.arange(0, BR // 8)
-        words = tl.load(MSK + p[:, None] * s_mt + w[None, :], mask=w[None, :] * 8 < R, other=0).to(tl.int32)
-        bits = (words[:, :, None] >> tl.arange(0, 8)[None, None, :]) & 1
-        return tl.reshape(bits, (BP, BR))
+        words = tl.load(MSK + p[:, None] * s_mt + (r // 8)[None, :], mask=(r < R)[None, :], other=0)
+        bits = (words.to(tl.int32) >> (r % 8)[None, :]) & 1
+    return bits
 
 
 @triton.jit
-def _prologue(a, p, r, p0, r0, rmask, S, G0, s_sp, s_sr, s_gp, s_gr, P, R, PRO_ACT: tl.constexpr,
+def _prologue(a, p, r, rmask, S, G0, s_sp, s_sr, s_gp, s_gr, P, R, PRO_ACT: tl.constexpr,
               PRO_MASK: tl.constexpr, PRO_X0: tl.constexpr, N_ALONG_P: tl.constexpr, BP: tl.constexpr,
               BR: tl.constexpr, MASKED: tl.constexpr):
     """``a`` (a tile of dY in the compute dtype) times act'(kept S) or the kept ReLU bits, times the DCN
     multiplier G0."""
     if PRO_MASK:
-        a = tl.where(_mask_bits(S, p, r, p0, r0, s_sp, P, R, N_ALONG_P, BP, BR) != 0, a, 0.0)
+        a = tl.where(_mask_bits(S, p, r, s_sp, P, R, N_ALONG_P) != 0, a, 0.0)
     elif PRO_ACT != 0:
         s = _load(S + p[:, None] * s_sp + r[None, :] * s_sr, rmask, MASKED).to(a.dtype)
         a = a * _act_grad(s, PRO_ACT)
@@ -229,7 +226,7 @@ def _k_step(acc, acc_l, rs, r0, p, pa, qb, pid_p, pid_q, pos_p, A, B, S, G0, AOU
     mask_b = (r < R)[:, None]
     a = _load_tile(A, pa, r, s_ap, s_ar, mask_a, pid_p * BP, r0, A_DESC, A_DESC_T, MASKED)
     if PROLOGUE:
-        af = _prologue(a.to(ACC), pa, r, pid_p * BP, r0, mask_a, S, G0, s_sp, s_sr, s_gp, s_gr, P, R, PRO_ACT, PRO_MASK,
+        af = _prologue(a.to(ACC), pa, r, mask_a, S, G0, s_sp, s_sr, s_gp, s_gr, P, R, PRO_ACT, PRO_MASK,
                        PRO_X0, N_ALONG_P, BP, BR, MASKED)
         if PRO_ROPE:
             if N_ALONG_P:  # p = n (dYᵀ): rotate along p with the positions of the tokens r
@@ -365,7 +362,7 @@ def _gemm_kernel(
             if done:
                 acc = tl.zeros([BP, BQ], dtype=ACC)
                 rs = tl.zeros([BP], dtype=ACC)
-                for s in tl.static_range(SPLIT):
+                for s in range(SPLIT):  # a loop, not unrolled: SPLIT tiles of partials
                     acc += tl.load(WS + (p64 + s * P)[:, None] * Q + q[None, :], mask=cmask, other=0.0,
                                    cache_modifier=".cg")
                     if ROW_SUM:

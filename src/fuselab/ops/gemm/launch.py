@@ -98,8 +98,8 @@ def choose_tile(spec: GemmSpec, tuning: GemmTuning) -> TileConfig:
     warps = cfg.warps if bp * bq >= 64 * 64 else min(cfg.warps, 4)
     item = 4 if spec.dtype in (torch.float32, torch.float64) else 2
     per_stage = (bp * br + br * bq) * item
-    converts = spec.rope is not None or spec.pro_rope is not None or spec.pro_mask or spec.keep == 2
-    scratch = 6 * bp * max(bq, br) if converts else 0  # fp32 tiles through shared memory, 1.5 of one
+    rotates = spec.rope is not None or spec.pro_rope is not None
+    scratch = 6 * bp * max(bq, br) if rotates else 0  # the rotation's fp32 tiles through shared memory, 1.5 of one
     stages = max(1, min(cfg.stages, (SMEM_BUDGET - scratch) // per_stage))
     return TileConfig(bp, bq, br, warps, stages, cfg.group)
 
