@@ -37,7 +37,7 @@ from fuselab.ops.tuning import override
 from fuselab.reference import gemm as ref
 
 #: (K, N) of the DLRM MLP layers at M 65536 (timed with the default plans)
-DLRM = ((13, 512), (512, 256), (256, 128), (479, 1024), (1024, 1024), (1024, 512), (256, 1))
+DLRM = ((13, 512), (512, 256), (256, 128), (479, 1024), (367, 512), (1024, 1024), (1024, 512), (256, 1))
 #: (M, K, N, activation) of the shapes that also time the variants: tile configs, keep=output, no TMA, dZ materialised
 DETAIL = ((65536, 512, 256, "relu"), (8192, 8192, 8192, "none"))
 #: a few tile configs timed beside the default plan (block_p, block_q, block_r, warps, stages)
@@ -202,6 +202,9 @@ def time_linear(device, bench, m, k, n, act, detail: bool, rows: list, rate: flo
     dt = torch.bfloat16
     x = torch.randn(m, k, device=device).to(dt).requires_grad_()
     w = (torch.randn(n, k, device=device) / k**0.5).to(dt).requires_grad_()
+    pad = -k % 8  # unaligned rows: the variant reading x and W from buffers whose rows are padded to 16 bytes
+    xp = torch.zeros(m, k + pad, device=device, dtype=dt)[:, :k].copy_(x.detach()).requires_grad_() if pad else None
+    wp = torch.zeros(n, k + pad, device=device, dtype=dt)[:, :k].copy_(w.detach()).requires_grad_() if pad else None
     b = torch.randn(n, device=device).to(dt).requires_grad_()
     g = torch.randn(m, n, device=device).to(dt)
     flops = 2 * m * n * k
@@ -219,6 +222,8 @@ def time_linear(device, bench, m, k, n, act, detail: bool, rows: list, rate: flo
 
     keep = "mask" if act == "relu" else "auto"
     variants = [("cublas", cublas, None), ("cublaslt", lt, None), ("fuselab", fuse(keep), None)]
+    if pad and k > 16:
+        variants.append(("fuselab, rows padded to 16 B", lambda: gemm(xp, wp, b, activation=act, keep=keep), None))
     if detail:
         variants = variants[:1]
         if act == "relu":
@@ -233,7 +238,8 @@ def time_linear(device, bench, m, k, n, act, detail: bool, rows: list, rate: flo
                 continue
             if mode == "fwd+bwd" and name == "cublaslt":
                 continue  # torch has no derivative of _addmm_activation
-            ms = _time(bench, fn, (x, w, b), g, mode, tuning)
+            leaves = (xp, wp, b) if "padded" in name else (x, w, b)
+            ms = _time(bench, fn, leaves, g, mode, tuning)
             base = ms if name == "cublas" else base
             rows.append(_row(label, mode, name, ms, mult * flops, rate, base))
 

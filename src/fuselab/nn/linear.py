@@ -44,7 +44,9 @@ LINEAR_BACKENDS = ("auto", "cuda")
 class LinearRules:
     """When :class:`FusedLinear` and :class:`LoRALinear` run :func:`fuselab.gemm` (one launch) instead of cuBLAS +
     the epilogue kernel: operands of one of ``dtypes`` on the Triton path, at least ``min_rows`` rows (tokens,
-    batch), ``min_out`` output and ``min_in`` input features, and a LoRA rank of at most ``max_lora_rank``.
+    batch), ``min_out`` output and ``min_in`` input features, a LoRA rank of at most ``max_lora_rank``, and rows of x
+    and of the weight that start on 16-byte boundaries unless there are at most ``unaligned_max_in`` input features
+    (unaligned rows cannot be read through TMA or asynchronous copies: no pipelining).
     ``relu_keep``: what a fused relu layer keeps for its backward (``"mask"``: 1 bit per element; ``"output"``: y).
     A frozen dataclass read through :func:`fuselab.ops.tuning.current` (``override(LinearRules(...))`` changes it);
     the values and the measurements behind them: ``benchmarks/notes/gemm.md``, section "Rules"."""
@@ -52,14 +54,18 @@ class LinearRules:
     dtypes: tuple[torch.dtype, ...] = (torch.bfloat16, torch.float16)
     min_rows: int = 2048
     min_out: int = 32
-    min_in: int = 16
+    min_in: int = 1
     max_lora_rank: int = 64
+    unaligned_max_in: int = 64
     relu_keep: str = "mask"
 
-    def fused(self, rows: int, out_features: int, in_features: int, dtype: torch.dtype, rank: int = 0) -> bool:
-        """Whether a layer of these sizes and dtype takes :func:`fuselab.gemm`."""
+    def fused(self, rows: int, out_features: int, in_features: int, dtype: torch.dtype, rank: int = 0,
+              aligned: bool = True) -> bool:
+        """Whether a layer of these sizes and dtype takes :func:`fuselab.gemm` (``aligned``: x's and the weight's rows
+        start on 16-byte boundaries)."""
         return (dtype in self.dtypes and rows >= self.min_rows and out_features >= self.min_out
-                and in_features >= self.min_in and rank <= self.max_lora_rank)
+                and in_features >= self.min_in and rank <= self.max_lora_rank
+                and (aligned or in_features <= self.unaligned_max_in))
 
     def keep(self, activation: str) -> str:
         """The ``keep`` argument of :func:`fuselab.gemm` for ``activation``."""
@@ -74,7 +80,11 @@ def _gemm_wins(x, weight: torch.Tensor, rank: int = 0) -> bool:
         return False
     if not triton_for(x) or torch.is_autocast_enabled(x.device.type):
         return False
-    return current(LinearRules).fused(math.prod(x.shape[:-1]), weight.shape[0], weight.shape[1], x.dtype, rank)
+    size = x.element_size()
+    aligned = all(t.stride(-1) == 1 and (t.dim() < 2 or t.stride(-2) * size % 16 == 0) and t.data_ptr() % 16 == 0
+                  for t in (x, weight))
+    return current(LinearRules).fused(math.prod(x.shape[:-1]), weight.shape[0], weight.shape[1], x.dtype, rank,
+                                      aligned)
 
 
 def _any_requires_grad(*tensors: torch.Tensor | None) -> bool:
