@@ -85,3 +85,21 @@ def test_lora_linear_fp32_keeps_the_epilogue_path(triton_backend):
     lora = LoRALinear(nn.Linear(8, 6), rank=2)
     y = lora(torch.randn(5, 8, requires_grad=True))
     assert GEMM_NODE not in y.grad_fn.name()
+
+
+@pytest.mark.slow
+def test_lora_linear_compiles_fullgraph(triton_backend):
+    """torch.compile(fullgraph=True) of a LoRALinear on the fused GEMM (the LoRA record and the rules' alignment test
+    trace without a graph break) gives the eager gradients."""
+    from fuselab.core.compile import compile_quietly
+
+    lora = LoRALinear(nn.Linear(32, 24), rank=4, activation="relu")
+    with torch.no_grad():
+        lora.lora_B.normal_()
+    x = torch.randn(21, 32, requires_grad=True)
+    with override(ALWAYS):
+        compile_quietly(lambda t: lora(t).square().sum(), fullgraph=True)(x).backward()
+        compiled = lora.lora_A.grad.clone()
+        lora.lora_A.grad = None
+        lora(x).square().sum().backward()
+    torch.testing.assert_close(compiled, lora.lora_A.grad)
