@@ -13,13 +13,14 @@ from fuselab.ops.opdef import Op
 from fuselab.reference.gemm import CAST_UPDATE_OPTIMIZERS, cast_update
 
 from .lazy import launchers
+from .spec import CastStep
 
 __all__ = ["CAST_UPDATE", "cast_update_"]
 
 
-def _update(master, low, state, grad, lr_tensor, lr: float, eps: float, weight_decay: float, optimizer: str, *,
-            prepared=None) -> tuple:
-    """(master, low, state) updated in place; (outputs, None)."""
+def _update(master, low, state, grad, lr_tensor, *options, prepared=None) -> tuple:
+    """(master, low, state) updated in place; (outputs, None). ``options``: (lr, eps, weight_decay, optimizer)."""
+    lr, eps, weight_decay, optimizer = options
     if master.numel() == 0:
         return (master, low, state), None
     if not use_triton(master.device):
@@ -32,7 +33,7 @@ def _update(master, low, state, grad, lr_tensor, lr: float, eps: float, weight_d
             if state is not None:
                 state.copy_(s)
         return (master, low, state), None
-    launchers().cast_update(master, grad, low, state, lr_tensor, lr, eps, weight_decay, optimizer == "adagrad")
+    launchers().cast_update(master, grad, low, state, lr_tensor, CastStep(optimizer, lr, eps, weight_decay))
     return (master, low, state), None
 
 

@@ -84,6 +84,52 @@ class GemmCall:
     def rank(self) -> int:
         return 0 if self.lora is None else self.lora.a.shape[0]
 
+    @property
+    def inputs(self) -> tuple:
+        """The custom op's inputs: (x, weight, bias, residual, lora_a, lora_b, alpha, lora_scale, activation, keep,
+        out_dtype)."""
+        la, lb, scale = (None, None, 1.0) if self.lora is None else (self.lora.a, self.lora.b, float(self.lora.scale))
+        return (self.x, self.weight, self.bias, self.residual, la, lb, self.alpha, scale, self.activation, self.keep,
+                self.out_dtype)
+
+    @classmethod
+    def from_inputs(cls, inputs: tuple) -> GemmCall:
+        """The call of the custom op's ``inputs`` (:attr:`inputs`), derived without checks (they passed before)."""
+        x, weight, bias, residual, lora_a, lora_b, alpha, lora_scale, activation, keep, out_dtype = inputs
+        lora = None if lora_a is None else LoRA(lora_a, lora_b, lora_scale)
+        return cls(x, weight, bias, residual, lora, alpha, activation, keep, out_dtype, keep != "nothing",
+                   math.prod(x.shape[:-1]), weight.shape[0], weight.shape[1])
+
+
+@dataclass(frozen=True)
+class LinearBackward:
+    """What the backward of :func:`fuselab.gemm` reads besides dY: the forward's saved tensors (x, weight, the kept
+    output / pre-activation / ReLU bits, the LoRA factors and T = s·x·Aᵀ; None where no gradient needs them), its
+    flags, and which gradients are wanted (x, weight, bias, dZ for the residual, lora_a, lora_b)."""
+
+    x: torch.Tensor | None
+    weight: torch.Tensor | None
+    saved: torch.Tensor | None
+    lora_a: torch.Tensor | None
+    lora_b: torch.Tensor | None
+    t: torch.Tensor | None
+    alpha: float
+    lora_scale: float
+    activation: str
+    keep: str
+    want: tuple[bool, ...]
+
+    @classmethod
+    def from_inputs(cls, inputs: tuple) -> LinearBackward:
+        """From the backward op's inputs after dY: (x, weight, saved, lora_a, lora_b, t, alpha, lora_scale,
+        activation, keep, want)."""
+        *head, want = inputs
+        return cls(*head, tuple(bool(w) for w in want))
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return (self.x if self.x is not None else self.weight).dtype
+
 
 def _check_lora(lora, n: int, k: int, dtype: torch.dtype) -> None:
     if not isinstance(lora, LoRA):

@@ -127,14 +127,16 @@ DCN = Op("fuselab::dcn_cross", eager=_forward, fake=_forward_fake, setup_context
          backward=_backward, differentiable=(0, 1, 2, 3, 4))
 
 
-def _backward_launch(grad, x0, xl, weight, bias, weight_v, h, want: list[bool], *, prepared=None) -> tuple:
+def _backward_launch(grad, *inputs, prepared=None) -> tuple:
+    """((dx0, dxl, dw, db, dv), None) of dY and (x0, xl, weight, bias, weight_v, h, want)."""
     if grad.numel() == 0 or not use_triton(grad.device):
-        return _backward_torch(grad, x0, xl, weight, bias, weight_v, h, want), None
-    return steps().dcn_backward(grad, x0, xl, weight, bias, weight_v, h, want), None
+        return _backward_torch(grad, inputs), None
+    return steps().dcn_backward(grad, *inputs), None
 
 
-def _backward_torch(grad, x0, xl, weight, bias, weight_v, h, want: list[bool]) -> tuple:
+def _backward_torch(grad: torch.Tensor, inputs: tuple) -> tuple:
     """The backward on the PyTorch path: autograd through the reference (float32; float64 stays)."""
+    x0, xl, weight, bias, weight_v, _, want = inputs
     acc = torch.float64 if xl.dtype == torch.float64 else torch.float32
     leaves = [t.detach().to(acc).requires_grad_(w) if t is not None else None
               for t, w in zip((x0, xl, weight, bias, weight_v), want)]

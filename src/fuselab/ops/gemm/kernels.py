@@ -188,6 +188,26 @@ def _epilogue(acc, p, q, q0, P, Q, C, BIAS, X0, RES, KEPT, alpha, s_cp, s_cq, s_
     tl.store(C + p[:, None] * s_cp + q[None, :] * s_cq, rounded(_act(z, ACT), C.dtype.element_ty), mask=cmask)
 
 
+@triton.jit
+def _split_sum(acc, rs, p, q, P, Q, split, tile, pid_q, WS, DBS, COUNT, SPLIT: tl.constexpr, ROW_SUM: tl.constexpr):
+    """Store this split's partial product (and row sums); the last split of the tile to arrive (int32 ticket) sums
+    all of them in split order. Returns (whether this program finishes the tile, the sums)."""
+    cmask = (p < P)[:, None] & (q < Q)[None, :]
+    p64 = p.to(tl.int64)
+    tl.store(WS + (p64 + split * P)[:, None] * Q + q[None, :], acc, mask=cmask)
+    if ROW_SUM and pid_q == 0:
+        tl.store(DBS + p64 + split * P, rs, mask=p < P)
+    done = last_to_arrive(COUNT + tile, SPLIT)
+    if done:
+        acc = tl.zeros_like(acc)
+        rs = tl.zeros_like(rs)
+        for s in range(SPLIT):  # a loop, not unrolled: SPLIT tiles of partials
+            acc += tl.load(WS + (p64 + s * P)[:, None] * Q + q[None, :], mask=cmask, other=0.0, cache_modifier=".cg")
+            if ROW_SUM:
+                rs += tl.load(DBS + p64 + s * P, mask=p < P, other=0.0, cache_modifier=".cg")
+    return done, acc, rs
+
+
 # ---------------------------------------------------------------------------------------------- the kernel
 @triton.jit
 def _load_tile(X, rows, cols, s_row, s_col, mask, row0, col0, DESC: tl.constexpr, DESC_T: tl.constexpr,
@@ -352,21 +372,8 @@ def _gemm_kernel(
             l2 = tl.load(L2 + j[:, None] * s_l2j + qb[None, :] * s_l2q, mask=(j < rank)[:, None], other=0.0)
             acc = tl.dot(t.to(DOT), l2.to(DOT), acc, input_precision=PRECISION, out_dtype=ACC)
         done = True
-        if SPLIT > 1:  # partials of this split; the last split of the tile to arrive sums them in split order
-            cmask = (p < P)[:, None] & (q < Q)[None, :]
-            p64 = p.to(tl.int64)
-            tl.store(WS + (p64 + split * P)[:, None] * Q + q[None, :], acc, mask=cmask)
-            if ROW_SUM and pid_q == 0:
-                tl.store(DBS + p64 + split * P, rs, mask=p < P)
-            done = last_to_arrive(COUNT + tile, SPLIT)
-            if done:
-                acc = tl.zeros([BP, BQ], dtype=ACC)
-                rs = tl.zeros([BP], dtype=ACC)
-                for s in range(SPLIT):  # a loop, not unrolled: SPLIT tiles of partials
-                    acc += tl.load(WS + (p64 + s * P)[:, None] * Q + q[None, :], mask=cmask, other=0.0,
-                                   cache_modifier=".cg")
-                    if ROW_SUM:
-                        rs += tl.load(DBS + p64 + s * P, mask=p < P, other=0.0, cache_modifier=".cg")
+        if SPLIT > 1:
+            done, acc, rs = _split_sum(acc, rs, p, q, P, Q, split, tile, pid_q, WS, DBS, COUNT, SPLIT, ROW_SUM)
         if done:
             if ROW_SUM and pid_q == 0:
                 tl.store(DB + p, rounded(rs, DB.dtype.element_ty), mask=p < P)

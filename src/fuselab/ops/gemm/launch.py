@@ -26,7 +26,7 @@ from fuselab.ops.opdef import memo
 from fuselab.ops.tuning import current
 
 from .kernels import _cast_update_kernel, _gemm_kernel
-from .spec import SMEM_BUDGET, GemmOperands, GemmPlan, GemmSpec, GemmTuning, RopeArgs, RopeSpec, TileConfig
+from .spec import SMEM_BUDGET, CastStep, GemmOperands, GemmPlan, GemmSpec, GemmTuning, RopeArgs, RopeSpec, TileConfig
 
 __all__ = ["SMEM_BUDGET", "GemmOperands", "GemmPlan", "GemmSpec", "GemmTuning", "RopeArgs", "RopeSpec", "TileConfig",
            "cast_update", "choose_tile", "gemm_", "plan", "spec_of", "tma_mode", "with_flags"]
@@ -218,12 +218,12 @@ def gemm_(p: GemmPlan, ops: GemmOperands) -> None:
 
 
 def cast_update(master: torch.Tensor, grad: torch.Tensor, low: torch.Tensor, state: torch.Tensor | None,
-                lr_tensor: torch.Tensor | None, lr: float, eps: float, weight_decay: float, adagrad: bool) -> None:
+                lr_tensor: torch.Tensor | None, step: CastStep) -> None:
     """Launch the master-weight update (:func:`~fuselab.ops.gemm.kernels._cast_update_kernel`) on contiguous
-    tensors of one size: ``lr_tensor`` (read on the device) or the float ``lr``."""
+    tensors of one size: ``lr_tensor`` (read on the device) or ``step.lr``."""
     n = master.numel()
-    cx = dict(ADAGRAD=adagrad, LR_TENSOR=lr_tensor is not None, DECAY=weight_decay != 0.0, BLOCK=CAST_BLOCK,
-              num_warps=4)
+    cx = dict(ADAGRAD=step.optimizer == "adagrad", LR_TENSOR=lr_tensor is not None, DECAY=step.weight_decay != 0.0,
+              BLOCK=CAST_BLOCK, num_warps=4)
     tensors = (master, grad, low, master if state is None else state, master if lr_tensor is None else lr_tensor)
     launch_kernel(_cast_update_kernel, tuple(cx.items()), (cdiv(n, CAST_BLOCK),), tensors,
-                  (float(lr), float(eps), float(weight_decay), n), cx, dynamic=3)
+                  (float(step.lr), float(step.eps), float(step.weight_decay), n), cx, dynamic=3)

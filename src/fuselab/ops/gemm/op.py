@@ -20,7 +20,7 @@ from fuselab.reference import gemm as ref
 from fuselab.reference.bias_act import activation_grad, compute_dtype
 from fuselab.reference.gemm import LoRA
 
-from .checks import GemmCall, LinearOptions, resolve_keep, rows, signature_of, validate
+from .checks import GemmCall, LinearBackward, LinearOptions, resolve_keep, rows, signature_of, validate
 from .lazy import steps
 
 __all__ = ["BACKWARD", "FORWARD", "gemm"]
@@ -28,23 +28,18 @@ __all__ = ["BACKWARD", "FORWARD", "gemm"]
 _NOTHING = torch.empty(0)
 
 
-def _lora_of(lora_a, lora_b, scale: float) -> LoRA | None:
-    return None if lora_a is None else LoRA(lora_a, lora_b, scale)
-
-
 def _kept_shape(keep: str, m: int, n: int) -> tuple[int, ...]:
     return {"pre": (m, n), "mask": (m, cdiv(n, 8))}.get(keep, (0,))
 
 
 # ---------------------------------------------------------------------------------------------- forward
-def _forward(x, weight, bias, residual, lora_a, lora_b, alpha: float, lora_scale: float, activation: str, keep: str,
-             out_dtype: torch.dtype, *, prepared=None) -> tuple:
-    """((y, kept, t), plan): y ``(..., N)`` in ``out_dtype``; kept the pre-activation ``[M, N]`` or the ReLU bits
-    ``[M, ceil(N/8)]`` (empty otherwise); t = s·(x Aᵀ) ``[M, rank]`` (empty without LoRA)."""
-    n = weight.shape[0]
-    call = GemmCall(x, weight, bias, residual, _lora_of(lora_a, lora_b, lora_scale), alpha, activation, keep,
-                    out_dtype, keep != "nothing", math.prod(x.shape[:-1]), n, weight.shape[1])
-    y = x.new_empty((*x.shape[:-1], n), dtype=out_dtype)
+def _forward(*inputs, prepared=None) -> tuple:
+    """((y, kept, t), plan) of the custom op's inputs (:attr:`GemmCall.inputs`): y ``(..., N)`` in ``out_dtype``;
+    kept the pre-activation ``[M, N]`` or the ReLU bits ``[M, ceil(N/8)]`` (empty otherwise); t = s·(x Aᵀ)
+    ``[M, rank]`` (empty without LoRA)."""
+    call = GemmCall.from_inputs(inputs)
+    x, n, keep = call.x, call.N, call.keep
+    y = x.new_empty((*x.shape[:-1], n), dtype=call.out_dtype)
     kept = x.new_empty(_kept_shape(keep, call.M, n), dtype=torch.uint8 if keep == "mask" else x.dtype)
     t = x.new_empty((call.M, call.rank)) if call.rank else x.new_empty(0)
     if call.M == 0 or n == 0:
@@ -128,33 +123,32 @@ FORWARD = Op("fuselab::gemm", eager=_forward, fake=_forward_fake, setup_context=
 
 
 # ---------------------------------------------------------------------------------------------- backward
-def _backward_torch(grad, x, weight, saved, lora_a, lora_b, t, alpha, lora_scale, activation, keep, want) -> tuple:
+def _backward_torch(grad: torch.Tensor, b: LinearBackward) -> tuple:
     """The backward on the PyTorch path (the same gradients as the launches)."""
     acc = compute_dtype(grad.dtype)
     g = rows(grad).to(acc)
-    if keep == "mask":
-        dz = g * ref.unpack_bits(saved, g.shape[1]).to(acc)
-    elif keep in ("output", "pre"):
-        dz = g * activation_grad(saved.view(g.shape), activation)
+    if b.keep == "mask":
+        dz = g * ref.unpack_bits(b.saved, g.shape[1]).to(acc)
+    elif b.keep in ("output", "pre"):
+        dz = g * activation_grad(b.saved.view(g.shape), b.activation)
     else:
         dz = g
-    dt = (x if x is not None else weight).dtype
-    u = lora_scale * (dz @ lora_b.to(acc)) if lora_a is not None else None
-    dx = dz @ weight.to(acc) + (u @ lora_a.to(acc) if u is not None else 0) if want[0] else None
-    x2 = rows(x).to(acc) if x is not None else None
+    dt, want = b.dtype, b.want
+    u = b.lora_scale * (dz @ b.lora_b.to(acc)) if b.lora_a is not None else None
+    dx = dz @ b.weight.to(acc) + (u @ b.lora_a.to(acc) if u is not None else 0) if want[0] else None
+    x2 = rows(b.x).to(acc) if b.x is not None else None
     return (None if dx is None else dx.to(dt), (dz.t() @ x2).to(dt) if want[1] else None,
             dz.sum(0) if want[2] else None, dz.to(dt) if want[3] else None,
-            (u.t() @ x2).to(dt) if want[4] else None, (dz.t() @ t.to(acc)).to(dt) if want[5] else None)
+            (u.t() @ x2).to(dt) if want[4] else None, (dz.t() @ b.t.to(acc)).to(dt) if want[5] else None)
 
 
-def _backward_launch(grad, x, weight, saved, lora_a, lora_b, t, alpha: float, lora_scale: float, activation: str,
-                     keep: str, want: list[bool], *, prepared=None) -> tuple:
-    """((dx [M, K], dw, db [N] fp32/fp64, dz [M, N] when residual's gradient is wanted, da, dlb), None)."""
+def _backward_launch(grad, *inputs, prepared=None) -> tuple:
+    """((dx [M, K], dw, db [N] fp32/fp64, dz [M, N] when residual's gradient is wanted, da, dlb), None) of dY and the
+    rest of the backward op's inputs (:class:`LinearBackward`)."""
+    b = LinearBackward.from_inputs(inputs)
     if not use_triton(grad.device):
-        return _backward_torch(grad, x, weight, saved, lora_a, lora_b, t, alpha, lora_scale, activation, keep,
-                               want), None
-    return steps().linear_backward(grad, x, weight, saved, lora_a, lora_b, t, alpha, lora_scale, activation, keep,
-                           want), None
+        return _backward_torch(grad, b), None
+    return steps().linear_backward(grad, b), None
 
 
 def _backward_fake(grad: torch.Tensor, x: torch.Tensor | None, weight: torch.Tensor | None,
@@ -223,5 +217,5 @@ def gemm(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None
     else:
         keep_, out = resolve_keep(activation, keep, needs_grad), out_dtype or x.dtype
     la, lb, scale = (None, None, 1.0) if lora is None else (lora.a, lora.b, float(lora.scale))
-    inputs = (x, weight, bias, residual, la, lb, float(alpha), scale, activation, keep_, out)
+    inputs = (x, weight, bias, residual, la, lb, float(alpha), scale, activation, keep_, out)  # GemmCall.inputs
     return FORWARD.run(inputs, key, prepared, needs_grad)[0]

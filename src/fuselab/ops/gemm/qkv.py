@@ -61,6 +61,20 @@ class QkvCall:
     def scalars(self) -> tuple:
         return (self.layout, self.num_heads, self.num_kv_heads, self.half, self.interleaved, self.offset, self.mscale)
 
+    @property
+    def inputs(self) -> tuple:
+        """The custom op's inputs: :attr:`tensors` then :attr:`scalars`."""
+        return (*self.tensors, *self.scalars)
+
+    @classmethod
+    def from_inputs(cls, inputs: tuple) -> QkvCall:
+        """The call of the custom op's ``inputs`` (:attr:`inputs`), derived without checks (they passed before)."""
+        x, weight, bias, cos, sin, freq, positions, offsets, cu_seqlens, lay, heads, kv_heads, half, inter, offset, \
+            mscale = inputs
+        head_dim = weight.shape[0] // (heads + 2 * kv_heads)
+        return cls(x, weight, bias, heads, kv_heads, head_dim, lay, inter, half, cos, sin, freq, mscale, positions,
+                   offsets, offset, cu_seqlens)
+
 
 def _q_like(x: torch.Tensor, lay: str, heads: int, head_dim: int) -> torch.Tensor:
     """A zero-stride tensor shaped like q (or k) in ``lay`` for x's tokens: what :func:`fuselab.apply_rope`'s checks
@@ -117,63 +131,56 @@ def validate(x, weight, bias, num_heads: int, num_kv_heads: int, rope: Mapping[s
 
 
 # ---------------------------------------------------------------------------------------------- launch geometry
-def _geometry(x, weight, cos, freq, positions, offsets, cu_seqlens, lay: str, num_heads: int, num_kv_heads: int,
-              half: int, interleaved: bool, offset: int, mscale: float) -> tuple:
+def _geometry(call: QkvCall) -> tuple[RopeSpec, RopeArgs]:
     """(RopeSpec, RopeArgs) of a call: how a row of x finds its token's (batch, index) and position."""
-    head_dim = weight.shape[0] // (num_heads + 2 * num_kv_heads)
-    lead = x.shape[:-1]
-    if lay == "thd":
+    lead = call.x.shape[:-1]
+    if call.layout == "thd":
         div_b, mod_b, div_s, mod_s = 1, 1, 1, max(lead[0], 1)
-    elif lay == "sbhd":
+    elif call.layout == "sbhd":
         div_b, mod_b, div_s, mod_s = 1, lead[1], lead[1], lead[0]
     else:
         div_b, mod_b, div_s, mod_s = lead[1], lead[0], 1, lead[1]
-    pos = positions
+    pos = call.positions
     if pos is not None:
         pos = pos.view(1, -1) if pos.dim() == 1 else pos
         pos = pos.as_strided(pos.shape, (0 if pos.shape[0] == 1 else pos.stride(0), pos.stride(1)))
-    packed = cu_seqlens is not None and positions is None
+    offsets, cu = call.offsets, call.cu_seqlens
+    packed = cu is not None and pos is None
     mode = 2 if pos is not None else (3 if offsets is None else 4) if packed else (0 if offsets is None else 1)
-    n_seq = cu_seqlens.shape[0] - 1 if cu_seqlens is not None else 1
-    spec = RopeSpec(pair_stride=1 if interleaved else half, half=half, head_dim=head_dim,
-                           rot_cols=(num_heads + num_kv_heads) * head_dim, use_table=cos is not None, pos_mode=mode,
-                           search_steps=max(1, n_seq.bit_length()))
-    args = RopeArgs(cos=cos, sin=None, freq=freq, positions=pos, offsets=offsets, cu_seqlens=cu_seqlens,
-                           offset=offset, mscale=mscale, div_b=div_b, mod_b=mod_b, div_s=div_s, mod_s=mod_s)
-    return spec, args
-
-
-def _rope_of(x, weight, cos, sin, freq, positions, offsets, cu_seqlens, scalars: tuple) -> tuple:
-    spec, args = _geometry(x, weight, cos, freq, positions, offsets, cu_seqlens, *scalars)
-    args.sin = sin
+    n_seq = cu.shape[0] - 1 if cu is not None else 1
+    spec = RopeSpec(pair_stride=1 if call.interleaved else call.half, half=call.half, head_dim=call.head_dim,
+                    rot_cols=(call.num_heads + call.num_kv_heads) * call.head_dim, use_table=call.cos is not None,
+                    pos_mode=mode, search_steps=max(1, n_seq.bit_length()))
+    args = RopeArgs(cos=call.cos, sin=call.sin, freq=call.freq, positions=pos, offsets=offsets, cu_seqlens=cu,
+                    offset=call.offset, mscale=call.mscale, div_b=div_b, mod_b=mod_b, div_s=div_s, mod_s=mod_s)
     return spec, args
 
 
 # ---------------------------------------------------------------------------------------------- op
-def _forward(x, weight, bias, cos, sin, freq, positions, offsets, cu_seqlens, lay: str, num_heads: int,
-             num_kv_heads: int, half: int, interleaved: bool, offset: int, mscale: float, *, prepared=None) -> tuple:
-    """(the fused projection ``[M, N]`` with q and k rotated, None)."""
-    x2 = rows(x)
-    out = x.new_empty((x2.shape[0], weight.shape[0]))
+def _forward(*inputs, prepared=None) -> tuple:
+    """(the fused projection ``[M, N]`` with q and k rotated, None) of the custom op's inputs
+    (:attr:`QkvCall.inputs`)."""
+    call = QkvCall.from_inputs(inputs)
+    x2 = rows(call.x)
+    out = call.x.new_empty((x2.shape[0], call.weight.shape[0]))
     if out.numel() == 0:
         return out, None
-    scalars = (lay, num_heads, num_kv_heads, half, interleaved, offset, mscale)
-    if not use_triton(x.device):
+    if not use_triton(call.x.device):
         with torch.no_grad():
-            out.copy_(_reference(x, weight, bias, cos, sin, positions, offsets, cu_seqlens, scalars))
+            out.copy_(_reference(call, call.x, call.weight, call.bias))
         return out, None
-    spec, args = _rope_of(x, weight, cos, sin, freq, positions, offsets, cu_seqlens, scalars)
-    steps().qkv_forward(x2, weight, bias, out, spec, args)
+    steps().qkv_forward(x2, call.weight, call.bias, out, *_geometry(call))
     return out, None
 
 
-def _reference(x, weight, bias, cos, sin, positions, offsets, cu_seqlens, scalars: tuple) -> torch.Tensor:
-    """The fused projection ``[M, N]`` by the reference (projection, then :func:`fuselab.reference.rope.apply_rope`)."""
-    lay, num_heads, num_kv_heads, half, interleaved, offset, _ = scalars
-    rope = dict(cos=cos, sin=sin, layout=lay, interleaved=interleaved, positions=positions,
-                seqlen_offsets=offsets if offsets is not None else offset, cu_seqlens=cu_seqlens, rotary_dim=2 * half)
-    q, k, v = ref.qkv_rope(x, weight, bias, num_heads, num_kv_heads, rope)
-    if lay == "bhsd":
+def _reference(call: QkvCall, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+    """The fused projection ``[M, N]`` of ``x``, ``weight``, ``bias`` with ``call``'s rotation, by the reference
+    (the projection, then :func:`fuselab.reference.rope.apply_rope`)."""
+    rope = dict(cos=call.cos, sin=call.sin, layout=call.layout, interleaved=call.interleaved,
+                positions=call.positions, seqlen_offsets=call.offsets if call.offsets is not None else call.offset,
+                cu_seqlens=call.cu_seqlens, rotary_dim=2 * call.half)
+    q, k, v = ref.qkv_rope(x, weight, bias, call.num_heads, call.num_kv_heads, rope)
+    if call.layout == "bhsd":
         q, k, v = (t.transpose(1, 2) for t in (q, k, v))
     return torch.cat([t.flatten(-2) for t in (q, k, v)], dim=-1).reshape(-1, weight.shape[0])
 
@@ -208,25 +215,27 @@ QKV = Op("fuselab::qkv_rope", eager=_forward, fake=_forward_fake, setup_context=
          differentiable=(0, 1, 2))
 
 
-def _backward_launch(grad, x, weight, cos, sin, freq, positions, offsets, cu_seqlens, lay: str, num_heads: int,
-                     num_kv_heads: int, half: int, interleaved: bool, offset: int, mscale: float, want: list[bool],
-                     *, prepared=None) -> tuple:
-    scalars = (lay, num_heads, num_kv_heads, half, interleaved, offset, mscale)
+def _backward_launch(grad, *inputs, prepared=None) -> tuple:
+    """((dx, dw, db), None) of dY and the backward op's other inputs: x, weight, the rotation's tensors and scalars
+    (:attr:`QkvCall.inputs` without the bias), the gradients wanted."""
+    *rest, want = inputs
+    call = QkvCall.from_inputs((*rest[:2], None, *rest[2:]))
+    want = [bool(w) for w in want]
     if grad.numel() == 0 or not use_triton(grad.device):
-        return _backward_torch(grad, x, weight, cos, sin, positions, offsets, cu_seqlens, scalars, want), None
-    spec, args = _rope_of(x, weight, cos, sin, freq, positions, offsets, cu_seqlens, scalars)
-    g = grad if grad.dtype == x.dtype else grad.to(x.dtype)
-    return steps().qkv_backward(g, rows(x), weight, spec, args, want), None
+        return _backward_torch(grad, call, want), None
+    g = grad if grad.dtype == call.x.dtype else grad.to(call.x.dtype)
+    return steps().qkv_backward(g, rows(call.x), call.weight, *_geometry(call), want), None
 
 
-def _backward_torch(grad, x, weight, cos, sin, positions, offsets, cu_seqlens, scalars: tuple, want) -> tuple:
+def _backward_torch(grad: torch.Tensor, call: QkvCall, want: list[bool]) -> tuple:
     """The backward on the PyTorch path: autograd through the reference (float32; float64 stays)."""
+    x, weight = call.x, call.weight
     acc = torch.float64 if x.dtype == torch.float64 else torch.float32
     xs, ws = x.detach().to(acc).requires_grad_(want[0]), weight.detach().to(acc).requires_grad_(want[1])
     bs = torch.zeros(weight.shape[0], dtype=acc, device=x.device, requires_grad=want[2])
     leaves = [t for t, w in zip((xs, ws, bs), want) if w]
     with torch.enable_grad():
-        y = _reference(xs, ws, bs, cos, sin, positions, offsets, cu_seqlens, scalars)
+        y = _reference(call, xs, ws, bs)
         grads = iter(torch.autograd.grad(y, leaves, grad.to(acc)) if leaves else ())
     return tuple(next(grads).to(acc if i == 2 else x.dtype) if w else grad.new_empty(0) for i, w in enumerate(want))
 
@@ -281,7 +290,7 @@ def qkv_rope(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = 
     call = validate(x, weight, bias, num_heads, num_kv_heads, rope)
     if not torch.compiler.is_compiling() and not use_triton(x.device):
         return ref.qkv_rope(x, weight, bias, num_heads, num_kv_heads, rope)
-    qkv = QKV.run((*call.tensors, *call.scalars))
+    qkv = QKV.run(call.inputs)
     heads = qkv.view(*x.shape[:-1], num_heads + 2 * num_kv_heads, call.head_dim)
     q, k, v = heads.split((num_heads, num_kv_heads, num_kv_heads), dim=-2)
     if layout == "bhsd":

@@ -168,3 +168,14 @@ class GemmOperands:
     alpha: float = 1.0
     lora_scale: float = 1.0
     rope: RopeArgs | None = field(default=None)
+
+
+@dataclass(frozen=True)
+class CastStep:
+    """The update :func:`fuselab.ops.gemm.cast_update_` applies: the optimizer ("sgd" or "adagrad"), the learning
+    rate (used when no device tensor gives it), Adagrad's eps and the weight decay."""
+
+    optimizer: str
+    lr: float
+    eps: float
+    weight_decay: float

@@ -9,7 +9,7 @@ from fuselab.ops.tuning import current
 from fuselab.reference.bias_act import activation_grad
 from fuselab.reference.gemm import unpack_bits
 
-from .checks import GemmCall, activation_id, rows, tf32_enabled
+from .checks import GemmCall, LinearBackward, activation_id, rows, tf32_enabled
 from .launch import gemm_, plan, spec_of
 from .spec import GemmOperands, GemmPlan, GemmTuning, RopeArgs, RopeSpec
 
@@ -60,13 +60,15 @@ def _dz_torch(g: torch.Tensor, saved: torch.Tensor | None, keep: str, activation
     return g
 
 
-def linear_backward(grad, x, weight, saved, lora_a, lora_b, t, alpha: float, lora_scale: float, activation: str,
-                    keep: str, want: list[bool]) -> tuple:
+def linear_backward(grad: torch.Tensor, saved_for: LinearBackward) -> tuple:
     """(dx [M, K], dw [N, K], db [N] in the accumulator dtype, dz [M, N], da, dlb): those in ``want`` (x, weight,
     bias, dZ for the residual, lora_a, lora_b), empty tensors for the others. dZ is asked only where it differs
     from dY (an activation): the outputs never alias the inputs or each other (a custom op's rule)."""
+    bw = saved_for
+    x, weight, saved, lora_a, lora_b, t = bw.x, bw.weight, bw.saved, bw.lora_a, bw.lora_b, bw.t
+    keep, activation, lora_scale, want = bw.keep, bw.activation, bw.lora_scale, bw.want
     want_x, want_w, want_b, want_r, want_a, want_lb = want
-    dtype = (x if x is not None else weight).dtype
+    dtype = bw.dtype
     g = rows(grad if grad.dtype == dtype else grad.to(dtype))
     m, n = g.shape
     k = (x if x is not None else weight).shape[-1]
@@ -108,7 +110,7 @@ def linear_backward(grad, x, weight, saved, lora_a, lora_b, t, alpha: float, lor
     return dx, dw, db, dz if want_r else g.new_empty(0), da, dlb
 
 
-def _empty_grads(g: torch.Tensor, k: int, lora_a, acc: torch.dtype, want: list[bool], dz: torch.Tensor) -> tuple:
+def _empty_grads(g: torch.Tensor, k: int, lora_a, acc: torch.dtype, want: tuple[bool, ...], dz: torch.Tensor) -> tuple:
     """The gradients of a problem without rows or without input features: zeros, but the bias and residual
     gradients of ``act(bias + alpha·r)`` when there are rows and no features (dZ itself, its column sums)."""
     m, n = g.shape
