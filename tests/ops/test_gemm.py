@@ -16,7 +16,7 @@ import torch
 
 import fuselab
 from fuselab.ops.gemm import LoRA, gemm
-from fuselab.ops.gemm.launch import GemmTuning
+from fuselab.ops.gemm.spec import GemmTuning, TileConfig
 from fuselab.ops.tuning import override
 from fuselab.reference import gemm as ref
 from fuselab.reference.bias_act import SAVED, activation, activation_grad
@@ -250,8 +250,7 @@ def test_split_reduction_and_determinism(triton_backend):
     to the reference, bit-identical across two runs, and within rounding of the unsplit result."""
     x, w, b, _ = _inputs(200, 24, 20, torch.float32)
     unsplit = _run(x, w, b, act="relu", keep="mask")[2]
-    tuning = GemmTuning(programs_per_sm=64, min_split_steps=1, weight_grad=GemmTuning().weight_grad.__class__(
-        32, 32, 16, 4, 2))
+    tuning = GemmTuning(programs_per_sm=64, min_split_steps=1, weight_grad=TileConfig(32, 32, 16, 4, 2))
     with override(tuning):
         _check_all(x, w, b, act="relu", keep="mask")
         first = _run(x, w, b, act="relu", keep="mask", grad=torch.ones(200, 20))[2]
@@ -269,8 +268,7 @@ def test_split_is_used(triton_backend):
     from fuselab.ops.gemm.launch import GemmSpec, plan
 
     spec = GemmSpec(p=20, q=24, r=200, dtype=torch.float32, device=torch.device("cpu"), n_along_p=True)
-    with override(GemmTuning(programs_per_sm=64, min_split_steps=1, weight_grad=GemmTuning().weight_grad.__class__(
-            32, 32, 16, 4, 2))):
+    with override(GemmTuning(programs_per_sm=64, min_split_steps=1, weight_grad=TileConfig(32, 32, 16, 4, 2))):
         p = plan(spec)
     assert p.split > 1 and p.k_per_split * p.split >= 200 // p.tile.block_r
 

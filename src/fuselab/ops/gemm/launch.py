@@ -67,7 +67,8 @@ def _reach(t: torch.Tensor) -> int:
 
 # ---------------------------------------------------------------------------------------------- plans
 def choose_tile(spec: GemmSpec, tuning: GemmTuning) -> TileConfig:
-    """The tile config of ``spec`` by the shape rules (see :class:`GemmTuning`), fitted to the problem: blocks no
+    """The tile config of ``spec`` by the shape rules (see :class:`~fuselab.ops.gemm.spec.GemmTuning`; the wide tile
+    only for operands read through TMA: pointer loads of 128x256 tiles spill), fitted to the problem: blocks no
     larger than the next power of 2 of each size (16 at least), wide enough for a RoPE pair group, few warps for
     small tiles, stages within :data:`SMEM_BUDGET`."""
     if tuning.force is not None:
@@ -78,9 +79,9 @@ def choose_tile(spec: GemmSpec, tuning: GemmTuning) -> TileConfig:
         cfg = tuning.weight_grad
     elif spec.q <= tuning.narrow_max_q:
         cfg = tuning.narrow
-    elif (spec.q >= tuning.wide_min_q and spec.p >= tuning.wide_min_p and not spec.lora_rank and spec.rope is None
-          and not spec.x0 and not spec.residual and spec.pro_act == 0 and not spec.pro_mask and not spec.pro_x0
-          and spec.pro_rope is None):
+    elif (spec.q >= tuning.wide_min_q and spec.p >= tuning.wide_min_p and spec.a_tma and spec.b_tma
+          and not spec.lora_rank and spec.rope is None and not spec.x0 and not spec.residual and spec.pro_act == 0
+          and not spec.pro_mask and not spec.pro_x0 and spec.pro_rope is None):
         cfg = tuning.wide
     else:
         cfg = tuning.large

@@ -33,8 +33,9 @@ class TileConfig:
 @dataclass(frozen=True, eq=False)
 class GemmTuning:
     """The planner's knobs (:func:`fuselab.ops.tuning.override` changes them for a sweep). Tile configs are picked
-    by the shape rules of :func:`choose_tile` (``benchmarks/notes/gemm.md``): ``wide`` for large outputs with at least
-    ``wide_min_q`` columns and ``wide_min_p`` rows and no prologue, ``narrow`` for at most ``narrow_max_q`` columns,
+    by the shape rules of :func:`fuselab.ops.gemm.launch.choose_tile` (``benchmarks/notes/gemm.md``): ``wide`` for
+    large outputs with at least ``wide_min_q`` columns and ``wide_min_p`` rows, TMA operands, no prologue and a plain
+    epilogue, ``narrow`` for at most ``narrow_max_q`` columns,
     ``weight_grad`` for the reductions over tokens (weight and bias gradients), ``fp32`` for exact fp32, else
     ``large``; ``force`` overrides them all. Reductions over tokens split into up to ``max_split`` parts (each at
     least ``min_split_steps`` steps) when the output has fewer tiles than the grid has programs
