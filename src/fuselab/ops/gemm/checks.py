@@ -1,14 +1,19 @@
-"""Argument checks of the GEMM family: ``validate(...) -> GemmCall`` (and the DCN's), frozen records of the validated
-arguments plus what is derived from them; their ``signature`` is the launch cache's key (``docs/gemm.md``)."""
+"""Argument checks of the GEMM family: ``validate(...) -> GemmCall``, ``validate_dcn(...) -> DcnCall``,
+``validate_qkv(...) -> QkvCall``: frozen records of the validated arguments plus what is derived from them (a
+``signature``, the launch cache's key, where the op keeps launches; ``inputs`` / ``from_inputs``, the custom op's
+inputs and back). ``docs/gemm.md`` lists the errors."""
 
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 
 from fuselab.core.checks import require_float, require_same_device, require_tensor
+from fuselab.core.rope_math import inv_freq_on, rope_frequencies
 from fuselab.ops.bias_act.checks import check_activation
 from fuselab.ops.opdef import operand
 from fuselab.reference.bias_act import ACTIVATIONS, SAVED
@@ -214,3 +219,167 @@ def rows(t: torch.Tensor) -> torch.Tensor:
 def activation_id(name: str) -> int:
     """The kernels' id of an activation (its index in :data:`~fuselab.reference.bias_act.ACTIVATIONS`)."""
     return ACTIVATIONS.index(name)
+
+
+# ---------------------------------------------------------------------------------------------- DCN
+@dataclass(frozen=True)
+class DcnCall:
+    """A validated :func:`~fuselab.ops.gemm.dcn_cross` call and its sizes (``M`` rows, ``N`` features, ``rank`` of
+    the low-rank form or ``N``)."""
+
+    x0: torch.Tensor
+    xl: torch.Tensor
+    weight: torch.Tensor
+    bias: torch.Tensor | None
+    weight_v: torch.Tensor | None
+    M: int
+    N: int
+    rank: int
+
+    @property
+    def signature(self) -> tuple:
+        """Every operand's shape, strides, dtype, device, storage offset and 16-byte alignment."""
+        return tuple(None if t is None else operand(t) for t in self.inputs)
+
+    @property
+    def inputs(self) -> tuple:
+        """The custom op's inputs: (x0, xl, weight, bias, weight_v)."""
+        return self.x0, self.xl, self.weight, self.bias, self.weight_v
+
+
+def validate_dcn(x0, xl, weight, bias, weight_v) -> DcnCall:
+    """TypeError/ValueError naming the argument -> :class:`DcnCall`."""
+    for name, t in (("x0", x0), ("xl", xl), ("weight", weight)):
+        require_float(name, t)
+    if xl.dim() == 0 or x0.shape != xl.shape:
+        raise ValueError(f"x0 must have xl's shape (..., N), got x0 {tuple(x0.shape)} and xl {tuple(xl.shape)}")
+    n = xl.shape[-1]
+    for name, t in (("x0", x0), ("weight", weight), ("weight_v", weight_v)):
+        if t is not None and t.dtype != xl.dtype:
+            require_float(name, t)
+            raise TypeError(f"{name} must have xl's dtype {xl.dtype}, got {t.dtype}")
+    if weight_v is None:
+        if weight.shape != (n, n):
+            raise ValueError(f"weight must have shape (N, N) = ({n}, {n}) (full rank), got {tuple(weight.shape)}")
+        rank = n
+    else:
+        if weight_v.dim() != 2 or weight_v.shape[1] != n:
+            raise ValueError(f"weight_v must have shape (rank, N) = (r, {n}), got {tuple(weight_v.shape)}")
+        rank = weight_v.shape[0]
+        if weight.shape != (n, rank):
+            raise ValueError(f"weight must have shape (N, rank) = ({n}, {rank}) with weight_v, got "
+                             f"{tuple(weight.shape)}")
+    if bias is not None:
+        require_float("bias", bias)
+        if bias.shape != (n,):
+            raise ValueError(f"bias must have shape (N,) = ({n},), got {tuple(bias.shape)}")
+    require_same_device(x0=x0, xl=xl, weight=weight, bias=bias, weight_v=weight_v)
+    return DcnCall(x0, xl, weight, bias, weight_v, math.prod(xl.shape[:-1]), n, rank)
+
+
+# ---------------------------------------------------------------------------------------------- QKV + RoPE
+#: x's shape per layout (q, k and v come out in the layout; bhsd reads x as (batch, seq, hidden))
+X_SHAPES = {"bshd": "(batch, seq, hidden)", "bhsd": "(batch, seq, hidden)", "sbhd": "(seq, batch, hidden)",
+            "thd": "(total_tokens, hidden)"}
+
+
+@dataclass(frozen=True)
+class QkvCall:
+    """A validated :func:`~fuselab.ops.gemm.qkv_rope` call: the projection's operands, the heads, and the rotation
+    (tables or in-kernel angles ``freq`` with ``mscale``; positions, per-sequence offsets or an int offset; packed
+    sequences)."""
+
+    x: torch.Tensor
+    weight: torch.Tensor
+    bias: torch.Tensor | None
+    num_heads: int
+    num_kv_heads: int
+    head_dim: int
+    layout: str
+    interleaved: bool
+    half: int
+    cos: torch.Tensor | None
+    sin: torch.Tensor | None
+    freq: torch.Tensor | None
+    mscale: float
+    positions: torch.Tensor | None
+    offsets: torch.Tensor | None
+    offset: int
+    cu_seqlens: torch.Tensor | None
+
+    @property
+    def tensors(self) -> tuple:
+        return (self.x, self.weight, self.bias, self.cos, self.sin, self.freq, self.positions, self.offsets,
+                self.cu_seqlens)
+
+    @property
+    def scalars(self) -> tuple:
+        return (self.layout, self.num_heads, self.num_kv_heads, self.half, self.interleaved, self.offset, self.mscale)
+
+    @property
+    def inputs(self) -> tuple:
+        """The custom op's inputs: :attr:`tensors` then :attr:`scalars`."""
+        return (*self.tensors, *self.scalars)
+
+    @classmethod
+    def from_inputs(cls, inputs: tuple) -> QkvCall:
+        """The call of the custom op's ``inputs`` (:attr:`inputs`), derived without checks (they passed before)."""
+        x, weight, bias, cos, sin, freq, positions, offsets, cu_seqlens, lay, heads, kv_heads, half, inter, offset, \
+            mscale = inputs
+        head_dim = weight.shape[0] // (heads + 2 * kv_heads)
+        return cls(x, weight, bias, heads, kv_heads, head_dim, lay, inter, half, cos, sin, freq, mscale, positions,
+                   offsets, offset, cu_seqlens)
+
+
+def _q_like(x: torch.Tensor, lay: str, heads: int, head_dim: int) -> torch.Tensor:
+    """A zero-stride tensor shaped like q (or k) in ``lay`` for x's tokens: what :func:`fuselab.apply_rope`'s checks
+    read of q."""
+    lead = x.shape[:-1]
+    shape = (lead[0], heads, lead[1], head_dim) if lay == "bhsd" else (*lead, heads, head_dim)
+    return x.new_empty(1).expand(shape)
+
+
+def validate_qkv(x, weight, bias, num_heads: int, num_kv_heads: int, rope: Mapping[str, Any]) -> QkvCall:
+    """TypeError/ValueError naming the argument -> :class:`QkvCall` (the RoPE options checked by
+    :func:`fuselab.apply_rope`'s own checks)."""
+    from fuselab.ops.rope.checks import validate as rope_validate  # imports Triton: on first use only
+
+    require_float("x", x)
+    require_float("weight", weight)
+    lay = rope.get("layout", "bshd")
+    if lay not in X_SHAPES:
+        raise ValueError(f"layout must be one of {', '.join(X_SHAPES)}, got {lay!r}")
+    ndim = 2 if lay == "thd" else 3
+    if x.dim() != ndim:
+        raise ValueError(f"x must have {ndim} dims {X_SHAPES[lay]} for layout={lay!r}, got shape {tuple(x.shape)}")
+    for name, h in (("num_heads", num_heads), ("num_kv_heads", num_kv_heads)):
+        if isinstance(h, bool) or not isinstance(h, int) or h <= 0:
+            raise ValueError(f"{name} must be a positive int, got {h!r}")
+    heads = num_heads + 2 * num_kv_heads
+    if weight.dim() != 2 or weight.shape[1] != x.shape[-1] or weight.shape[0] % heads:
+        raise ValueError(f"weight must have shape ((num_heads + 2 * num_kv_heads) * head_dim, hidden) = "
+                         f"({heads} * head_dim, {x.shape[-1]}), got {tuple(weight.shape)}")
+    if weight.dtype != x.dtype:
+        raise TypeError(f"weight must have x's dtype {x.dtype}, got {weight.dtype}")
+    head_dim = weight.shape[0] // heads
+    if bias is not None:
+        require_float("bias", bias)
+        if bias.shape != (weight.shape[0],):
+            raise ValueError(f"bias must have shape ({weight.shape[0]},), got {tuple(bias.shape)}")
+    require_same_device(x=x, weight=weight, bias=bias)
+    cos, sin = rope.get("cos"), rope.get("sin")
+    q, k = _q_like(x, lay, num_heads, head_dim), _q_like(x, lay, num_kv_heads, head_dim)
+    half, offsets, offset = rope_validate(q, k, cos, sin, lay, rope.get("positions"), rope.get("seqlen_offsets", 0),
+                                          rope.get("cu_seqlens"), rope.get("max_seqlen"), rope.get("rotary_dim"),
+                                          False)
+    interleaved = bool(rope.get("interleaved", False))
+    if not interleaved and (half & (half - 1) or head_dim % (2 * half)):
+        raise ValueError(f"rotary_dim ({2 * half}) must be a power of 2 dividing head_dim ({head_dim}) for the "
+                         f"half-split (neox) rotation in the epilogue; rotate with fuselab.apply_rope after "
+                         f"fuselab.gemm otherwise")
+    freq, mscale = None, 1.0
+    if cos is None:
+        _, mscale = rope_frequencies(2 * half, rope.get("base", 10000.0), rope.get("scaling"))
+        freq = inv_freq_on(x.device, 2 * half, rope.get("base", 10000.0), rope.get("scaling"))
+    return QkvCall(x, weight, bias, num_heads, num_kv_heads, head_dim, lay, interleaved, half, cos, sin, freq,
+                   float(mscale), rope.get("positions"), offsets, offset, rope.get("cu_seqlens"))

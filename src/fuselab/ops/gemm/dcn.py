@@ -9,74 +9,17 @@ product formed as dY is loaded (the bias gradient the row sums of the latter), d
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
 
 import torch
 
 from fuselab.backend import use_triton
-from fuselab.core.checks import require_float, require_same_device
-from fuselab.ops.opdef import Op, layout, operand
+from fuselab.ops.opdef import Op, layout
 from fuselab.reference import gemm as ref
 
-from .checks import rows
+from .checks import rows, validate_dcn
 from .lazy import steps
 
-__all__ = ["DCN", "DcnCall", "dcn_cross"]
-
-
-@dataclass(frozen=True)
-class DcnCall:
-    """A validated :func:`dcn_cross` call and its sizes (``M`` rows, ``N`` features, ``rank`` of the low-rank form
-    or ``N``)."""
-
-    x0: torch.Tensor
-    xl: torch.Tensor
-    weight: torch.Tensor
-    bias: torch.Tensor | None
-    weight_v: torch.Tensor | None
-    M: int
-    N: int
-    rank: int
-
-    @property
-    def signature(self) -> tuple:
-        return dcn_signature(self.x0, self.xl, self.weight, self.bias, self.weight_v)
-
-
-def dcn_signature(x0, xl, weight, bias, weight_v) -> tuple:
-    """The launch key of a :func:`dcn_cross` call (AttributeError for non-tensors: the checks name them)."""
-    return (operand(x0), operand(xl), operand(weight), None if bias is None else operand(bias),
-            None if weight_v is None else operand(weight_v))
-
-
-def validate(x0, xl, weight, bias, weight_v) -> DcnCall:
-    """TypeError/ValueError naming the argument -> :class:`DcnCall`."""
-    for name, t in (("x0", x0), ("xl", xl), ("weight", weight)):
-        require_float(name, t)
-    if xl.dim() == 0 or x0.shape != xl.shape:
-        raise ValueError(f"x0 must have xl's shape (..., N), got x0 {tuple(x0.shape)} and xl {tuple(xl.shape)}")
-    n = xl.shape[-1]
-    for name, t in (("x0", x0), ("weight", weight), ("weight_v", weight_v)):
-        if t is not None and t.dtype != xl.dtype:
-            require_float(name, t)
-            raise TypeError(f"{name} must have xl's dtype {xl.dtype}, got {t.dtype}")
-    if weight_v is None:
-        if weight.shape != (n, n):
-            raise ValueError(f"weight must have shape (N, N) = ({n}, {n}) (full rank), got {tuple(weight.shape)}")
-        rank = n
-    else:
-        if weight_v.dim() != 2 or weight_v.shape[1] != n:
-            raise ValueError(f"weight_v must have shape (rank, N) = (r, {n}), got {tuple(weight_v.shape)}")
-        rank = weight_v.shape[0]
-        if weight.shape != (n, rank):
-            raise ValueError(f"weight must have shape (N, rank) = ({n}, {rank}) with weight_v, got "
-                             f"{tuple(weight.shape)}")
-    if bias is not None:
-        require_float("bias", bias)
-        if bias.shape != (n,):
-            raise ValueError(f"bias must have shape (N,) = ({n},), got {tuple(bias.shape)}")
-    require_same_device(x0=x0, xl=xl, weight=weight, bias=bias, weight_v=weight_v)
-    return DcnCall(x0, xl, weight, bias, weight_v, math.prod(xl.shape[:-1]), n, rank)
+__all__ = ["DCN", "dcn_cross"]
 
 
 # ---------------------------------------------------------------------------------------------- op
@@ -179,7 +122,7 @@ def dcn_cross(x0: torch.Tensor, xl: torch.Tensor, weight: torch.Tensor, bias: to
         ValueError: shapes that do not match (the message names the argument and the shape expected), tensors on
             different devices.
     """
-    validate(x0, xl, weight, bias, weight_v)
+    call = validate_dcn(x0, xl, weight, bias, weight_v)
     if not torch.compiler.is_compiling() and not use_triton(xl.device):
         return ref.dcn_cross(x0, xl, weight, bias, weight_v)
-    return DCN.run((x0, xl, weight, bias, weight_v))[0]
+    return DCN.run(call.inputs)[0]
