@@ -26,6 +26,7 @@ _API: dict[str, str] = {
     "sum": "fuselab.ops.reduce",
     "mean": "fuselab.ops.reduce",
     "dot_interaction": "fuselab.ops.interaction",
+    "gemm": "fuselab.ops.gemm",
 }
 _SUBMODULES = ("backend", "bench", "cuda", "dlrm", "hf", "nn", "ops", "reference", "testing")
 

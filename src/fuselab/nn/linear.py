@@ -1,10 +1,14 @@
-"""Layers built on the fused epilogue: cuBLAS matmul (no bias) + one fused bias/residual/activation pass.
+"""Layers built on the fused GEMM family and the fused epilogue.
 
 * :class:`FusedLinear` — ``act(x @ W.T + b)``, a drop-in for ``nn.Linear`` followed by an activation
-  (functional form: :func:`fused_linear`). ``backend="cuda"`` runs it as one C++ autograd node
+  (functional form: :func:`fused_linear`). Two implementations, picked per call by the shape rules of
+  :class:`LinearRules` (``benchmarks/notes/gemm.md``, section "Rules"): :func:`fuselab.gemm` (matmul, bias and
+  activation in one launch; the ReLU mask kept as bits for the backward) where it wins, else cuBLAS's matmul + one
+  fused bias/activation pass. ``backend="cuda"`` runs the latter as one C++ autograd node
   (:func:`fuselab.cuda.fused_linear`): the least host time in eager training.
-* :class:`LoRALinear` — ``act(x @ W.T + b + (alpha/rank) · (x @ A.T) @ B.T)`` around a (frozen) ``nn.Linear``;
-  the LoRA branch enters the epilogue as the scaled residual, so the sum never takes its own pass.
+* :class:`LoRALinear` — ``act(x @ W.T + b + (alpha/rank) · (x @ A.T) @ B.T)`` around a (frozen) ``nn.Linear``:
+  by the same rules, one :func:`fuselab.gemm` launch with the LoRA product beside the main loop, or cuBLAS matmuls
+  with the LoRA branch entering the epilogue as the scaled residual.
 
 Both accept any leading dims ``(..., in_features)`` and the dtypes of :func:`fuselab.bias_act`.
 In inference (no tensor requires grad) the epilogue runs in place on the fresh matmul output.
@@ -16,6 +20,7 @@ from __future__ import annotations
 
 import functools
 import math
+from dataclasses import dataclass
 from types import ModuleType
 
 import torch
@@ -25,12 +30,62 @@ from torch.autograd.function import once_differentiable
 from fuselab.backend import triton_for
 from fuselab.ops.bias_act import ACTIVATIONS, bias_act, check_activation
 from fuselab.ops.bias_act.op import BACKWARD
+from fuselab.ops.gemm import LoRA, gemm
 from fuselab.ops.opdef import Op, layout, operand
+from fuselab.ops.tuning import current
 from fuselab.reference.bias_act import SAVED
 
 _FAST_DTYPES = (torch.float32, torch.bfloat16, torch.float16, torch.float64)
 #: FusedLinear backends: "auto" follows FUSELAB_BACKEND (Triton on CUDA, PyTorch elsewhere); "cuda" is the C++ node
 LINEAR_BACKENDS = ("auto", "cuda")
+
+
+@dataclass(frozen=True, eq=False)
+class LinearRules:
+    """When :class:`FusedLinear` and :class:`LoRALinear` run :func:`fuselab.gemm` (one launch) instead of cuBLAS +
+    the epilogue kernel: operands of one of ``dtypes`` on the Triton path, at least ``min_rows`` rows (tokens,
+    batch), ``min_out`` output and ``min_in`` input features, a LoRA rank of at most ``max_lora_rank``, and rows of x
+    and of the weight that start on 16-byte boundaries unless there are at most ``unaligned_max_in`` input features
+    (unaligned rows cannot be read through TMA or asynchronous copies: no pipelining).
+    ``relu_keep``: what a fused relu layer keeps for its backward (``"mask"``: 1 bit per element; ``"output"``: y).
+    A frozen dataclass read through :func:`fuselab.ops.tuning.current` (``override(LinearRules(...))`` changes it);
+    the values and the measurements behind them: ``benchmarks/notes/gemm.md``, section "Rules"."""
+
+    dtypes: tuple[torch.dtype, ...] = (torch.bfloat16, torch.float16)
+    min_rows: int = 2048
+    min_out: int = 32
+    min_in: int = 1
+    max_lora_rank: int = 64
+    unaligned_max_in: int = 64
+    relu_keep: str = "mask"
+
+    def fused(self, rows: int, out_features: int, in_features: int, dtype: torch.dtype, rank: int = 0,
+              aligned: bool = True) -> bool:
+        """Whether a layer of these sizes and dtype takes :func:`fuselab.gemm` (``aligned``: x's and the weight's rows
+        start on 16-byte boundaries)."""
+        return (dtype in self.dtypes and rows >= self.min_rows and out_features >= self.min_out
+                and in_features >= self.min_in and rank <= self.max_lora_rank
+                and (aligned or in_features <= self.unaligned_max_in))
+
+    def keep(self, activation: str) -> str:
+        """The ``keep`` argument of :func:`fuselab.gemm` for ``activation``."""
+        return self.relu_keep if activation == "relu" else "auto"
+
+
+def _gemm_wins(x, weight: torch.Tensor, rank: int = 0) -> bool:
+    """Whether :class:`LinearRules` pick :func:`fuselab.gemm` for this call (the Triton path, no autocast, well-formed
+    2+-D operands of one dtype; anything else takes the other path, whose checks name bad arguments)."""
+    if not (isinstance(x, torch.Tensor) and isinstance(weight, torch.Tensor) and x.dim() >= 1 and weight.dim() == 2
+            and x.dtype == weight.dtype and x.shape[-1] == weight.shape[1]):
+        return False
+    if not triton_for(x) or torch.is_autocast_enabled(x.device.type):
+        return False
+    size = x.element_size()
+    compiling = torch.compiler.is_compiling()  # no data pointers while tracing: the strides decide
+    aligned = all(t.stride(-1) == 1 and (t.dim() < 2 or t.stride(-2) * size % 16 == 0)
+                  and (compiling or t.data_ptr() % 16 == 0) for t in (x, weight))
+    return current(LinearRules).fused(math.prod(x.shape[:-1]), weight.shape[0], weight.shape[1], x.dtype, rank,
+                                      aligned)
 
 
 def _any_requires_grad(*tensors: torch.Tensor | None) -> bool:
@@ -176,10 +231,13 @@ def fused_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | Non
                  activation: str = "relu") -> torch.Tensor:
     """Functional :class:`FusedLinear`: ``act(x @ weight.T + bias)``, matmul without bias + fused epilogue.
 
-    ``x`` ``(..., in)``, ``weight`` ``(out, in)``, ``bias`` ``(out,)`` or None. In inference (nothing requires
-    grad) the epilogue runs in place on the fresh matmul output. Eager training on the Triton path with one
+    ``x`` ``(..., in)``, ``weight`` ``(out, in)``, ``bias`` ``(out,)`` or None. Where :class:`LinearRules` pick it,
+    one :func:`fuselab.gemm` launch (forward and each backward GEMM). Otherwise: in inference (nothing requires
+    grad) the epilogue runs in place on the fresh matmul output; eager training on the Triton path with one
     dtype (x of 2+ dims, no autocast) runs :data:`LINEAR`; torch.compile traces the matmul and the custom ops.
     """
+    if activation in ACTIVATIONS and _gemm_wins(x, weight):
+        return gemm(x, weight, bias, activation=activation, keep=current(LinearRules).keep(activation))
     if _any_requires_grad(x, weight, bias) and not torch.compiler.is_compiling():
         try:
             key = _call_key(x, weight, bias, activation)
@@ -195,7 +253,8 @@ def fused_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | Non
 
 
 class FusedLinear(nn.Module):
-    """``y = act(x @ W.T + b)``: ``torch.matmul`` without bias (cuBLAS) + the fused epilogue.
+    """``y = act(x @ W.T + b)``: :func:`fuselab.gemm` where :class:`LinearRules` pick it, else ``torch.matmul``
+    without bias (cuBLAS) + the fused epilogue (see :func:`fused_linear`).
 
     Parameters are named and initialized like ``nn.Linear`` (``weight`` ``[out, in]``, ``bias`` ``[out]``,
     Kaiming-uniform), so ``load_state_dict`` from an ``nn.Linear`` works.
@@ -293,6 +352,11 @@ class LoRALinear(nn.Module):
         nn.init.kaiming_uniform_(self.lora_A, a=math.sqrt(5))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """One :func:`fuselab.gemm` launch where :class:`LinearRules` pick it, else cuBLAS matmuls + the epilogue."""
+        if _gemm_wins(x, self.base.weight, self.rank) and self.lora_A.dtype == x.dtype:
+            lora = LoRA(self.lora_A, self.lora_B, self.scaling)
+            return gemm(x, self.base.weight, self.base.bias, activation=self.activation, lora=lora,
+                        keep=current(LinearRules).keep(self.activation))
         h = torch.matmul(x, self.base.weight.t())
         lora = torch.matmul(torch.matmul(x, self.lora_A.t()), self.lora_B.t())
         inplace = not _any_requires_grad(x, self.base.weight, self.base.bias, self.lora_A, self.lora_B)

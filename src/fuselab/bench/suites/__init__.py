@@ -18,6 +18,7 @@ SUITES: dict[str, str] = {
     "reduce": "fuselab.bench.suites.reduce",
     "embedding": "fuselab.bench.suites.embedding",
     "interaction": "fuselab.bench.suites.interaction",
+    "gemm": "fuselab.bench.suites.gemm",
     "dlrm": "fuselab.bench.suites.dlrm",  # a whole training step; builds fuselab.dlrm models (a layer above the lab)
 }
 
