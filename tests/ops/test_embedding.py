@@ -409,8 +409,8 @@ def test_config_errors():
         EmbeddingConfig(update_elements=12)
     with pytest.raises(TypeError, match="config"):
         embedding_bag_lookup(*_valid(), config={"update_elements": 16})
-    assert launch.plan(16) == launch.Plan(block_d=16, lookup_rows=256, bag_rows=64, update_items=64, carry_chunks=256)
-    assert launch.plan(128) == launch.Plan(block_d=128, lookup_rows=32, bag_rows=8, update_items=8, carry_chunks=32)
+    assert launch.plan(16) == launch.Plan(block_d=16, lookup_rows=256, bag_rows=64, update_items=8, carry_chunks=256)
+    assert launch.plan(128) == launch.Plan(block_d=128, lookup_rows=32, bag_rows=8, update_items=1, carry_chunks=32)
     assert launch.plan(100) == launch.plan(128)
 
 

@@ -43,18 +43,22 @@ class EmbeddingConfig:
     ``num_warps``: warps per program of the one-id lookup and of the rows, item-numbering and carry kernels;
     ``bag_warps`` and ``update_warps``: of the bag lookup and of the update's item kernel (one warp per bag or item
     keeps many independent gathers in flight; a wider program waits for its longest bag or item).
+
+    The defaults are the fastest of a sweep on an H200 at the MLPerf DCNv2 shapes (26 multi-hot features, D 128,
+    B 65536): one warp per item, 8 gradient rows in flight each; the lookup's 4-warp programs of 8 bags, 4 ids of
+    each per step (``benchmarks/notes/embedding.md``).
     """
 
     lookup_elements: int = 4096
-    update_elements: int = 4096
+    update_elements: int = 1024
     rows_block: int = 1024
     carry_elements: int = 4096
     num_warps: int = 4
     update_chunk: int = 256
     lookup_unroll: int = 4
-    update_unroll: int = 4
+    update_unroll: int = 8
     bag_warps: int = 4
-    update_warps: int = 4
+    update_warps: int = 1
 
     def __post_init__(self) -> None:
         for name in ("lookup_elements", "update_elements", "rows_block", "carry_elements", "num_warps",
