@@ -14,6 +14,7 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+import time
 from collections.abc import Callable
 
 from fuselab.core.console import guarded_console, wrap_fields
@@ -51,24 +52,42 @@ def _auc_text(auc: float | None) -> str:
 
 
 def _cmd_synth(args: argparse.Namespace) -> int:
+    from .data.shards import KAGGLE_CARDINALITIES
     from .data.synth import SynthSpec, write_synthetic
 
     cards = bags = None
-    if args.config is not None:  # the config's tables (times --scale) and bags
+    full = list(KAGGLE_CARDINALITIES)
+    scale = args.scale if args.scale is not None else (1.0 if args.config is not None else 1e-3)
+    if args.config is not None:  # the config's tables (times the scale) and bags
         from .config import load_config
 
         cfg = load_config(args.config)
         if cfg.cardinalities is not None:
-            cards = tuple(max(2, round(n * args.scale)) for n in cfg.cardinalities)
+            full = list(cfg.cardinalities)
+            cards = tuple(max(2, round(n * scale)) for n in full)
         bags = tuple(cfg.multi_hot_sizes) if cfg.multi_hot_sizes is not None else None
-    spec = SynthSpec(rows=args.rows, scale=args.scale, seed=args.seed, positive_rate=args.positive_rate,
+    spec = SynthSpec(rows=args.rows, scale=scale, seed=args.seed, positive_rate=args.positive_rate,
                      zipf_alpha=args.zipf_alpha, signal=args.signal, cardinalities=cards, multi_hot_sizes=bags)
+    print(_synth_plan(spec.validate(), full, args.config or "kaggle", args.format), flush=True)
+    started = time.monotonic()
     meta = write_synthetic(args.out, spec, fmt=args.format, shard_rows=args.shard_rows, workers=args.workers,
                            progress=not args.quiet)
-    print(f"wrote {meta['num_rows']:,} rows ({args.format}) to {args.out}; positive rate "
-          f"{meta['positive_rate']:.4f}; best achievable AUC {_auc_text(meta['best_auc'])} "
+    print(f"wrote {meta['num_rows']:,} rows ({args.format}) to {args.out} in {time.monotonic() - started:.0f} s; "
+          f"positive rate {meta['positive_rate']:.4f}; best achievable AUC {_auc_text(meta['best_auc'])} "
           f"(test split {_auc_text(meta['best_auc_test'])}); embedding rows {sum(meta['cardinalities']):,}")
     return 0
+
+
+def _synth_plan(spec, full: list[int], name: str, fmt: str) -> str:
+    """The line printed before a synthetic set is written: its tables' scale and size, and its size on disk."""
+    rows = sum(spec.table_cardinalities())
+    ids = sum(spec.bag_sizes())
+    on_disk = spec.rows * (13 * 4 + ids * 8 + 4 + 4) if fmt == "npy" else None  # dense, ids, label, true logit
+    scale = ("full-size tables" if spec.scale == 1 else
+             f"tables at {spec.scale:g} of full size ({rows:,} rows of {sum(full):,}; --scale 1 for full size)")
+    size = "" if on_disk is None else (f", about {on_disk / 1e9:.1f} GB on disk" if on_disk >= 1e9 else
+                                       f", about {on_disk / 1e6:.0f} MB on disk")
+    return f"synthetic {name} set: {spec.rows:,} rows of {ids} ids each, {scale}{size}"
 
 
 def _cmd_preprocess(args: argparse.Namespace) -> int:

@@ -47,9 +47,9 @@ def _opset(text: str) -> int:
 def add_synth_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--out", required=True, help="output directory")
     p.add_argument("--rows", type=POSITIVE_INT.parse, default=200_000)
-    p.add_argument("--scale", type=Number(float, 0, 1, low_open=True).parse, default=1e-3,
-                   help="multiply the Kaggle cardinalities (or the --config's) by this, in (0, 1] (1.0: full "
-                        "Kaggle, 33.8M rows)")
+    p.add_argument("--scale", type=Number(float, 0, 1, low_open=True).parse, default=None,
+                   help="multiply the tables (Kaggle's, or the --config's) by this, in (0, 1]; default: 1.0 with "
+                        "--config (its full-size tables), 0.001 without (Kaggle's at 33.8K rows in all)")
     p.add_argument("--config", type=CONFIG_NAME.parse, default=None,
                    help="take the tables and multi-hot bag sizes of this config (e.g. mlperf-v2: the Criteo 1TB "
                         "cardinalities capped at 40M, MLPerf's bags; npy only)")
