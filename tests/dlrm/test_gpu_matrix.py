@@ -1,0 +1,71 @@
+"""On a GPU: every shipped config trains 20 steps through ``fuselab dlrm train`` in every kernels x optimizer x
+mode combination, on small tables, as a user runs it (a subprocess, the real CLI). A combination the CLI does not
+offer ends with exit 2 and a message; none ends in a traceback.
+
+Run the matrix with several processes (one GPU takes them): ``pytest -m gpu -n 8 tests/dlrm/test_gpu_matrix.py``.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from fuselab.dlrm.config import PRESETS
+
+pytestmark = pytest.mark.gpu
+
+CONFIGS = tuple(sorted(PRESETS))
+KERNELS = ("fuselab", "torch")
+OPTIMIZERS = ("sgd", "adagrad", "rowwise_adagrad")
+MODES = {"eager": [], "compile": ["--compile"], "graph": ["--cuda-graph", "--data-on-device"]}
+#: the combinations the CLI refuses, with the words its message must hold
+REFUSED = {("torch", "graph"): "cuda_graph"}
+#: tables of a few thousand rows each: the matrix tests that every path runs, not its speed
+SCALE = {"mlperf-v2": "0.0001", "mlperf-v1": "0.0001"}
+
+
+def _fuselab(*args: str, timeout: float) -> subprocess.CompletedProcess:
+    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    return subprocess.run([sys.executable, "-m", "fuselab", "dlrm", *args], capture_output=True, text=True,
+                          timeout=timeout, env=env)
+
+
+@pytest.fixture(scope="session")
+def datasets(tmp_path_factory) -> dict[str, Path]:
+    """One small synthetic set per config, made on first use in this test process."""
+    made: dict[str, Path] = {}
+
+    def get(config: str) -> Path:
+        if config not in made:
+            out = tmp_path_factory.mktemp(f"synth-{config}")
+            scale = ["--scale", SCALE.get(config, "0.001")]
+            done = _fuselab("synth", "--config", config, "--rows", "40000", *scale, "--out", str(out), "--quiet",
+                            "--workers", "2", timeout=600)
+            assert done.returncode == 0, done.stderr[-2000:]
+            made[config] = out
+        return made[config]
+
+    return get
+
+
+@pytest.mark.parametrize("mode", list(MODES))
+@pytest.mark.parametrize("optimizer", OPTIMIZERS)
+@pytest.mark.parametrize("kernels", KERNELS)
+@pytest.mark.parametrize("config", CONFIGS)
+def test_every_config_trains_through_the_cli(datasets, tmp_path, config, kernels, optimizer, mode):
+    done = _fuselab("train", "--config", config, "--data", str(datasets(config)), "--kernels", kernels,
+                    "--optimizer", optimizer, *MODES[mode], "--steps", "20", "--batch-size", "1024",
+                    "--set", "eval_batches=1", "--set", "eval_batch_size=4096", "--run-dir", str(tmp_path / "run"),
+                    "--quiet", timeout=900)
+    output = done.stdout + done.stderr
+    assert "Traceback" not in output, output[-3000:]
+    refused = REFUSED.get((kernels, mode))
+    if refused is not None:
+        assert done.returncode == 2 and refused in done.stderr, output[-2000:]
+    else:
+        assert done.returncode == 0, output[-3000:]
+        assert "trained 20 steps" in done.stdout, output[-2000:]
