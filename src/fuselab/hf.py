@@ -12,7 +12,7 @@ import torch
 
 from fuselab.backend import use_triton
 from fuselab.core.checks import require_float, require_same_device
-from fuselab.ops.rope.op import run_rope
+from fuselab.ops.rope.op import rotate_by_tables
 from fuselab.reference import rope as _ref
 
 
@@ -69,6 +69,4 @@ def apply_rotary_pos_emb(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, si
         c, s = c.to(compute), s.to(compute)
         return (_ref.rotate(q.to(compute), c, s, False).to(q.dtype),
                 _ref.rotate(k.to(compute), c, s, False).to(k.dtype))
-    q_out, k_out = run_rope(q, k, cos_h, sin_h, None, None, None, None, layout=layout, half=half,
-                            interleaved=False, inplace=False, offset=0, mscale=1.0)
-    return q_out, k_out
+    return rotate_by_tables(q, k, cos_h, sin_h, layout)

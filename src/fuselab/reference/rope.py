@@ -12,24 +12,13 @@ from typing import Any
 
 import torch
 
+from fuselab.core.rope_layouts import rope_layout
 from fuselab.core.rope_math import rope_frequencies
 
 
 def to_bshd(t: torch.Tensor, layout: str) -> torch.Tensor:
     """A (batch, seq, heads, head_dim) view of ``t`` in ``layout`` (thd: batch 1, seq = tokens)."""
-    if layout == "bshd":
-        return t
-    if layout == "sbhd" or layout == "bhsd":
-        return t.transpose(0, 1) if layout == "sbhd" else t.transpose(1, 2)
-    if layout == "thd":
-        return t.unsqueeze(0)
-    raise ValueError(f"layout must be one of bshd, sbhd, bhsd, thd, got {layout!r}")
-
-
-def from_bshd(t: torch.Tensor, layout: str) -> torch.Tensor:
-    if layout == "thd":
-        return t.squeeze(0)
-    return to_bshd(t, layout)  # the transposes are their own inverse
+    return rope_layout(layout).to_bshd(t)
 
 
 def token_positions(batch: int, seqlen: int, device: torch.device, *, layout: str = "bshd",
@@ -77,7 +66,8 @@ def apply_rope(q: torch.Tensor, k: torch.Tensor | None, cos: torch.Tensor | None
                rotary_dim: int | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Reference of :func:`fuselab.apply_rope` (``rotary_dim`` only matters when cos is None)."""
     compute = torch.float64 if q.dtype == torch.float64 else torch.float32
-    qv = to_bshd(q, layout)
+    view = rope_layout(layout)
+    qv = view.to_bshd(q)
     batch, seqlen = qv.shape[0], qv.shape[1]
     pos = token_positions(batch, seqlen, q.device, layout=layout, positions=positions,
                           seqlen_offsets=seqlen_offsets, cu_seqlens=cu_seqlens)
@@ -98,7 +88,7 @@ def apply_rope(q: torch.Tensor, k: torch.Tensor | None, cos: torch.Tensor | None
         if t is None:
             outs.append(None)
             continue
-        out = from_bshd(rotate(to_bshd(t, layout).to(compute), c, s, interleaved).to(t.dtype), layout)
+        out = view.from_bshd(rotate(view.to_bshd(t).to(compute), c, s, interleaved).to(t.dtype))
         if inplace:
             with torch.no_grad():
                 t.copy_(out)
