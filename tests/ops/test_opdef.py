@@ -7,9 +7,11 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Hashable
 from dataclasses import dataclass
+from pathlib import Path
 
 import pytest
 import torch
+import toy_op
 from torch.utils._python_dispatch import TorchDispatchMode
 
 import fuselab
@@ -22,6 +24,7 @@ from fuselab.ops.opdef import LaunchCache, Op
 from fuselab.ops.reduce.op import REDUCE
 from fuselab.ops.rope.op import ROPE, ROPE_
 from fuselab.ops.tuning import current, override
+from fuselab.testing import assert_close
 
 # ---------------------------------------------------------------------------------------------- toy ops
 CALLS: list[tuple] = []
@@ -332,3 +335,37 @@ def test_unhashable_key_keeps_nothing(triton_backend):
     y = fuselab.sum(x.requires_grad_(True), [0, 1])
     y.backward()
     assert torch.equal(x.grad, torch.ones(4, 5))
+
+
+# ---------------------------------------------------------------------------------------------- the documented op
+def test_architecture_doc_shows_the_toy_op_as_it_is():
+    doc = (Path(__file__).resolve().parents[2] / "docs" / "architecture.md").read_text()
+    block = doc.split("<!-- tests/ops/toy_op.py -->\n```python\n", 1)[1].split("```\n", 1)[0]
+    assert block == Path(toy_op.__file__).read_text()
+
+
+def test_toy_op_forward_backward_and_cache(triton_backend, device):
+    """The documented op against float64: forward, both gradients (a strided input, an expanded gradient), its plans
+    cached by signature (a repeat plans nothing), bad input named."""
+    x = torch.randn(40, 7, device=device).t()  # (7, 40), strided
+    w = torch.randn(40, device=device)
+    leaves = [t.clone().requires_grad_(True) for t in (x, w)]
+    y = toy_op.scale(*leaves)
+    (y.sum() * 2).backward()  # an expanded upstream gradient
+    leaves64 = [t.double().requires_grad_(True) for t in (x, w)]
+    ((leaves64[0] * leaves64[1]).sum() * 2).backward()
+    assert_close(y, leaves64[0] * leaves64[1], torch.float32, "y")
+    for name, a, b in zip(("grad x", "grad w"), leaves, leaves64):
+        assert_close(a.grad, b.grad, torch.float32, name, chained=True)
+    planned = len(toy_op.SCALE.plans)
+    toy_op.scale(x, w)
+    assert len(toy_op.SCALE.plans) == planned
+    with pytest.raises(ValueError, match="w must have x's dtype"):
+        toy_op.scale(x, w.double())
+    with pytest.raises(TypeError, match=r"x must be a torch\.Tensor"):
+        toy_op.scale([1.0], w)
+
+
+def test_opcheck_toy_op(triton_backend, device):
+    torch.library.opcheck(toy_op.SCALE.custom, (torch.randn(3, 8, device=device, requires_grad=True),
+                                                torch.randn(8, device=device, requires_grad=True)))

@@ -17,7 +17,7 @@ from fuselab.testing import assert_close, poison_
 @pytest.fixture
 def poisoned(monkeypatch):
     """Every output the op allocates starts as NaN: an element the kernel forgets fails the comparison."""
-    monkeypatch.setattr(rope_mod, "_empty_like", lambda t: poison_(torch.empty_like(t)))
+    monkeypatch.setattr(rope_kernel, "_empty_like", lambda t: poison_(torch.empty_like(t)))
     yield
 
 
@@ -162,7 +162,8 @@ def plans(monkeypatch):
     fuselab.ops.clear()  # plans cached by earlier tests
     made = []
     real = rope_kernel.plan
-    monkeypatch.setattr(rope_kernel, "plan", lambda call, operands: made.append(call) or real(call, operands))
+    spy = staticmethod(lambda call, operands: made.append(call) or real(call, operands))
+    monkeypatch.setattr(rope_mod.Rope, "plan", spy)  # the in-place op inherits it
     yield made
     fuselab.ops.clear()
 
@@ -223,7 +224,7 @@ def test_cached_forward(triton_backend, poisoned, device, monkeypatch, plans, ta
         step(13, grads=True)
         assert [c.conj for c in plans[3:]] == [True]
     with fuselab.backend.forced("torch"):
-        monkeypatch.setattr(rope_kernel, "rotate", None)  # the Triton path must not run
+        monkeypatch.setattr(rope_mod.Rope, "forward", None)  # the Triton path must not run
         step(15)
 
 

@@ -130,14 +130,24 @@ def require_distinct_elements(name: str, t: torch.Tensor) -> None:
 
 def require_disjoint(written: dict[str, torch.Tensor | None], read: dict[str, torch.Tensor | None]) -> None:
     """``ValueError`` naming both when a tensor an op writes in place (``written``) overlaps another operand it writes
-    or reads: for every call (the actual tensors decide). Storages are compared first (a few pointer reads per pair);
-    only views of one storage take the exact check (:func:`overlapping`)."""
-    items = [(name, t) for name, t in (*written.items(), *read.items()) if t is not None and t.numel()]
-    for i, (name, t) in enumerate(items):
-        if name not in written:
-            break  # the written tensors come first; read ones are only compared with them
-        base = storage_base(t)
-        for other_name, other in items[i + 1:]:
-            if storage_base(other) == base and overlapping(t, other):
-                raise ValueError(f"{name} and {other_name} overlap in memory, and {name} is written in place; pass "
-                                 f"tensors that do not share elements, or inplace=False")
+    or reads: for every call (the actual tensors decide). Storages are compared first (three pointer reads per
+    tensor); only views of one storage take the exact check (:func:`overlapping`)."""
+    seen: list[tuple[str, torch.Tensor, int]] = []  # the written tensors so far
+    for name, t in written.items():
+        if t is not None:
+            base = t.data_ptr() - t.storage_offset() * t.element_size()
+            for other_name, other, other_base in seen:
+                if other_base == base and overlapping(other, t):
+                    _overlap_error(other_name, name)
+            seen.append((name, t, base))
+    for name, t in read.items():
+        if t is not None:
+            base = t.data_ptr() - t.storage_offset() * t.element_size()
+            for other_name, other, other_base in seen:
+                if other_base == base and overlapping(other, t):
+                    _overlap_error(other_name, name)
+
+
+def _overlap_error(written: str, other: str) -> None:
+    raise ValueError(f"{written} and {other} overlap in memory, and {written} is written in place; pass tensors "
+                     f"that do not share elements, or inplace=False")

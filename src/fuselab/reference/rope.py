@@ -12,23 +12,31 @@ from typing import Any
 
 import torch
 
-from fuselab.core.rope_layouts import rope_layout
+from fuselab.core.rope_layouts import ROPE_LAYOUTS
 from fuselab.core.rope_math import rope_frequencies
 
 
 def to_bshd(t: torch.Tensor, layout: str) -> torch.Tensor:
     """A (batch, seq, heads, head_dim) view of ``t`` in ``layout`` (thd: batch 1, seq = tokens)."""
-    return rope_layout(layout).to_bshd(t)
+    view = ROPE_LAYOUTS[layout]
+    return t.unsqueeze(0) if view.packed else t.permute(view.axes)
+
+
+def from_bshd(t: torch.Tensor, layout: str) -> torch.Tensor:
+    """A (batch, seq, heads, head_dim) tensor viewed in ``layout``."""
+    view = ROPE_LAYOUTS[layout]
+    return t.squeeze(0) if view.packed else t.permute(view.inverse)
 
 
 def token_positions(batch: int, seqlen: int, device: torch.device, *, layout: str = "bshd",
                     positions: torch.Tensor | None = None, seqlen_offsets: int | torch.Tensor = 0,
                     cu_seqlens: torch.Tensor | None = None) -> torch.Tensor:
     """(batch, seq) int64 table row of every token (thd: batch 1, seq = total tokens)."""
+    packed = ROPE_LAYOUTS[layout].packed
     if positions is not None:
-        pos = positions.reshape(1, -1) if layout == "thd" else positions
+        pos = positions.reshape(1, -1) if packed else positions
         return pos.to(device=device, dtype=torch.long).expand(batch, seqlen)
-    if layout == "thd":
+    if packed:
         cu = cu_seqlens.to(device=device, dtype=torch.long)
         tokens = torch.arange(seqlen, device=device)
         seq = torch.searchsorted(cu[1:], tokens, right=True)
@@ -66,8 +74,7 @@ def apply_rope(q: torch.Tensor, k: torch.Tensor | None, cos: torch.Tensor | None
                rotary_dim: int | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Reference of :func:`fuselab.apply_rope` (``rotary_dim`` only matters when cos is None)."""
     compute = torch.float64 if q.dtype == torch.float64 else torch.float32
-    view = rope_layout(layout)
-    qv = view.to_bshd(q)
+    qv = to_bshd(q, layout)
     batch, seqlen = qv.shape[0], qv.shape[1]
     pos = token_positions(batch, seqlen, q.device, layout=layout, positions=positions,
                           seqlen_offsets=seqlen_offsets, cu_seqlens=cu_seqlens)
@@ -88,7 +95,7 @@ def apply_rope(q: torch.Tensor, k: torch.Tensor | None, cos: torch.Tensor | None
         if t is None:
             outs.append(None)
             continue
-        out = view.from_bshd(rotate(view.to_bshd(t).to(compute), c, s, interleaved).to(t.dtype))
+        out = from_bshd(rotate(to_bshd(t, layout).to(compute), c, s, interleaved).to(t.dtype), layout)
         if inplace:
             with torch.no_grad():
                 t.copy_(out)

@@ -20,7 +20,7 @@ from fuselab.core.checks import (
     require_same_device,
     require_tensor,
 )
-from fuselab.core.rope_layouts import RopeLayout, rope_layout
+from fuselab.core.rope_layouts import LAYOUTS, ROPE_LAYOUTS, RopeLayout
 from fuselab.core.rope_math import inv_freq_on, rope_frequencies
 from fuselab.ops.opdef import LaunchCache
 
@@ -29,13 +29,13 @@ _INT_DTYPES = (torch.int32, torch.int64)
 
 @dataclass(frozen=True)
 class RopeArgs:
-    """The arguments of one :func:`fuselab.apply_rope` call, as given."""
+    """The arguments of one :func:`fuselab.apply_rope` call as given, but its ``layout`` (:func:`validate` takes it
+    apart: the layout decides how every other argument is read)."""
 
     q: Any
     k: Any
     cos: Any
     sin: Any
-    layout: Any = "bshd"
     interleaved: bool = False
     inplace: bool = False
     positions: Any = None
@@ -107,7 +107,7 @@ def _check_qk(q, k, layout: RopeLayout) -> tuple[int, int, int]:
     if q.dim() != layout.ndim:
         raise ValueError(f"q must have {layout.ndim} dims {layout.shape} for layout={layout.name!r}, got shape "
                          f"{tuple(q.shape)}")
-    batch, seqlen, _, head_dim = layout.logical(q.shape, 1)
+    batch, seqlen, _, head_dim = (1 if axis is None else q.shape[axis] for axis in layout.axes)
     if k is not None:
         require_float("k", k)
         if k.dtype != q.dtype:
@@ -115,7 +115,7 @@ def _check_qk(q, k, layout: RopeLayout) -> tuple[int, int, int]:
         if k.dim() != layout.ndim:
             raise ValueError(f"k must have {layout.ndim} dims {layout.shape} for layout={layout.name!r}, "
                              f"got shape {tuple(k.shape)}")
-        kb, ks, _, kd = layout.logical(k.shape, 1)
+        kb, ks, _, kd = (1 if axis is None else k.shape[axis] for axis in layout.axes)
         if (kb, ks, kd) != (batch, seqlen, head_dim):
             raise ValueError(f"k must match q in batch, seq and head_dim {layout.shape}: q has shape "
                              f"{tuple(q.shape)}, k has shape {tuple(k.shape)}")
@@ -159,14 +159,17 @@ def _split_offsets(seqlen_offsets, positions) -> tuple[torch.Tensor | None, int]
     return offsets, offset
 
 
-def _check_index_tensors(args: RopeArgs, batch: int, seqlen: int, offsets) -> None:
-    """cu_seqlens (thd only), positions and a seqlen_offsets tensor: dtypes and shapes."""
+def _check_index_tensors(args: RopeArgs, layout: RopeLayout, dims: tuple[int, int], offsets) -> None:
+    """cu_seqlens (packed layouts only), positions and a seqlen_offsets tensor: dtypes and shapes (``dims``: q's
+    batch and seq)."""
     positions, cu_seqlens = args.positions, args.cu_seqlens
-    if args.layout == "thd":
+    batch, seqlen = dims
+    if layout.packed:
         if cu_seqlens is None and positions is None:
-            raise ValueError("layout='thd' needs cu_seqlens (batch + 1,) int32, or positions (total_tokens,)")
+            raise ValueError(f"layout={layout.name!r} needs cu_seqlens (batch + 1,) int32, or positions "
+                             f"(total_tokens,)")
     elif cu_seqlens is not None or args.max_seqlen is not None:
-        raise ValueError(f"cu_seqlens and max_seqlen apply only to layout='thd', got layout={args.layout!r}")
+        raise ValueError(f"cu_seqlens and max_seqlen apply only to layout='thd', got layout={layout.name!r}")
     n_seqs = batch
     if cu_seqlens is not None:
         require_tensor("cu_seqlens", cu_seqlens)
@@ -178,11 +181,10 @@ def _check_index_tensors(args: RopeArgs, batch: int, seqlen: int, offsets) -> No
         require_tensor("positions", positions)
         if positions.dtype not in _INT_DTYPES:
             raise TypeError(f"positions must be an int32/int64 tensor, got {positions.dtype}")
-        ok = positions.shape == (seqlen,) if args.layout == "thd" else (
+        ok = positions.shape == (seqlen,) if layout.packed else (
             positions.dim() == 2 and positions.shape[1] == seqlen and positions.shape[0] in (1, batch))
         if not ok:
-            want = ("(total_tokens,)" if args.layout == "thd"
-                    else f"(batch, seq) = ({batch}, {seqlen}) or (1, {seqlen})")
+            want = "(total_tokens,)" if layout.packed else f"(batch, seq) = ({batch}, {seqlen}) or (1, {seqlen})"
             raise ValueError(f"positions must have shape {want}, got {tuple(positions.shape)}")
     if offsets is not None and (offsets.dtype not in _INT_DTYPES or offsets.shape != (n_seqs,)):
         raise ValueError(f"seqlen_offsets tensor must be int32/int64 of shape (batch,) = ({n_seqs},), got "
@@ -199,7 +201,8 @@ def _host_checked(args: RopeArgs, offsets) -> torch.Tensor | None:
 
 
 def _check_table_reach(args: RopeArgs, seqlen: int, offsets, offset: int, span: int | None) -> None:
-    """Every row the positions or offsets reach exists in cos/sin (``span``: the longest sequence)."""
+    """Every row the positions or offsets reach exists in cos/sin (``span``: the longest sequence, ``seqlen`` for
+    unpacked layouts)."""
     rows = args.cos.shape[0]
     if args.positions is None and offsets is None and span is not None and offset + span > rows:
         raise ValueError(f"cos/sin have {rows} rows (seqlen_ro) but seqlen_offsets + seqlen = {offset + span}: "
@@ -207,16 +210,17 @@ def _check_table_reach(args: RopeArgs, seqlen: int, offsets, offset: int, span: 
     host = _host_checked(args, offsets)
     if host is not None and host.numel():
         lo, hi = int(host.min()), int(host.max())
-        top = hi + 1 if args.positions is not None else hi + (args.max_seqlen if args.layout == "thd" else seqlen)
+        top = hi + 1 if args.positions is not None else hi + span
         if lo < 0 or top > rows:
             name = "positions" if args.positions is not None else "seqlen_offsets"
             raise ValueError(f"{name} reach table row {top - 1} (min {lo}) but cos/sin have {rows} rows: "
                              f"need 0 <= max(position) + 1 <= seqlen_ro")
 
 
-def _longest(args: RopeArgs, seqlen: int) -> int | None:
-    """The longest sequence: thd's from cu_seqlens (checked against ``max_seqlen``), else ``max_seqlen`` or seq."""
-    if args.layout != "thd":
+def _longest(args: RopeArgs, layout: RopeLayout, seqlen: int) -> int | None:
+    """The longest sequence: a packed layout's from cu_seqlens (checked against ``max_seqlen``), else ``max_seqlen``;
+    seq for the others."""
+    if not layout.packed:
         return seqlen
     if args.cu_seqlens is None or torch.compiler.is_compiling():
         return args.max_seqlen
@@ -227,43 +231,47 @@ def _longest(args: RopeArgs, seqlen: int) -> int | None:
     return longest
 
 
-def validate(args: RopeArgs, signature: Hashable | None = None) -> RopeCall:
-    """All checks of :func:`fuselab.apply_rope`; ``signature``: the call's (``apply_rope`` computes it)."""
+def validate(args: RopeArgs, layout: object, signature: Hashable | None = None) -> RopeCall:
+    """All checks of :func:`fuselab.apply_rope` (``signature``: the call's, which ``apply_rope`` computes)."""
     q, k, cos = args.q, args.k, args.cos
     if args.inplace:
         check_inplace_leaves(q, k)
     require_tensor("q", q)
-    layout = rope_layout(args.layout)
-    batch, seqlen, head_dim = _check_qk(q, k, layout)
+    view = ROPE_LAYOUTS.get(layout) if isinstance(layout, str) else None
+    if view is None:
+        raise ValueError(f"layout must be one of {', '.join(LAYOUTS)}, got {layout!r}")
+    batch, seqlen, head_dim = _check_qk(q, k, view)
     half = _rotary_half(cos, args.sin, args.rotary_dim, head_dim)
     if 2 * half > head_dim:
         raise ValueError(f"rotary_dim ({2 * half}) must be <= head_dim ({head_dim}) for q of shape {tuple(q.shape)}")
     offsets, offset = _split_offsets(args.seqlen_offsets, args.positions)
-    _check_index_tensors(args, batch, seqlen, offsets)
+    _check_index_tensors(args, view, (batch, seqlen), offsets)
     require_same_device(q=q, k=k, cos=cos, sin=args.sin, positions=args.positions, seqlen_offsets=offsets,
                         cu_seqlens=args.cu_seqlens)
-    span = _longest(args, seqlen)
+    span = _longest(args, view, seqlen)
     if cos is not None:
         _check_table_reach(args, seqlen, offsets, offset, span)
-    # in-kernel angles: base and scaling are checked here (cached), before the backend is chosen, so a bad scaling
-    # raises the same error on every path
-    inv_freq, mscale = (None, 1.0) if cos is not None else rope_frequencies(2 * half, args.base, args.scaling)
-    if args.inplace and not torch.compiler.is_compiling():
-        require_distinct_elements("q", q)
-        if k is not None:
-            require_distinct_elements("k", k)
-        check_inplace_aliasing(q, k, reads(args.cos, args.sin, args.positions, offsets, args.cu_seqlens))
     if args.positions is not None:
         max_offset = 0
     elif cos is None or offsets is not None:
         max_offset = None
     else:
         max_offset = cos.shape[0] - (span if span is not None else seqlen)
-    return RopeCall(layout=layout.name, half=half, interleaved=bool(args.interleaved), mscale=mscale,
-                    inplace=bool(args.inplace), inv_freq=None if inv_freq is None else inv_freq_on(
-                        q.device, 2 * half, args.base, args.scaling),
-                    max_offset=max_offset, recheck=args.cu_seqlens is not None or _host_checked(args, offsets) is
-                    not None, signature=signature)
+    recheck = args.cu_seqlens is not None or _host_checked(args, offsets) is not None
+    if args.inplace and not torch.compiler.is_compiling():
+        require_distinct_elements("q", q)
+        if k is not None:
+            require_distinct_elements("k", k)
+        check_inplace_aliasing(q, k, reads(cos, args.sin, args.positions, offsets, args.cu_seqlens))
+    # in-kernel angles: base and scaling are checked here (cached), before the backend is chosen, so a bad scaling
+    # raises the same error on every path
+    inv_freq, mscale = None, 1.0
+    if cos is None:
+        mscale = rope_frequencies(2 * half, args.base, args.scaling)[1]
+        inv_freq = inv_freq_on(q.device, 2 * half, args.base, args.scaling)
+    return RopeCall(layout=view.name, half=half, interleaved=bool(args.interleaved), mscale=mscale,
+                    inplace=bool(args.inplace), inv_freq=inv_freq, max_offset=max_offset, recheck=recheck,
+                    signature=signature)
 
 
 def check_inplace_leaves(q, k) -> None:

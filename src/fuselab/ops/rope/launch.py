@@ -1,5 +1,5 @@
-"""Plan and launch of the RoPE kernel (:mod:`fuselab.ops.rope.kernels`): no allocation, no validation
-(:mod:`fuselab.ops.rope.checks`).
+"""Plan and launch of the RoPE kernel (:mod:`fuselab.ops.rope.kernels`) for a validated call
+(:mod:`fuselab.ops.rope.checks`): :func:`plan`, and :func:`forward`, which allocates the outputs and launches.
 
 Every layout is a set of strides over one logical (batch, seq, heads, head_dim) view
 (:mod:`fuselab.core.rope_layouts`). Grid: (token blocks, head splits). Bytes: read q, k; write q_out, k_out; read
@@ -63,13 +63,15 @@ class RopeBlocks:
 
 @dataclass(frozen=True, eq=False)
 class RopePlan:
-    """A planned rotation: its call, the strides its outputs are allocated with (``torch.empty_like`` of q and k;
-    None in place) and its kernel launch (None: nothing to rotate)."""
+    """A planned rotation: its call and its kernel launch (None: nothing to rotate), for outputs allocated like q and
+    k (``torch.empty_like``), or into q and k in place."""
 
     call: RopeCall
-    q_out_stride: tuple[int, ...] | None
-    k_out_stride: tuple[int, ...] | None
     launch: Launch | None
+
+
+#: output allocator (tests swap in a poisoning one so unwritten elements show up as NaN)
+_empty_like = torch.empty_like
 
 
 def tile_elements(device: torch.device, tuning: RopeTuning) -> int:
@@ -114,6 +116,13 @@ def _fresh_stride(t: torch.Tensor) -> tuple[int, ...]:
     return torch.empty_like(t, device="meta").stride()
 
 
+def _logical(values, layout: RopeLayout, absent: int) -> tuple[int, int, int, int]:
+    """``values`` (a shape or strides in ``layout``'s axis order) as (batch, seq, heads, head_dim); ``absent`` stands
+    for a packed layout's batch axis (1 for a size, 0 for a stride)."""
+    b, s, h, d = layout.axes
+    return (absent if b is None else values[b]), values[s], values[h], values[d]
+
+
 def _reach(shape, stride) -> int:
     """Largest element offset reachable through ``stride`` from element 0."""
     return sum((n - 1) * abs(s) for n, s in zip(shape, stride)) if all(shape) else 0
@@ -146,11 +155,11 @@ def plan(call: RopeCall, operands: tuple) -> RopePlan:
     layout: RopeLayout = ROPE_LAYOUTS[call.layout]
     q_out = q.stride() if call.inplace else _fresh_stride(q)
     k_out = None if k is None else (k.stride() if call.inplace else _fresh_stride(k))
-    batch, seqlen, hq, d = layout.logical(q.shape, 1)
+    batch, seqlen, hq, d = _logical(q.shape, layout, 1)
     n_tokens = batch * seqlen
     if n_tokens == 0 or (q.numel() == 0 and (k is None or k.numel() == 0)):
-        return RopePlan(call, None if call.inplace else q_out, None if call.inplace else k_out, None)
-    hk = layout.logical(k.shape, 1)[2] if k is not None else 0
+        return RopePlan(call, None)
+    hk = _logical(k.shape, layout, 1)[2] if k is not None else 0
     n_pass = d - 2 * call.half
     tuning = current(RopeTuning)
     split = blocks(n_tokens, (hq, hk), call.half, n_pass, q.device, tuning)
@@ -163,8 +172,8 @@ def plan(call: RopeCall, operands: tuple) -> RopePlan:
                  _reach(k_shape, ko)) + max(q.storage_offset(), kk.storage_offset())
     wide = extent > INT32_MAX or n_tokens * max(hq, hk, 1) * d > INT32_MAX
     ints = (n_tokens, seqlen, n_rows, hq, hk, split.q_chunk, split.k_chunk, nseq,
-            *layout.logical(q.stride(), 0), *layout.logical(kk.stride(), 0), *layout.logical(q_out, 0),
-            *layout.logical(ko, 0), *sc, *ss, *_index_strides(positions, offsets))
+            *_logical(q.stride(), layout, 0), *_logical(kk.stride(), layout, 0), *_logical(q_out, layout, 0),
+            *_logical(ko, layout, 0), *sc, *ss, *_index_strides(positions, offsets))
     constexprs = dict(
         BLOCK_T=split.block_t, BLOCK_HQ=split.block_hq, BLOCK_HK=split.block_hk, HALF=call.half,
         BLOCK_HALF=split.block_half, PASS=n_pass, BLOCK_PASS=split.block_pass, INTERLEAVED=call.interleaved,
@@ -175,7 +184,20 @@ def plan(call: RopeCall, operands: tuple) -> RopePlan:
     )
     grid = (cdiv(n_tokens, split.block_t), split.splits)
     launch = Launch(_rope_kernel, grid, (float(call.mscale), *ints), constexprs)
-    return RopePlan(call, None if call.inplace else q_out, None if call.inplace else k_out, launch)
+    return RopePlan(call, launch)
+
+
+def forward(plan: RopePlan, operands: tuple) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """q and k (or None) of ``operands`` rotated as planned: into fresh tensors laid out like them, or in place
+    (then q and k themselves are returned)."""
+    q, k = operands[0], operands[1]
+    if plan.call.inplace:
+        q_out, k_out = q, k
+    else:
+        q_out = _empty_like(q)
+        k_out = _empty_like(k) if k is not None else None
+    rotate(plan, operands, q_out, k_out)
+    return q_out, k_out
 
 
 def rotate(plan: RopePlan, operands: tuple, q_out: torch.Tensor, k_out: torch.Tensor | None) -> None:

@@ -1,7 +1,7 @@
 """Rotary position embedding (RoPE): the ops and the public :func:`apply_rope` (semantics: ``docs/rope.md``).
 
 ``apply_rope`` -> :func:`~fuselab.ops.rope.checks.validate` -> :class:`~fuselab.ops.rope.checks.RopeCall` ->
-:func:`~fuselab.ops.rope.launch.plan` -> :func:`~fuselab.ops.rope.launch.rotate` -> the kernel. Two
+:func:`~fuselab.ops.rope.launch.plan` -> :func:`~fuselab.ops.rope.launch.forward` -> the kernel. Two
 :class:`~fuselab.ops.opdef.Op`: :data:`ROPE` (``fuselab::rope``, out of place) and :data:`ROPE_` (``fuselab::rope_``,
 in place: q and k are marked dirty), with one autograd formula: the backward is the same rotation with the conjugate
 sign, out of place. An eager call whose signature was planned skips the checks and the plan (decoding: a dict lookup
@@ -24,9 +24,6 @@ from . import checks, launch
 from .checks import RopeArgs, RopeCall
 
 __all__ = ["ROPE", "ROPE_", "apply_rope", "rotate_by_tables"]
-
-#: output allocator (tests swap in a poisoning one so unwritten elements show up as NaN)
-_empty_like = torch.empty_like
 
 _SCHEMA_INPUTS = ("Tensor q, Tensor? k, Tensor? cos, Tensor? sin, Tensor? inv_freq, Tensor? positions, "
                   "Tensor? offsets, Tensor? cu_seqlens, int offset, str layout, int half, bool interleaved, "
@@ -52,18 +49,11 @@ class Rope(Op):
     schema = f"({_SCHEMA_INPUTS}) -> (Tensor, Tensor)"
     differentiable = (0, 1)
 
+    plan = staticmethod(launch.plan)
+    forward = staticmethod(launch.forward)
+
     def call_of(self, inputs: tuple, signed: bool) -> RopeCall:
         return _call_of(inputs, signed, bool(self.mutates))
-
-    def plan(self, call: RopeCall, operands: tuple) -> launch.RopePlan:
-        return launch.plan(call, operands)
-
-    def forward(self, plan: launch.RopePlan, operands: tuple) -> tuple[torch.Tensor, torch.Tensor | None]:
-        q, k = operands[0], operands[1]
-        q_out = _empty_like(q)
-        k_out = _empty_like(k) if k is not None else None
-        launch.rotate(plan, operands, q_out, k_out)
-        return q_out, k_out
 
     def fake(self, call: RopeCall, operands: tuple) -> tuple[torch.Tensor, torch.Tensor]:
         q, k = operands[0], operands[1]
@@ -94,11 +84,6 @@ class RopeInplace(Rope):
     name = "fuselab::rope_"
     schema = f"({_SCHEMA_INPUTS.replace('Tensor q, Tensor? k', 'Tensor(a0!) q, Tensor(a1!)? k')}) -> ()"
     mutates = ("q", "k")
-
-    def forward(self, plan: launch.RopePlan, operands: tuple) -> tuple[torch.Tensor, torch.Tensor | None]:
-        q, k = operands[0], operands[1]
-        launch.rotate(plan, operands, q, k)
-        return q, k
 
     def fake(self, call: RopeCall, operands: tuple) -> None:
         return None
@@ -180,10 +165,10 @@ def apply_rope(q: torch.Tensor, k: torch.Tensor | None, cos: torch.Tensor | None
             out = op.run(call, (q, k, cos, sin, call.inv_freq, positions, offsets, cu_seqlens, offset), plan,
                          needs_grad)
             return out if not inplace else (q, k)
-    call = checks.validate(RopeArgs(q, k, cos, sin, layout=layout, interleaved=interleaved, inplace=inplace,
-                                    positions=positions, seqlen_offsets=seqlen_offsets, cu_seqlens=cu_seqlens,
-                                    max_seqlen=max_seqlen, base=base, scaling=scaling, rotary_dim=rotary_dim,
-                                    check_positions=check_positions), signature)
+    call = checks.validate(RopeArgs(q, k, cos, sin, interleaved=interleaved, inplace=inplace, positions=positions,
+                                    seqlen_offsets=seqlen_offsets, cu_seqlens=cu_seqlens, max_seqlen=max_seqlen,
+                                    base=base, scaling=scaling, rotary_dim=rotary_dim,
+                                    check_positions=check_positions), layout, signature)
     if not triton_for(q):
         return _ref.apply_rope(q, k, cos, sin, layout=layout, interleaved=interleaved, inplace=inplace,
                                positions=positions, seqlen_offsets=seqlen_offsets, cu_seqlens=cu_seqlens,
