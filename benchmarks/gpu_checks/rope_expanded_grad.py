@@ -1,22 +1,24 @@
 """Issue 41 item 9 on a GPU: apply_rope's gradient when the upstream gradient is expanded (``(out.sum() * 2)``).
 
-    PYTHONPATH=src python benchmarks/gpu_checks/rope_expanded_grad.py [--device cuda] [--shape 2,3,2,8]
+    PYTHONPATH=src python benchmarks/gpu_checks/rope_expanded_grad.py [--device cuda] [--shape B,S,H,D ...]
 
 For each case (bshd with a (batch, seq) positions tensor: the reported failure; sbhd and a materialized gradient as
-controls), each launcher (the fast path and the plain ``kernel[grid]`` fallback) and each call (the first, on empty
-caches, and a repeat of the same signature), one line: the largest error of the gradient against float64 and how
-many elements are wrong, for the expanded and the materialized upstream gradient. Under it, for a failing line, the
-pattern of the wrong elements: which (b, s) tokens, heads and dims; NaN (an element the kernel never wrote: outputs
-start as NaN here); for each wrong token the table row whose rotation explains its values (another token's angle?),
-or the forward rotation (the conjugate lost?). Then the same rotation launched directly on the expanded gradient and
-on a contiguous copy of it (no autograd): which of the two is wrong tells the kernel's stride handling apart from
-the autograd path. Last, the plan of the failing case (grid, constexprs, scalars). Exit status 1 when any case is
-wrong.
+controls), each output allocation (``torch.empty_like``, and filled with NaN first, so that an element the kernel
+never writes shows as NaN), each launcher (the fast path and the plain ``kernel[grid]`` fallback) and each call (the
+first, on empty caches, and a repeat of the same signature), one line: the largest error of the gradient against
+float64 and how many elements are wrong. Under a failing line, the pattern of the wrong elements: which (b, s)
+tokens, heads and dims; how many are NaN; for each wrong token the table row whose rotation explains its values
+(another token's angle?), or the forward rotation (the conjugate lost?). Then the same rotation launched directly on
+the expanded gradient and on a contiguous copy of it (no autograd): which of the two is wrong tells the kernel's
+stride handling apart from the autograd path. Last, the plan of the backward (grid, constexprs, scalars). Exit status
+1 when any case is wrong. Run it a second time with ``CUDA_LAUNCH_BLOCKING=1``: a failure that goes away then is a
+matter of ordering (streams, memory reuse), not of the kernel or its arguments.
 """
 
 from __future__ import annotations
 
 import argparse
+import itertools
 import sys
 
 import torch
@@ -114,7 +116,8 @@ def pattern(got, want, mask, cos, sin, positions, layout, half):
 
 
 def direct(q, cos, sin, positions, layout, plain: bool) -> list[str]:
-    """The backward's rotation launched directly on an expanded gradient and on a contiguous copy."""
+    """The backward's rotation launched directly (no autograd, outputs NaN first) on an expanded gradient and on a
+    contiguous copy of it."""
     g = torch.tensor(2.0, device=q.device, dtype=q.dtype).expand(q.shape)
     want = reference(q, cos, sin, positions, layout)
     lines = []
@@ -146,7 +149,6 @@ def main() -> int:
     device = torch.device(args.device)
     print(f"torch {torch.__version__}, triton {__import__('triton').__version__}, "
           f"{torch.cuda.get_device_name(device) if device.type == 'cuda' else device}")
-    rope_launch._empty_like = _poisoned_empty_like  # an element the kernel never writes shows as NaN
     failed = False
     for text in args.shape or ["2,3,2,8", "2,64,8,64"]:
         shape = tuple(int(v) for v in text.split(","))
@@ -170,21 +172,23 @@ def run_cases(shape: tuple[int, ...], device: torch.device) -> bool:
     for name, layout, dtype, rotary, transposed, expanded in CASES:
         q, cos, sin, positions = make_inputs(layout, dtype, rotary, transposed, shape, device)
         want = reference(q, cos, sin, positions, layout)
-        for launcher in ("fast", "plain"):
-            fuselab.ops.clear()
-            for call in ("first", "repeat"):
-                if launcher == "plain":
-                    with _launch.plain_launches():
-                        got = gradient(q, cos, sin, positions, layout, expanded)
-                else:
+        for alloc, launcher, call in itertools.product(("empty", "NaN"), ("fast", "plain"), ("first", "repeat")):
+            rope_launch._empty_like = _poisoned_empty_like if alloc == "NaN" else torch.empty_like
+            if call == "first":
+                fuselab.ops.clear()
+            if launcher == "plain":
+                with _launch.plain_launches():
                     got = gradient(q, cos, sin, positions, layout, expanded)
-                mask = wrong_mask(got, want, dtype)
-                err = float((got.double() - want).abs().nan_to_num(float("inf")).max())
-                print(f"{name:40s} {launcher:5s} {call:6s} max err {err:.2e}  wrong {int(mask.sum())}/{mask.numel()}")
-                if mask.any():
-                    failed = True
-                    for line in pattern(got, want, mask, cos, sin, positions, layout, cos.shape[1]):
-                        print(line)
+            else:
+                got = gradient(q, cos, sin, positions, layout, expanded)
+            mask = wrong_mask(got, want, dtype)
+            err = float((got.double() - want).abs().nan_to_num(float("inf")).max())
+            print(f"{name:40s} {alloc:5s} {launcher:5s} {call:6s} max err {err:.2e}  "
+                  f"wrong {int(mask.sum())}/{mask.numel()}")
+            if mask.any():
+                failed = True
+                for line in pattern(got, want, mask, cos, sin, positions, layout, cos.shape[1]):
+                    print(line)
         if expanded:
             for line in direct(q, cos, sin, positions, layout, plain=False):
                 print(line + " (fast launcher)")

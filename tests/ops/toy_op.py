@@ -72,24 +72,25 @@ def plan(call: ScaleCall, operands: tuple) -> ScalePlan:
                                   {"BLOCK_M": 16, "BLOCK_N": 32}))
 
 
+def forward(plan: ScalePlan, operands: tuple) -> torch.Tensor:
+    x, w = operands
+    y = torch.empty(x.shape, dtype=x.dtype, device=x.device)
+    if plan.launch is not None:
+        plan.launch((x, w, y))
+    return y
+
+
 # ------------------------------------------------------------------------------ op.py
 class Scale(Op):
     name = "fuselab_toy::scale"
     schema = "(Tensor x, Tensor w) -> Tensor"
     differentiable = (0, 1)
 
+    plan = staticmethod(plan)
+    forward = staticmethod(forward)
+
     def call_of(self, inputs: tuple, signed: bool) -> ScaleCall:
         return ScaleCall(tuple(map(tensor_signature, inputs)) if signed else None)
-
-    def plan(self, call: ScaleCall, operands: tuple) -> ScalePlan:
-        return plan(call, operands)
-
-    def forward(self, plan: ScalePlan, operands: tuple) -> torch.Tensor:
-        x, w = operands
-        y = torch.empty(x.shape, dtype=x.dtype, device=x.device)
-        if plan.launch is not None:
-            plan.launch((x, w, y))
-        return y
 
     def fake(self, call: ScaleCall, operands: tuple) -> torch.Tensor:
         return operands[0].new_empty(operands[0].shape)
