@@ -1,5 +1,5 @@
 """The launch seam (:mod:`fuselab.ops._launch`): every op launches through it; its plain path (``kernel[grid]``, the
-fast path's fallback) is chosen by ``FUSELAB_LAUNCHER=plain`` (read per launch), :func:`plain_launches` and off CUDA;
+fast path's fallback) is chosen by :func:`plain_launches`, ``FUSELAB_LAUNCHER=plain`` and off CUDA;
 a fast path whose private API is missing or raises gives up for plain launches with one warning; on a GPU the fast
 path and the fallback give the same bits for every op."""
 
@@ -42,22 +42,28 @@ class _CudaLike:
     is_cuda = True
 
 
-def test_launcher_switch(monkeypatch, fresh):
-    """FUSELAB_LAUNCHER picks the path per launch; a wrong value is an error naming it."""
+def test_launcher_switch(triton_backend, device, monkeypatch, fresh):
+    """plain_launches() holds every launch inside; FUSELAB_LAUNCHER is read when a launch is first made (plain: it
+    stays plain); a wrong value is an error naming it; without the private API nothing is fast."""
     monkeypatch.setattr(_launch, "_fast_ok", True)
-    monkeypatch.delenv(_launch.ENV_VAR, raising=False)
     assert _launch.fast_path(_CudaLike()) and not _launch.fast_path(torch.zeros(1))
-    monkeypatch.setenv(_launch.ENV_VAR, "plain")
-    assert not _launch.fast_path(_CudaLike())
-    monkeypatch.setenv(_launch.ENV_VAR, "fast")
-    assert _launch.fast_path(_CudaLike())
     with _launch.plain_launches():
         assert not _launch.fast_path(_CudaLike())
+    for value, want in (("plain", "plain"), (" Plain ", "plain"), ("fast", "fast"), ("", "fast")):
+        monkeypatch.setenv(_launch.ENV_VAR, value)
+        assert _launch.launcher_choice() == want
+    monkeypatch.setenv(_launch.ENV_VAR, "plain")
+    monkeypatch.setattr(_launch, "fast_path", lambda t: _launch._fast_ok)  # as on a GPU
+    launch, x, w = _toy_launch(device)
+    for _ in range(2):
+        y = torch.full_like(x, float("nan"))
+        launch((x, w, y))
+        torch.testing.assert_close(y, x * w)
+    assert launch._compiled.compiled is None and _launch._fast_ok  # a plain launch, the fast path still on
     monkeypatch.setenv(_launch.ENV_VAR, "quick")
     with pytest.raises(ValueError, match="FUSELAB_LAUNCHER='quick'"):
-        _launch.fast_path(_CudaLike())
+        _toy_launch(device)[0]((x, w, torch.empty_like(x)))
     monkeypatch.setattr(_launch, "_fast_ok", False)  # the probe found no private API
-    monkeypatch.delenv(_launch.ENV_VAR)
     assert not _launch.fast_path(_CudaLike())
 
 

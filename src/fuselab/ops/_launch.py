@@ -8,8 +8,10 @@ launcher with the current stream: Triton's private API (``CompiledKernel.run``, 
 ``launch_metadata``) and ``torch._C._cuda_getCurrentRawStream``. A Triton upgrade may cost host time, never
 correctness. Which path runs is decided per launch:
 
-* plain for tensors off CUDA (the Triton interpreter), with ``FUSELAB_LAUNCHER=plain`` (read at every launch), and
-  inside :func:`plain_launches` (tests);
+* plain for tensors off CUDA (the Triton interpreter), inside :func:`plain_launches` (tests: every launch inside),
+  and for the launches first made while ``FUSELAB_LAUNCHER=plain``: the variable is read when a planned launch (or
+  a launch signature of :func:`launch`) first runs, not on every launch, where it would cost host time; plans made
+  later (e.g. after :func:`fuselab.ops.clear`) read it again;
 * else fast, once a probe at its first use has found ``triton.knobs`` and the stream getter. A compiled kernel
   without the attributes the fast path calls, or a fast launch that raises ``AttributeError``/``TypeError`` (what a
   changed private API raises before launching), switches the fast path off for the process with one warning; that
@@ -64,18 +66,20 @@ def plain_launches() -> Iterator[None]:
 
 
 def fast_path(t: torch.Tensor) -> bool:
-    """Whether a launch whose first tensor is ``t`` takes the fast path now (see the module doc). ``ValueError``
-    naming ``FUSELAB_LAUNCHER`` when it holds neither ``fast`` nor ``plain``."""
+    """Whether a launch whose first tensor is ``t`` may take the fast path now: a CUDA tensor, outside
+    :func:`plain_launches`, the private API found (see the module doc)."""
     if not t.is_cuda or _plain_depth:
         return False
-    choice = os.environ.get(ENV_VAR)
-    if choice is not None and choice != "fast":
-        if choice.strip().lower() == "plain":
-            return False
-        if choice.strip().lower() not in ("fast", ""):
-            raise ValueError(f"{ENV_VAR}={choice!r} is not valid; expected one of {', '.join(LAUNCHERS)}")
     ok = _fast_ok
     return _probe() if ok is None else ok
+
+
+def launcher_choice() -> str:
+    """``FUSELAB_LAUNCHER``: ``fast`` (also when unset or empty) or ``plain``; ``ValueError`` naming it otherwise."""
+    choice = os.environ.get(ENV_VAR, "").strip().lower() or "fast"
+    if choice not in LAUNCHERS:
+        raise ValueError(f"{ENV_VAR}={os.environ[ENV_VAR]!r} is not valid; expected one of {', '.join(LAUNCHERS)}")
+    return choice
 
 
 def _probe() -> bool:
@@ -144,9 +148,13 @@ class Compiled:
 
 
 def _compile(jit, grid: tuple[int, ...], args: tuple, constexprs: Mapping[str, Any]) -> Compiled:
-    """Launch through ``jit[grid]`` (compiling on a first signature) and keep what the fast path needs."""
+    """Launch through ``jit[grid]`` (compiling on a first signature) and keep what the fast path needs (nothing
+    when ``FUSELAB_LAUNCHER=plain``: the launch stays plain)."""
+    choice = launcher_choice()  # raises on a bad value before anything runs
     counts["plain"] += 1
     compiled = jit[grid](*args, **constexprs)
+    if choice == "plain":
+        return Compiled(jit, constexprs)
     missing = [name for name in _FAST_ATTRIBUTES if not hasattr(compiled, name)]
     if missing:
         _give_up(f"CompiledKernel has no {', '.join(missing)}")
