@@ -1,5 +1,6 @@
 """The import graph of ``src/fuselab``: no import cycle among fuselab modules (imports inside functions included) and
-no import upward through the layers. Parsed with ``ast``: nothing is imported."""
+no import upward through the layers. Parsed with ``ast``: nothing is imported. Imports under ``if TYPE_CHECKING:``
+never run (the lazy façades name what they resolve to there, for type checkers) and are no edges."""
 
 from __future__ import annotations
 
@@ -41,11 +42,24 @@ def _modules() -> dict[str, Path]:
 MODULES = _modules()
 
 
+def _type_checking_only(tree: ast.AST) -> set[int]:
+    """ids of the nodes under ``if TYPE_CHECKING:`` (or ``typing.TYPE_CHECKING``)."""
+    skipped = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.If) and ast.unparse(node.test) in ("TYPE_CHECKING", "typing.TYPE_CHECKING"):
+            skipped.update(id(inner) for stmt in node.body for inner in ast.walk(stmt))
+    return skipped
+
+
 def _imports(name: str, path: Path) -> list[tuple[str, int]]:
-    """(imported fuselab module, line) of every import statement in ``path``, anywhere in the file."""
+    """(imported fuselab module, line) of every import statement in ``path`` that can run, anywhere in the file."""
     package = name if path.name == "__init__.py" else name.rpartition(".")[0]
     edges = []
-    for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
+    tree = ast.parse(path.read_text(), filename=str(path))
+    skipped = _type_checking_only(tree)
+    for node in ast.walk(tree):
+        if id(node) in skipped:
+            continue
         if isinstance(node, ast.Import):
             targets = [alias.name for alias in node.names]
         elif isinstance(node, ast.ImportFrom):
@@ -140,6 +154,13 @@ def test_no_upward_imports():
 def test_cycle_finder(source, expect):
     """The checker itself finds a three-module loop and passes a chain."""
     assert _cycles(source) == expect
+
+
+def test_type_checking_imports_are_no_edges():
+    """The package's façade names upper layers under TYPE_CHECKING only (otherwise a base module importing ops)."""
+    assert not {t for t, _ in GRAPH["fuselab"]} & {"fuselab.ops.rope", "fuselab.dlrm"}
+    source = "if TYPE_CHECKING:\n    from a import b\nimport c\n"
+    assert len(_type_checking_only(ast.parse(source))) > 0
 
 
 def test_relative_and_function_imports_are_seen():

@@ -13,7 +13,25 @@ Triton kernels on CPU tensors under the interpreter, which is how CI tests them.
 from __future__ import annotations
 
 import importlib
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:  # what the lazy names resolve to, for type checkers and "go to definition"
+    from fuselab import backend as backend
+    from fuselab import bench as bench
+    from fuselab import cuda as cuda
+    from fuselab import dlrm as dlrm
+    from fuselab import hf as hf
+    from fuselab import nn as nn
+    from fuselab import ops as ops
+    from fuselab import reference as reference
+    from fuselab import testing as testing
+    from fuselab.ops.bias_act import ACTIVATIONS as ACTIVATIONS
+    from fuselab.ops.bias_act import bias_act as bias_act
+    from fuselab.ops.interaction import dot_interaction as dot_interaction
+    from fuselab.ops.reduce import mean as mean
+    from fuselab.ops.reduce import sum as sum
+    from fuselab.ops.rope import apply_rope as apply_rope
+    from fuselab.ops.rope import rope_cos_sin as rope_cos_sin
 
 __version__ = "0.1.0"
 

@@ -25,7 +25,7 @@ import torch
 
 from fuselab.backend import use_triton
 from fuselab.core.checks import require_float, require_same_device
-from fuselab.ops.rope.op import run_rope
+from fuselab.ops.rope.op import rotate_by_tables
 from fuselab.reference import rope as _ref
 
 # apply_rotary_pos_emb is resolved by the module's __getattr__ on each access
@@ -91,12 +91,9 @@ def _rotate(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tens
             outs.append(_ref.rotate(t.to(compute), c.to(compute), s.to(compute), False).to(t.dtype))
         return outs[0], outs[1]
     if q_dtype == k_dtype:
-        return run_rope(q, k, cos_h, sin_h, None, None, None, None, layout=layout, half=half, interleaved=False,
-                        inplace=False, offset=0, mscale=1.0)
-    q_out = run_rope(q, None, cos_h, sin_h, None, None, None, None, layout=layout, half=half, interleaved=False,
-                     inplace=False, offset=0, mscale=1.0)[0]
-    k_out = run_rope(k, None, cos_h, sin_h, None, None, None, None, layout=layout, half=half, interleaved=False,
-                     inplace=False, offset=0, mscale=1.0)[0]
+        return rotate_by_tables(q, k, cos_h, sin_h, layout)
+    q_out = rotate_by_tables(q, None, cos_h, sin_h, layout)[0]
+    k_out = rotate_by_tables(k, None, cos_h, sin_h, layout)[0]
     return q_out, k_out
 
 

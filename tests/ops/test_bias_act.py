@@ -261,10 +261,9 @@ def test_forward_paths(triton_backend, device, monkeypatch, flat_knob, int64, m,
     # 64 fp32 per run: 256*4 divides, 37*3 does not
     with override(BiasActTuning(fwd_flat=flat_knob, fwd_flat_tile_bytes=64 * 4)):
         record = kernels.bias_act_fwd_(x, b, r, y, pre, 0.75, "gelu_tanh")
-    flags = dict(record[0][1]) if record[0][2] is None else None  # interpreter records keep the constexprs
-    if flags is not None:
-        assert flags["FLAT"] is flat_knob and flags["INT64"] is int64
-        assert flags["EVEN"] is (flat_knob and m * n % 64 == 0)
+    flags = record[0].constexprs  # what the launch was given
+    assert flags["FLAT"] is flat_knob and flags["INT64"] is int64
+    assert flags["EVEN"] is (flat_knob and m * n % 64 == 0)
     z64 = x.double() + 0.75 * r.double() + b.double()
     assert_close(pre, z64, torch.float32, "pre")
     assert_close(y, ref.activation(z64, "gelu_tanh"), torch.float32, "y")

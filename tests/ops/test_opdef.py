@@ -5,9 +5,13 @@ context; ``torch.library.opcheck`` of every fuselab custom op (Triton kernels un
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Hashable
+from dataclasses import dataclass
+from pathlib import Path
 
 import pytest
 import torch
+import toy_op
 from torch.utils._python_dispatch import TorchDispatchMode
 
 import fuselab
@@ -20,31 +24,55 @@ from fuselab.ops.opdef import LaunchCache, Op
 from fuselab.ops.reduce.op import REDUCE
 from fuselab.ops.rope.op import ROPE, ROPE_
 from fuselab.ops.tuning import current, override
+from fuselab.testing import assert_close
 
-# ---------------------------------------------------------------------------------------------- a toy op
+# ---------------------------------------------------------------------------------------------- toy ops
 CALLS: list[tuple] = []
 
 
-def _scale(x, factor, *, prepared=None):
-    """y = factor * x; the "record" is the factor (what a kept launch would repeat)."""
-    CALLS.append(("eager", prepared))
-    return x * factor, ("record", factor)
+@dataclass(frozen=True, slots=True, eq=False)
+class FactorCall:
+    factor: float
+    signature: Hashable | None = None
+
+    def arguments(self) -> tuple:
+        return (self.factor,)
 
 
-def _scale_fake(x: torch.Tensor, factor: float) -> torch.Tensor:
-    return torch.empty_like(x)
+@dataclass(frozen=True, eq=False)
+class FactorPlan:
+    call: FactorCall
 
 
-def _setup(ctx, inputs, output):
-    ctx.factor = inputs[1]
+class Scale(Op):
+    """y = factor * x in PyTorch: the helper's dispatch, cache and autograd without a kernel."""
+
+    name = "fuselab_test::scale"
+    schema = "(Tensor x, float factor) -> Tensor"
+
+    def call_of(self, inputs, signed):
+        return FactorCall(inputs[1], ("custom", inputs[1]) if signed else None)
+
+    def plan(self, call, operands):
+        CALLS.append(("plan", call.signature))
+        return FactorPlan(call)
+
+    def forward(self, plan, operands):
+        CALLS.append(("forward", plan.call.signature))
+        return operands[0] * plan.call.factor
+
+    def fake(self, call, operands):
+        return torch.empty_like(operands[0])
+
+    def setup_context(self, ctx, call, operands, output):
+        ctx.factor = call.factor
+
+    def backward(self, ctx, grad):
+        CALLS.append(("backward", ctx.call.signature, getattr(ctx, "eager", False)))
+        return (grad * ctx.factor,)
 
 
-def _scale_backward(ctx, grad):
-    CALLS.append(("backward", getattr(ctx, "key", None)))
-    return grad * ctx.factor, None
-
-
-SCALE = Op("fuselab_test::scale", eager=_scale, fake=_scale_fake, setup_context=_setup, backward=_scale_backward)
+SCALE = Scale()
 
 
 @pytest.fixture(autouse=True)
@@ -55,46 +83,68 @@ def _fresh():
     fuselab.ops.clear()
 
 
-def test_eager_path_skips_the_dispatcher_and_keeps_the_record():
+def test_eager_path_skips_the_dispatcher_and_caches_the_plan():
     x = torch.randn(5)
-    y = SCALE.run((x, 3.0), key="k")
-    assert torch.equal(y, 3 * x) and CALLS == [("eager", None)]
-    assert SCALE.kept("k") == ("record", 3.0) and SCALE.kept(["unhashable"]) is None and SCALE.kept(None) is None
-    SCALE.run((x, 3.0), "k", SCALE.kept("k"))
-    assert CALLS[-1] == ("eager", ("record", 3.0))  # the kept record handed back
+    call = FactorCall(3.0, "k")
+    y = SCALE.run(call, (x,))
+    assert torch.equal(y, 3 * x) and CALLS == [("plan", "k"), ("forward", "k")]
+    plan = SCALE.cached("k")
+    assert plan.call is call and SCALE.cached(["unhashable"]) is None and SCALE.cached(None) is None
+    SCALE.run(call, (x,), plan)
+    SCALE.run(call, (x,))  # looked up by the call's signature
+    assert CALLS[2:] == [("forward", "k"), ("forward", "k")]  # no plan again
+    SCALE.run(FactorCall(3.0, None), (x,))  # no signature: planned, not cached
+    assert CALLS[-2:] == [("plan", None), ("forward", None)] and len(SCALE.plans) == 1
 
 
 def test_eager_autograd_and_custom_op_share_one_backward():
     x = torch.randn(5, requires_grad=True)
-    y = SCALE.run((x, 2.5), key="k2")
+    y = SCALE.run(FactorCall(2.5, "k2"), (x,))
     assert type(y.grad_fn).__name__ == "ScaleFunctionBackward"  # the eager node, not the dispatcher's
     y.sum().backward()
-    assert torch.equal(x.grad, torch.full((5,), 2.5)) and CALLS[-1] == ("backward", "k2")
-    assert SCALE.kept("k2") == ("record", 2.5)
+    assert torch.equal(x.grad, torch.full((5,), 2.5)) and CALLS[-1] == ("backward", "k2", True)
+    assert SCALE.cached("k2") is not None
     x2 = torch.randn(5, requires_grad=True)
-    torch.ops.fuselab_test.scale(x2, 2.5).sum().backward()  # the registered autograd: same formula, no key
-    assert torch.equal(x2.grad, torch.full((5,), 2.5)) and CALLS[-1] == ("backward", None)
+    torch.ops.fuselab_test.scale(x2, 2.5).sum().backward()  # the registered autograd: same formula, unsigned call
+    assert torch.equal(x2.grad, torch.full((5,), 2.5)) and CALLS[-1] == ("backward", None, False)
+    assert SCALE.cached(("custom", 2.5)) is not None  # the custom op's impl planned under its own signature
 
 
-def _pair(x, *, prepared=None):
+@dataclass(frozen=True, slots=True, eq=False)
+class PlainCall:
+    signature: Hashable | None = None
+
+    def arguments(self) -> tuple:
+        return ()
+
+
+class Pair(Op):
     """(2x, a non-differentiable x + 1)."""
-    return (2 * x, x + 1), None
+
+    name = "fuselab_test::pair"
+    schema = "(Tensor x) -> (Tensor, Tensor)"
+
+    def call_of(self, inputs, signed):
+        return PlainCall()
+
+    def plan(self, call, operands):
+        return FactorPlan(call)
+
+    def forward(self, plan, operands):
+        return 2 * operands[0], operands[0] + 1
+
+    def fake(self, call, operands):
+        return torch.empty_like(operands[0]), torch.empty_like(operands[0])
+
+    def setup_context(self, ctx, call, operands, output):
+        ctx.mark_non_differentiable(output[1])
+
+    def backward(self, ctx, grad, grad_side):
+        CALLS.append(("pair backward", grad_side if grad_side is None else float(grad_side.abs().sum())))
+        return (2 * grad,)  # never None: the eager node hands zeros for an unreached differentiable output
 
 
-def _pair_fake(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    return torch.empty_like(x), torch.empty_like(x)
-
-
-def _pair_setup(ctx, inputs, output):
-    ctx.mark_non_differentiable(output[1])
-
-
-def _pair_backward(ctx, grad, grad_side):
-    CALLS.append(("pair backward", grad_side if grad_side is None else float(grad_side.abs().sum())))
-    return (2 * grad,)  # never None: the eager node hands zeros for an unreached differentiable output
-
-
-PAIR = Op("fuselab_test::pair", eager=_pair, fake=_pair_fake, setup_context=_pair_setup, backward=_pair_backward)
+PAIR = Pair()
 
 
 def test_eager_node_passes_none_for_a_non_differentiable_output():
@@ -102,7 +152,7 @@ def test_eager_node_passes_none_for_a_non_differentiable_output():
     matmul output of FusedLinear: a full-size allocation and fill per backward); the registered autograd's zeros
     give the same gradients."""
     x = torch.randn(6, requires_grad=True)
-    y, side = PAIR.run((x,))
+    y, side = PAIR.run(PlainCall(), (x,))
     assert not side.requires_grad
     y.sum().backward()
     assert CALLS[-1] == ("pair backward", None) and torch.equal(x.grad, torch.full((6,), 2.0))
@@ -115,13 +165,13 @@ def test_eager_node_gives_zeros_for_an_unreached_differentiable_output():
     """gradcheck's undefined-gradient check runs the backward with no gradient for the (differentiable) output:
     the eager node hands the op's backward zeros there, with and without a non-differentiable output beside it."""
     x = torch.randn(4, dtype=torch.float64, requires_grad=True)
-    assert torch.autograd.gradcheck(lambda t: SCALE.run((t, 1.5)), (x,))
-    assert torch.autograd.gradcheck(lambda t: PAIR.run((t,))[0], (x,))
+    assert torch.autograd.gradcheck(lambda t: SCALE.run(FactorCall(1.5), (t,)), (x,))
+    assert torch.autograd.gradcheck(lambda t: PAIR.run(PlainCall(), (t,))[0], (x,))
 
 
 def test_compile_traces_the_custom_op():
     x = torch.randn(4, requires_grad=True)
-    compiled = torch.compile(lambda t: SCALE(t, 4.0).sum(), fullgraph=True)
+    compiled = torch.compile(lambda t: SCALE.run(FactorCall(4.0), (t,)).sum(), fullgraph=True)
     compiled(x).backward()
     assert torch.equal(x.grad, torch.full((4,), 4.0))
 
@@ -164,8 +214,7 @@ def test_tuning_is_read_by_the_planner(triton_backend, device):
     for flat in (True, False):
         with override(BiasActTuning(fwd_flat=flat)):
             record = launch.bias_act_fwd_(x, None, None, y, None, 1.0, "relu")
-        if record[0][2] is None:  # interpreter records keep their constexprs
-            assert dict(record[0][1])["FLAT"] is flat
+        assert record[0].constexprs["FLAT"] is flat
 
 
 # ---------------------------------------------------------------------------------------------- opcheck, fuselab ops
@@ -175,7 +224,7 @@ def _rope_args(k: bool, tables: bool, dtype=torch.float32):
     cos, sin = fuselab.rope_cos_sin(3, 8) if tables else (None, None)
     inv_freq, mscale = (None, 1.0) if tables else rope_frequencies(8)  # computed and cached on the CPU
     inv_freq = None if inv_freq is None else inv_freq.to(q.device)  # the op takes it on q's device
-    return (q, kk, cos, sin, inv_freq, None, None, None, "bshd", 4, False, False, 0, mscale)
+    return (q, kk, cos, sin, inv_freq, None, None, None, 0, "bshd", 4, False, False, mscale)
 
 
 @pytest.mark.parametrize("k", [True, False], ids=["qk", "q"])
@@ -286,3 +335,37 @@ def test_unhashable_key_keeps_nothing(triton_backend):
     y = fuselab.sum(x.requires_grad_(True), [0, 1])
     y.backward()
     assert torch.equal(x.grad, torch.ones(4, 5))
+
+
+# ---------------------------------------------------------------------------------------------- the documented op
+def test_architecture_doc_shows_the_toy_op_as_it_is():
+    doc = (Path(__file__).resolve().parents[2] / "docs" / "architecture.md").read_text()
+    block = doc.split("<!-- tests/ops/toy_op.py -->\n```python\n", 1)[1].split("```\n", 1)[0]
+    assert block == Path(toy_op.__file__).read_text()
+
+
+def test_toy_op_forward_backward_and_cache(triton_backend, device):
+    """The documented op against float64: forward, both gradients (a strided input, an expanded gradient), its plans
+    cached by signature (a repeat plans nothing), bad input named."""
+    x = torch.randn(40, 7, device=device).t()  # (7, 40), strided
+    w = torch.randn(40, device=device)
+    leaves = [t.clone().requires_grad_(True) for t in (x, w)]
+    y = toy_op.scale(*leaves)
+    (y.sum() * 2).backward()  # an expanded upstream gradient
+    leaves64 = [t.double().requires_grad_(True) for t in (x, w)]
+    ((leaves64[0] * leaves64[1]).sum() * 2).backward()
+    assert_close(y, leaves64[0] * leaves64[1], torch.float32, "y")
+    for name, a, b in zip(("grad x", "grad w"), leaves, leaves64):
+        assert_close(a.grad, b.grad, torch.float32, name, chained=True)
+    planned = len(toy_op.SCALE.plans)
+    toy_op.scale(x, w)
+    assert len(toy_op.SCALE.plans) == planned
+    with pytest.raises(ValueError, match="w must have x's dtype"):
+        toy_op.scale(x, w.double())
+    with pytest.raises(TypeError, match=r"x must be a torch\.Tensor"):
+        toy_op.scale([1.0], w)
+
+
+def test_opcheck_toy_op(triton_backend, device):
+    torch.library.opcheck(toy_op.SCALE.custom, (torch.randn(3, 8, device=device, requires_grad=True),
+                                                torch.randn(8, device=device, requires_grad=True)))

@@ -7,6 +7,7 @@ import torch
 
 import fuselab
 from fuselab.core import device as device_facts
+from fuselab.ops.rope import checks as rope_checks
 from fuselab.ops.rope import launch as rope_kernel
 from fuselab.ops.rope import op as rope_mod
 from fuselab.reference import rope as ref
@@ -16,7 +17,7 @@ from fuselab.testing import assert_close, poison_
 @pytest.fixture
 def poisoned(monkeypatch):
     """Every output the op allocates starts as NaN: an element the kernel forgets fails the comparison."""
-    monkeypatch.setattr(rope_mod, "_empty_like", lambda t: poison_(torch.empty_like(t)))
+    monkeypatch.setattr(rope_kernel, "_empty_like", lambda t: poison_(torch.empty_like(t)))
     yield
 
 
@@ -155,18 +156,25 @@ def test_inplace_autograd(triton_backend, device):
     assert_close(grads[0][1], grads[1][1], torch.float32, "grad k (in place)", chained=True)
 
 
-def test_prepared_backward(triton_backend, poisoned, device, monkeypatch):
-    """Repeated eager backwards of one layout repeat the launch an earlier one prepared; gradients of another
-    layout (or only grad_q) take the general path. All match float64."""
-    monkeypatch.setattr(rope_mod, "_call_key", lambda *args: None)  # forwards launch anew: count backwards only
-    calls = []
-    relaunch = rope_mod.rope_relaunch
-    monkeypatch.setattr(rope_mod, "rope_relaunch", lambda *args: calls.append(1) or relaunch(*args))
+@pytest.fixture
+def plans(monkeypatch):
+    """The planner spied on, on fresh caches: yields the list of the calls it planned (forward and backward)."""
+    fuselab.ops.clear()  # plans cached by earlier tests
+    made = []
+    real = rope_kernel.plan
+    spy = staticmethod(lambda call, operands: made.append(call) or real(call, operands))
+    monkeypatch.setattr(rope_mod.Rope, "plan", spy)  # the in-place op inherits it
+    yield made
+    fuselab.ops.clear()
+
+
+def test_cached_backward(triton_backend, poisoned, device, plans):
+    """Repeated eager backwards of one layout reuse the plan an earlier one made; gradients of another layout (or
+    only grad_q) get their own. All match float64."""
     cos, sin = fuselab.rope_cos_sin(9, 24, device=device)
     for _ in range(3):
         check(make("bshd", 2, 9, 3, 24, device=device), make("bshd", 2, 9, 1, 24, device=device), cos, sin)
-    assert len(calls) >= 2
-    before = len(calls)
+    assert [c.conj for c in plans] == [False, True]  # one forward plan, one backward plan
     q = make("bshd", 2, 9, 3, 24, device=device).requires_grad_(True)
     k = make("bshd", 2, 9, 1, 24, device=device).requires_grad_(True)
     qo, ko = fuselab.apply_rope(q, k, cos, sin)
@@ -175,24 +183,23 @@ def test_prepared_backward(triton_backend, poisoned, device, monkeypatch):
     q64, k64 = q.detach().double().requires_grad_(True), k.detach().double().requires_grad_(True)
     qr, kr = ref.apply_rope(q64, k64, cos.double(), sin.double())
     torch.autograd.backward([qr, kr], [gq.double(), torch.ones_like(kr)])
-    assert len(calls) == before
+    assert [c.conj for c in plans] == [False, True, True]  # the strided gradient's own plan
     assert_close(q.grad, q64.grad, torch.float32, "grad q (strided upstream gradient)", chained=True)
     assert_close(k.grad, k64.grad, torch.float32, "grad k", chained=True)
-    for _ in range(2):  # each gradient layout keeps its own launch: the strided one did not replace this one's
+    for _ in range(2):  # each gradient layout keeps its own plan: the strided one did not replace this one's
         check(make("bshd", 2, 9, 3, 24, device=device), make("bshd", 2, 9, 1, 24, device=device), cos, sin)
-    assert len(calls) == before + 2
+    assert len(plans) == 3
 
 
 @pytest.mark.parametrize("inplace", [False, True])
 @pytest.mark.parametrize("tables", [True, False], ids=["tables", "angles"])
-def test_prepared_forward(triton_backend, poisoned, device, monkeypatch, tables, inplace):
-    """Repeated eager calls of one layout (decoding: int offsets that change every step) repeat the launch an
-    earlier checked call kept, with or without autograd; all match float64. Another stride, another offset class
-    or an offset past the table's end takes the general path, which checks and raises as before."""
-    fuselab.ops.clear()  # launches kept by earlier tests
-    calls = []
-    relaunch = rope_mod.rope_relaunch
-    monkeypatch.setattr(rope_mod, "rope_relaunch", lambda *args: calls.append(1) or relaunch(*args))
+def test_cached_forward(triton_backend, poisoned, device, monkeypatch, plans, tables, inplace):
+    """Repeated eager calls of one layout (decoding: int offsets that change every step) skip the checks and reuse
+    the plan of the first, with or without autograd; all match float64. Another stride or another offset class
+    gets its own plan; an offset past the table's end is checked and raises as on a first call."""
+    validated = []
+    real_validate = rope_checks.validate
+    monkeypatch.setattr(rope_checks, "validate", lambda *a: validated.append(1) or real_validate(*a))
     cos, sin = fuselab.rope_cos_sin(40, 16, device=device) if tables else (None, None)
 
     def step(offset, grads=False, strided=False):
@@ -203,21 +210,21 @@ def test_prepared_forward(triton_backend, poisoned, device, monkeypatch, tables,
 
     for offset in (3, 5, 7):  # one specialization class (int32, not 1, not a multiple of 16)
         step(offset)
-    assert len(calls) == 2  # the first call kept its launch
-    step(9, strided=True)  # another layout: the general path
-    assert len(calls) == 2
-    step(1)  # offset 1: another class, its own launch
+    assert len(plans) == 1 and len(validated) == 1  # the later calls were neither checked nor planned again
+    step(9, strided=True)  # another layout: checked and planned
+    assert len(plans) == 2 and len(validated) == 2
+    step(1)  # offset 1: another class, its own plan
     step(1)
-    assert len(calls) == 3
+    assert len(plans) == 3 and len(validated) == 3
     if tables:
-        with pytest.raises(ValueError, match="seqlen_offsets"):
+        with pytest.raises(ValueError, match="seqlen_offsets"):  # same signature as the offset-3 calls
             fuselab.apply_rope(make("bshd", 3, 1, 4, 24, device=device), None, cos, sin, seqlen_offsets=40)
     if not inplace:  # (in place on leaves that require grad is an error)
-        step(11, grads=True)  # autograd through the kept launch; its backward prepares its own
+        step(11, grads=True)  # autograd through the cached plan; its backward plans its own
         step(13, grads=True)
-        assert len(calls) == 3 + 3
+        assert [c.conj for c in plans[3:]] == [True]
     with fuselab.backend.forced("torch"):
-        monkeypatch.setattr(rope_mod, "rope_launch", None)  # the Triton path must not run
+        monkeypatch.setattr(rope_mod.Rope, "forward", None)  # the Triton path must not run
         step(15)
 
 
@@ -279,15 +286,18 @@ def test_out_of_range_positions_clamped(triton_backend, device):
     cos, sin = fuselab.rope_cos_sin(4, 8, device=device)
     pos = torch.tensor([[0, 3, 9], [-5, 2, 100]], device=device)
     out = torch.full_like(q, float("nan"))
-    rope_kernel.rope_launch(q, None, out, None, cos, sin, None, pos, None, None, layout="bshd", half=4,
-                            interleaved=False, conj=False)
+    operands = (q, None, cos, sin, None, pos, None, None, 0)
+    call = rope_checks.RopeCall(layout="bshd", half=4, interleaved=False)
+    rope_kernel.rotate(rope_kernel.plan(call, operands), operands, out, None)
     want, _ = ref.apply_rope(q.double(), None, cos.double(), sin.double(), positions=pos.clamp(0, 3))
     assert_close(out, want, torch.float32, "clamped")
 
 
-def test_int64_offsets_path(triton_backend, poisoned, device, monkeypatch):
+def test_int64_offsets_path(triton_backend, poisoned, device, monkeypatch, request):
     """Force the 64-bit index path (normally taken past 2^31 elements) and check it computes the same."""
     monkeypatch.setattr(rope_kernel, "INT32_MAX", -1)  # every launch counts as past 2^31
+    fuselab.ops.clear()  # plans made before the patch
+    request.addfinalizer(fuselab.ops.clear)
     q, k = make("bhsd", 2, 3, 2, 16, device=device), make("bhsd", 2, 3, 1, 16, device=device)
     cos, sin = fuselab.rope_cos_sin(3, 16, device=device)
     check(q, k, cos, sin, layout="bhsd", interleaved=True, grads=False)
@@ -306,8 +316,9 @@ def test_tile_by_memory_bandwidth(triton_backend, poisoned, device, monkeypatch,
     q, k = make("bshd", 1, s, 32, 128, device=device), make("bshd", 1, s, 8, 128, device=device)
     cos, sin = fuselab.rope_cos_sin(s, 128, device=device)
     check(q, k, cos, sin)
-    plans = [p for p in rope_kernel._PLANS.data.values() if p[2].get("HALF") == 64 and p[2]["HAS_K"]]
-    assert plans and all(p[2]["BLOCK_HQ"] == tile_heads and p[2]["num_warps"] == warps for p in plans)
+    launches = [p.launch.constexprs for p in rope_mod.ROPE.plans.data.values()]
+    launches = [c for c in launches if c["HALF"] == 64 and c["HAS_K"]]
+    assert launches and all(c["BLOCK_HQ"] == tile_heads and c["num_warps"] == warps for c in launches)
 
 
 def test_reference_backend_matches(torch_backend, device):

@@ -167,3 +167,92 @@ def test_inplace_leaf_rejected_after_a_kept_call(request, backend):
     with torch.no_grad():
         out, _ = fuselab.apply_rope(leaf, k.clone(), cos, sin, inplace=True)
     assert out is leaf and not torch.equal(leaf.detach(), before)
+
+
+@pytest.mark.parametrize("backend", ["triton_backend", "torch_backend"])
+@pytest.mark.parametrize("name", CASES)
+def test_bad_input_after_good_calls(request, backend, name):
+    """Every bad input still raises after good calls planned their signatures (a repeat takes the cached path)."""
+    request.getfixturevalue(backend)
+    for make in (base_args, thd_args):
+        args, kw = make()
+        fuselab.apply_rope(*args, **kw)
+        fuselab.apply_rope(*args, **kw)
+    args, kw, err, match = bad(name)
+    with pytest.raises(err, match=match):
+        fuselab.apply_rope(*args, **kw)
+
+
+def _same_signature(name):
+    """(a good call, a bad call of the same signature: only values differ, so the bad one reaches the cached plan
+    unless a check of values stops it, error, match)."""
+    q, k = torch.randn(2, 5, 3, 16), torch.randn(2, 5, 1, 16)
+    cos, sin = fuselab.rope_cos_sin(8, 16)
+    if name == "offset_past_table":  # 3 and 4: one specialization class
+        return ([q, k, cos, sin], {"seqlen_offsets": 3}), ([q, k, cos, sin], {"seqlen_offsets": 4}), ValueError, \
+            r"seqlen_offsets \+ seqlen = 9"
+    if name == "offset_negative":
+        return ([q, k, cos, sin], {"seqlen_offsets": 3}), ([q, k, cos, sin], {"seqlen_offsets": -13}), ValueError, \
+            "seqlen_offsets must be >= 0"
+    if name == "positions_and_offset":  # 0 and 16: one class
+        pos = torch.zeros(2, 5, dtype=torch.long)
+        return ([q, k, cos, sin], {"positions": pos}), ([q, k, cos, sin], {"positions": pos, "seqlen_offsets": 16}), \
+            ValueError, "exclusive"
+    if name == "positions_past_table":  # CPU positions: checked on the host on every call
+        good, bad_pos = torch.zeros(2, 5, dtype=torch.long), torch.full((2, 5), 8)
+        return ([q, k, cos, sin], {"positions": good}), ([q, k, cos, sin], {"positions": bad_pos}), ValueError, \
+            "positions reach table row 8"
+    if name == "thd_cu_values":
+        qt, kt = torch.randn(9, 3, 16), torch.randn(9, 1, 16)
+        good, bad_cu = torch.tensor([0, 4, 9], dtype=torch.int32), torch.tensor([0, 6, 4], dtype=torch.int32)
+        return ([qt, kt, cos, sin], {"layout": "thd", "cu_seqlens": good}), \
+            ([qt, kt, cos, sin], {"layout": "thd", "cu_seqlens": bad_cu}), ValueError, "non-decreasing"
+    if name == "inplace_same_tensor":  # apply_rope(x, x, inplace=True) rotated x twice
+        a, b = torch.randn(2, 5, 3, 16), torch.randn(2, 5, 3, 16)
+        return ([a, b, cos, sin], {"inplace": True}), ([a, a, cos, sin], {"inplace": True}), ValueError, \
+            "q and k overlap in memory"
+    if name == "inplace_overlapping_views":  # heads 0-3 and 2-5 of one buffer; of two buffers as the good call
+        a, b = torch.randn(2, 5, 6, 16), torch.randn(2, 5, 6, 16)
+        return ([a[:, :, :4], b[:, :, 2:], cos, sin], {"inplace": True}), \
+            ([a[:, :, :4], a[:, :, 2:], cos, sin], {"inplace": True}), ValueError, "q and k overlap in memory"
+    if name == "inplace_leaf":
+        return ([q.clone(), k.clone(), cos, sin], {"inplace": True}), \
+            ([q.clone().requires_grad_(True), k.clone(), cos, sin], {"inplace": True}), ValueError, \
+            "inplace=True on q, a leaf tensor"
+    raise AssertionError(name)
+
+
+SAME_SIGNATURE = ["offset_past_table", "offset_negative", "positions_and_offset", "positions_past_table",
+                  "thd_cu_values", "inplace_same_tensor", "inplace_overlapping_views", "inplace_leaf"]
+
+
+@pytest.mark.parametrize("backend", ["triton_backend", "torch_backend"])
+@pytest.mark.parametrize("name", SAME_SIGNATURE)
+def test_bad_values_on_the_cached_path(request, backend, name):
+    """A call whose shapes, dtypes and flags equal a good call's (its signature was planned) is still held to the
+    checks of values: the same error as on a first call, both ways round, and the bad call writes nothing."""
+    request.getfixturevalue(backend)
+    (good, good_kw), (bad_args, bad_kw), err, match = _same_signature(name)
+    fuselab.ops.clear()
+    with pytest.raises(err, match=match):  # first call
+        fuselab.apply_rope(*bad_args, **bad_kw)
+    fuselab.apply_rope(*good, **good_kw)
+    fuselab.apply_rope(*good, **good_kw)
+    before = [t.detach().clone() for t in bad_args[:2]]
+    with pytest.raises(err, match=match):  # after the signature was planned
+        fuselab.apply_rope(*bad_args, **bad_kw)
+    for t, was in zip(bad_args[:2], before):
+        assert torch.equal(t.detach(), was)
+
+
+def test_inplace_views_that_do_not_overlap_are_accepted(triton_backend):
+    """q and k as disjoint head slices of one packed buffer (fused QKV) rotate in place; out of place, q and k may be
+    the same tensor."""
+    qkv = torch.randn(2, 5, 6, 16)
+    cos, sin = fuselab.rope_cos_sin(5, 16)
+    want_q, want_k = fuselab.apply_rope(qkv[:, :, :4].clone(), qkv[:, :, 4:5].clone(), cos, sin)
+    fuselab.apply_rope(qkv[:, :, :4], qkv[:, :, 4:5], cos, sin, inplace=True)
+    assert torch.equal(qkv[:, :, :4], want_q) and torch.equal(qkv[:, :, 4:5], want_k)
+    x = torch.randn(2, 5, 3, 16)
+    a, b = fuselab.apply_rope(x, x, cos, sin)
+    assert torch.equal(a, b)

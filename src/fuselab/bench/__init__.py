@@ -8,7 +8,18 @@ lazily so ``import fuselab.bench`` stays cheap.
 from __future__ import annotations
 
 import importlib
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:  # what the lazy names resolve to, for type checkers and "go to definition"
+    from fuselab.bench.ceilings import Ceilings as Ceilings
+    from fuselab.bench.compare import compare as compare
+    from fuselab.bench.lab import run as run
+    from fuselab.bench.options import BenchOptions as BenchOptions
+    from fuselab.bench.options import default_out_dir as default_out_dir
+    from fuselab.bench.results import OpRun as OpRun
+    from fuselab.bench.results import Result as Result
+    from fuselab.bench.results import load as load
+    from fuselab.bench.results import save as save
 
 _API = {
     "run": "fuselab.bench.lab",

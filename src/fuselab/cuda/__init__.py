@@ -10,7 +10,12 @@ after the first call).
 from __future__ import annotations
 
 import importlib
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:  # what the lazy names resolve to, for type checkers and "go to definition"
+    from fuselab.cuda._bias_act import bias_act as bias_act
+    from fuselab.cuda._fused_linear import fused_linear as fused_linear
+    from fuselab.cuda._square import square as square
 
 _API: dict[str, str] = {
     "square": "fuselab.cuda._square",

@@ -14,9 +14,8 @@ from __future__ import annotations
 
 import torch
 
+from fuselab.core.activations import ACTIVATION_CODES, SAVED
 from fuselab.ops.bias_act.checks import check_args, rows
-from fuselab.ops.bias_act.launch import ACT_IDS
-from fuselab.reference.bias_act import SAVED
 
 from ._build import load
 
@@ -63,7 +62,7 @@ class _BiasActCuda(torch.autograd.Function):
         r2 = None if residual is None else _unit_rows(residual.to(x.dtype))
         b = None if bias is None else bias.to(x.dtype).contiguous()
         with torch.cuda.device(x.device):
-            y, pre = _extension().bias_act_forward(x2, b, r2, alpha, ACT_IDS[activation], save_pre, None,
+            y, pre = _extension().bias_act_forward(x2, b, r2, alpha, ACTIVATION_CODES[activation], save_pre, None,
                                                    _stream(x.device))
         if needs_grad:
             if kind == "output":
@@ -84,8 +83,8 @@ class _BiasActCuda(torch.autograd.Function):
         g2 = _unit_rows(grad)
         s2 = None if saved is None else _unit_rows(saved)
         with torch.cuda.device(grad.device):
-            gx, gr, gb = _extension().bias_act_backward(g2, s2, None, ctx.alpha, ACT_IDS[ctx.activation], want_x,
-                                                        want_r, want_b, _stream(grad.device))
+            gx, gr, gb = _extension().bias_act_backward(g2, s2, None, ctx.alpha, ACTIVATION_CODES[ctx.activation],
+                                                        want_x, want_r, want_b, _stream(grad.device))
         return (gx.view(shape) if want_x else None,
                 gb.to(bias_dtype) if want_b else None,
                 gr.view(shape).to(residual_dtype) if want_r else None,

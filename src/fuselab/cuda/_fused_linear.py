@@ -14,10 +14,10 @@ from __future__ import annotations
 
 import torch
 
+from fuselab.core.activations import ACTIVATION_CODES
 from fuselab.core.checks import require_tensor
 from fuselab.cuda._bias_act import _CUDA_DTYPES, _extension
 from fuselab.ops.bias_act.checks import check_activation
-from fuselab.ops.bias_act.launch import ACT_IDS
 
 
 def _check(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, activation: str) -> None:
@@ -59,7 +59,7 @@ def fused_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | Non
     ``RuntimeError`` for tensors not on CUDA, or without a CUDA device / when the extension does not build.
     """
     # tensors are validated in C++ (host time: this runs per layer per step); a failed check is explained here
-    act = ACT_IDS.get(activation) if isinstance(activation, str) else None
+    act = ACTIVATION_CODES.get(activation) if isinstance(activation, str) else None
     if act is None:
         _check(x, weight, bias, activation)
     try:

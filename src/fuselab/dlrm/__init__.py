@@ -6,7 +6,32 @@ Names resolve lazily so ``import fuselab.dlrm`` (and the CLI) stays cheap.
 from __future__ import annotations
 
 import importlib
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:  # what the lazy names resolve to, for type checkers and "go to definition"
+    from fuselab.dlrm.cli import configure_parser as configure_parser
+    from fuselab.dlrm.config import DLRMConfig as DLRMConfig
+    from fuselab.dlrm.config import load_config as load_config
+    from fuselab.dlrm.data.batch import Batch as Batch
+    from fuselab.dlrm.data.datasets import kaggle_split as kaggle_split
+    from fuselab.dlrm.data.datasets import open_dataset as open_dataset
+    from fuselab.dlrm.data.synth import write_synthetic as write_synthetic
+    from fuselab.dlrm.data.tsv import preprocess as preprocess
+    from fuselab.dlrm.evaluation import evaluate_checkpoint as evaluate_checkpoint
+    from fuselab.dlrm.metrics import evaluate_predictions as evaluate_predictions
+    from fuselab.dlrm.metrics import roc_auc as roc_auc
+    from fuselab.dlrm.model import DLRM as DLRM
+    from fuselab.dlrm.model import DenseArch as DenseArch
+    from fuselab.dlrm.model import InteractionArch as InteractionArch
+    from fuselab.dlrm.model import OverArch as OverArch
+    from fuselab.dlrm.model import SparseArch as SparseArch
+    from fuselab.dlrm.model import torchrec_permutation as torchrec_permutation
+    from fuselab.dlrm.optim import Optimizers as Optimizers
+    from fuselab.dlrm.schedule import LRSchedule as LRSchedule
+    from fuselab.dlrm.step import TrainStep as TrainStep
+    from fuselab.dlrm.train import train as train
+    from fuselab.dlrm.trainer import Trainer as Trainer
+    from fuselab.dlrm.trainer import TrainingInterrupted as TrainingInterrupted
 
 _API: dict[str, str] = {
     "DLRM": "fuselab.dlrm.model",

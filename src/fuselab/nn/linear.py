@@ -28,12 +28,12 @@ from torch import nn
 from torch.autograd.function import once_differentiable
 
 from fuselab.backend import triton_for
-from fuselab.ops.bias_act import ACTIVATIONS, bias_act, check_activation
+from fuselab.core.activations import ACTIVATIONS, SAVED
+from fuselab.ops._recordop import RecordOp, layout, operand
+from fuselab.ops.bias_act import bias_act, check_activation
 from fuselab.ops.bias_act.op import BACKWARD
 from fuselab.ops.gemm import LoRA, gemm
-from fuselab.ops.opdef import Op, layout, operand
 from fuselab.ops.tuning import current
-from fuselab.reference.bias_act import SAVED
 
 _FAST_DTYPES = (torch.float32, torch.bfloat16, torch.float16, torch.float64)
 #: FusedLinear backends: "auto" follows FUSELAB_BACKEND (Triton on CUDA, PyTorch elsewhere); "cuda" is the C++ node
@@ -154,7 +154,7 @@ def _forward(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, a
 
 def _setup_context(ctx, inputs, outputs) -> None:
     """Saved for the backward: ``x`` (if ``weight`` needs grad), ``weight`` (if ``x`` needs grad), and per
-    :data:`fuselab.reference.bias_act.SAVED`: the output ``y`` (relu, relu2, sigmoid: the epilogue runs in place
+    :data:`fuselab.core.activations.SAVED`: the output ``y`` (relu, relu2, sigmoid: the epilogue runs in place
     on the matmul output), the matmul output ``h`` and ``bias`` as the shift that rebuilds ``z = h + bias``
     (silu, gelu, gelu_tanh), nothing (none). x and y themselves, not row views made here: in-place ops on them
     later fail the usual version check."""
@@ -215,8 +215,8 @@ def _composite(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
 
 
 #: ``act(x @ weight.T + bias)`` as one eager autograd node (the eager path of training on the Triton backend)
-LINEAR = Op("fuselab::fused_linear", eager=_forward, setup_context=_setup_context, backward=_backward,
-            differentiable=(0, 1, 2), composite=_composite)
+LINEAR = RecordOp("fuselab::fused_linear", eager=_forward, autograd=(_setup_context, _backward),
+                  differentiable=(0, 1, 2), composite=_composite)
 
 
 def _call_key(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, activation: str) -> tuple:

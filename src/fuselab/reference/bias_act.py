@@ -16,18 +16,9 @@ import math
 
 import torch
 
-ACTIVATIONS: tuple[str, ...] = ("none", "relu", "relu2", "sigmoid", "silu", "gelu", "gelu_tanh")
+from fuselab.core.activations import ACTIVATIONS, SAVED
 
-#: what the backward needs per activation: "nothing", "output" (y) or "pre" (z = x + alpha*r + b)
-SAVED: dict[str, str] = {
-    "none": "nothing",
-    "relu": "output",
-    "relu2": "output",
-    "sigmoid": "output",
-    "silu": "pre",
-    "gelu": "pre",
-    "gelu_tanh": "pre",
-}
+__all__ = ["ACTIVATIONS", "SAVED", "activation", "activation_grad", "bias_act", "bias_act_backward", "compute_dtype"]
 
 _SQRT_2_OVER_PI = math.sqrt(2.0 / math.pi)
 _INV_SQRT_2 = 1.0 / math.sqrt(2.0)

@@ -13,8 +13,11 @@ from __future__ import annotations
 
 import torch
 
+from fuselab.core.reductions import REDUCTIONS
+
 OPTIMIZERS: tuple[str, ...] = ("sgd", "adagrad", "rowwise_adagrad")
-POOLINGS: tuple[str, ...] = ("sum", "mean")
+#: how a bag of rows is pooled: one of the reductions
+POOLINGS: tuple[str, ...] = REDUCTIONS
 
 
 def compute_dtype(weight_dtype: torch.dtype) -> torch.dtype:

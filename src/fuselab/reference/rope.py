@@ -12,34 +12,31 @@ from typing import Any
 
 import torch
 
+from fuselab.core.rope_layouts import ROPE_LAYOUTS
 from fuselab.core.rope_math import rope_frequencies
 
 
 def to_bshd(t: torch.Tensor, layout: str) -> torch.Tensor:
     """A (batch, seq, heads, head_dim) view of ``t`` in ``layout`` (thd: batch 1, seq = tokens)."""
-    if layout == "bshd":
-        return t
-    if layout == "sbhd" or layout == "bhsd":
-        return t.transpose(0, 1) if layout == "sbhd" else t.transpose(1, 2)
-    if layout == "thd":
-        return t.unsqueeze(0)
-    raise ValueError(f"layout must be one of bshd, sbhd, bhsd, thd, got {layout!r}")
+    view = ROPE_LAYOUTS[layout]
+    return t.unsqueeze(0) if view.packed else t.permute(view.axes)
 
 
 def from_bshd(t: torch.Tensor, layout: str) -> torch.Tensor:
-    if layout == "thd":
-        return t.squeeze(0)
-    return to_bshd(t, layout)  # the transposes are their own inverse
+    """A (batch, seq, heads, head_dim) tensor viewed in ``layout``."""
+    view = ROPE_LAYOUTS[layout]
+    return t.squeeze(0) if view.packed else t.permute(view.inverse)
 
 
 def token_positions(batch: int, seqlen: int, device: torch.device, *, layout: str = "bshd",
                     positions: torch.Tensor | None = None, seqlen_offsets: int | torch.Tensor = 0,
                     cu_seqlens: torch.Tensor | None = None) -> torch.Tensor:
     """(batch, seq) int64 table row of every token (thd: batch 1, seq = total tokens)."""
+    packed = ROPE_LAYOUTS[layout].packed
     if positions is not None:
-        pos = positions.reshape(1, -1) if layout == "thd" else positions
+        pos = positions.reshape(1, -1) if packed else positions
         return pos.to(device=device, dtype=torch.long).expand(batch, seqlen)
-    if layout == "thd":
+    if packed:
         cu = cu_seqlens.to(device=device, dtype=torch.long)
         tokens = torch.arange(seqlen, device=device)
         seq = torch.searchsorted(cu[1:], tokens, right=True)

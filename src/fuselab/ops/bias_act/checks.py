@@ -6,12 +6,12 @@ import math
 
 import torch
 
+from fuselab.core.activations import ACTIVATIONS
 from fuselab.core.checks import require_float, require_same_device, require_tensor
-from fuselab.reference.bias_act import ACTIVATIONS
 
 
 def check_activation(activation: str) -> str:
-    """``activation`` if it names one of :data:`~fuselab.reference.bias_act.ACTIVATIONS`; else ``ValueError``
+    """``activation`` if it names one of :data:`~fuselab.core.activations.ACTIVATIONS`; else ``ValueError``
     listing them."""
     if not isinstance(activation, str) or activation not in ACTIVATIONS:
         raise ValueError(f"activation must be one of {', '.join(ACTIVATIONS)}, got {activation!r}")

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 import torch
 import triton.language as tl
 
+from fuselab.core.activations import ACTIVATION_CODES
 from fuselab.core.device import INT32_MAX, cdiv, needs_int64, next_power_of_2, sm_count
 from fuselab.ops._launch import launch, relaunch
 from fuselab.ops._tickets import final_sum_rows, scratch, ticket_counters
@@ -21,9 +22,6 @@ from fuselab.ops.opdef import memo
 from fuselab.ops.tuning import current
 
 from .kernels import _bias_act_bwd_kernel, _bias_act_fwd_kernel
-
-#: activation name -> constexpr id used by the kernels (order of fuselab.ACTIVATIONS)
-ACT_IDS: dict[str, int] = {"none": 0, "relu": 1, "relu2": 2, "sigmoid": 3, "silu": 4, "gelu": 5, "gelu_tanh": 6}
 
 
 @dataclass(frozen=True, eq=False)
@@ -147,7 +145,8 @@ def bias_act_fwd_(
     even = flat and (M * N) % block_n == 0
     tensors = (x, r, bias if bias is not None else x, out, pre if pre is not None else out)
     scalars = (float(alpha), M, N, *x.stride(), *r.stride(), bias.stride(0) if bias is not None else 0, *out.stride())
-    flags = (ACT_IDS[activation], residual is not None, bias is not None, pre is not None, x.dtype, int64, flat, even)
+    flags = (ACTIVATION_CODES[activation], residual is not None, bias is not None, pre is not None, x.dtype, int64,
+             flat, even)
     evict = tuning.stream_eviction
     entry = launch(_bias_act_fwd_kernel, (flags, block_m, block_n, num_warps, evict), grid, tensors,
                    scalars, lambda: dict(ACTIVATION=flags[0], HAS_RESIDUAL=flags[1], HAS_BIAS=flags[2],
@@ -211,7 +210,7 @@ def bias_act_bwd_(
                grad_bias if has_bias else grad, ticket_counters(grad.device, grid[1]) if has_bias else grad)
     scalars = (float(alpha), M, N, *grad.stride(), *s.stride(), shift.stride(0) if shift is not None else 0,
                grad_bias.stride(0) if has_bias else 0)
-    flags = (ACT_IDS[activation], shift is not None, grad_x is not None, grad_residual is not None,
+    flags = (ACTIVATION_CODES[activation], shift is not None, grad_x is not None, grad_residual is not None,
              has_bias, grad.dtype, int64)
     evict = tuning.stream_eviction
     entry = launch(_bias_act_bwd_kernel, (flags, block_m, block_n, num_warps, block_p, evict), grid,

@@ -1,10 +1,10 @@
 """Fused bias + scaled residual + activation: ``y = act(x + alpha * residual + bias)``, forward and backward.
 
-Three :class:`~fuselab.ops.opdef.Op`: :data:`FORWARD` (``fuselab::bias_act_fwd``, differentiable through
+Three :class:`~fuselab.ops._recordop.RecordOp`: :data:`FORWARD` (``fuselab::bias_act_fwd``, differentiable through
 :func:`_backward`), :data:`BACKWARD` (``fuselab::bias_act_bwd``) and :data:`INPLACE` (``fuselab::bias_act_``), each
 on the out-param launchers of :mod:`fuselab.ops.bias_act.launch`; then the public :func:`bias_act`.
 
-What the backward keeps per element of ``x`` (see :data:`fuselab.reference.bias_act.SAVED`):
+What the backward keeps per element of ``x`` (see :data:`fuselab.core.activations.SAVED`):
 ``none`` nothing; ``relu``/``relu2``/``sigmoid`` the output ``y`` (no extra memory when the next layer keeps
 its input, as every Linear does); ``silu``/``gelu``/``gelu_tanh`` the pre-activation ``z`` in ``x``'s dtype
 when there is a residual; without one, ``x`` itself (and the bias), from which the backward rebuilds
@@ -19,12 +19,11 @@ import math
 import torch
 
 from fuselab.backend import triton_for, use_triton
-from fuselab.ops.opdef import Op, layout, operand
+from fuselab.core.activations import ACTIVATIONS, SAVED
+from fuselab.ops._recordop import RecordOp, layout, operand
 from fuselab.reference import bias_act as ref
 
 from .checks import check_args, rows
-
-ACTIVATIONS: tuple[str, ...] = ref.ACTIVATIONS
 
 __all__ = ["ACTIVATIONS", "BACKWARD", "FORWARD", "INPLACE", "bias_act"]
 
@@ -40,7 +39,7 @@ def _launch():
 def needs_pre(activation: str, residual) -> bool:
     """The backward needs a separately stored pre-activation: z = x + alpha*r + b has a residual in it.
     (Without residual the backward rebuilds z = x + bias from the saved x: no extra write in the forward.)"""
-    return ref.SAVED[activation] == "pre" and residual is not None
+    return SAVED[activation] == "pre" and residual is not None
 
 
 # ---------------------------------------------------------------------------------------------- forward
@@ -84,7 +83,7 @@ def _setup_context(ctx, inputs, output) -> None:
     y, pre = output
     if pre is not None:  # the second output (z, or an empty tensor when z is not kept)
         ctx.mark_non_differentiable(pre)
-    kind = ref.SAVED[activation]
+    kind = SAVED[activation]
     if kind == "output":
         ctx.save_for_backward(y)
     elif kind == "pre":
@@ -120,8 +119,8 @@ def _backward(ctx, grad_y, grad_pre) -> tuple:
     return (gx if want_x else None, gb if want_b else None, gr if want_r else None, None, None, None)
 
 
-FORWARD = Op("fuselab::bias_act_fwd", eager=_forward, fake=_forward_fake, setup_context=_setup_context,
-             backward=_backward, differentiable=(0, 1, 2))
+FORWARD = RecordOp("fuselab::bias_act_fwd", eager=_forward, fake=_forward_fake,
+                   autograd=(_setup_context, _backward), differentiable=(0, 1, 2))
 
 
 # ---------------------------------------------------------------------------------------------- backward
@@ -168,7 +167,7 @@ def _backward_fake(grad: torch.Tensor, saved: torch.Tensor | None, shift: torch.
             grad.new_empty(grad.shape[-1], dtype=bias_dtype) if want_bias else grad.new_empty(0))
 
 
-BACKWARD = Op("fuselab::bias_act_bwd", eager=_backward_launch, fake=_backward_fake)
+BACKWARD = RecordOp("fuselab::bias_act_bwd", eager=_backward_launch, fake=_backward_fake)
 
 
 # ---------------------------------------------------------------------------------------------- in place
@@ -198,7 +197,7 @@ def _inplace_fake(x: torch.Tensor, bias: torch.Tensor | None, residual: torch.Te
     return None
 
 
-INPLACE = Op("fuselab::bias_act_", eager=_inplace, fake=_inplace_fake, mutates_args=("x",))
+INPLACE = RecordOp("fuselab::bias_act_", eager=_inplace, fake=_inplace_fake, mutates_args=("x",))
 
 
 # ---------------------------------------------------------------------------------------------- public API

@@ -2,8 +2,8 @@
 fused into the backward (deterministic sort + segment reduce). See ``docs/embedding.md``.
 
 Modules: :mod:`.kernels` (Triton), :mod:`.launch` (validation, launchers and their records,
-:class:`EmbeddingConfig`), :mod:`.op` (the :class:`~fuselab.ops.opdef.Op` objects: custom ops, fakes, autograd, eager
-path; the functional API), :mod:`.module` (:class:`EmbeddingBagCollection`).
+:class:`EmbeddingConfig`), :mod:`.op` (the :class:`~fuselab.ops._recordop.RecordOp` objects: custom ops, fakes,
+autograd, eager path; the functional API), :mod:`.module` (:class:`EmbeddingBagCollection`).
 """
 
 from .launch import EmbeddingConfig

@@ -1,4 +1,4 @@
-"""Embedding bag collection: three :class:`~fuselab.ops.opdef.Op` and the public functional API.
+"""Embedding bag collection: three :class:`~fuselab.ops._recordop.RecordOp` and the public functional API.
 
 * :data:`LOOKUP` (``fuselab::embedding_bag_lookup``): the pooled lookup, no autograd;
 * :data:`UPDATE` (``fuselab::embedding_bag_update_``): the fused sparse optimizer update, mutating ``weight`` and
@@ -22,7 +22,7 @@ from dataclasses import fields
 import torch
 
 from fuselab.backend import triton_for
-from fuselab.ops.opdef import Op, layout, operand
+from fuselab.ops._recordop import RecordOp, layout, operand
 from fuselab.reference import embedding as ref
 
 from .launch import (
@@ -85,7 +85,7 @@ def _lookup_fake(weight: Tensor, ids: Tensor, offsets: Tensor | None, table_size
     return weight.new_empty(_out_shape(weight, ids, table_sizes, offsets), dtype=ref.compute_dtype(weight.dtype))
 
 
-LOOKUP = Op("fuselab::embedding_bag_lookup", eager=_lookup, fake=_lookup_fake)
+LOOKUP = RecordOp("fuselab::embedding_bag_lookup", eager=_lookup, fake=_lookup_fake)
 
 
 # ---------------------------------------------------------------------------------------------- update
@@ -111,8 +111,8 @@ def _update_fake(weight: Tensor, momentum: Tensor, seed: Tensor | None, lr: Tens
     return None
 
 
-UPDATE = Op("fuselab::embedding_bag_update_", eager=_update, fake=_update_fake,
-            mutates_args=("weight", "momentum", "seed"))
+UPDATE = RecordOp("fuselab::embedding_bag_update_", eager=_update, fake=_update_fake,
+                  mutates_args=("weight", "momentum", "seed"))
 
 
 # ---------------------------------------------------------------------------------------------- train
@@ -147,8 +147,8 @@ def _train_backward(ctx, grad: Tensor) -> tuple:
     return _NO_GRADS
 
 
-TRAIN = Op("fuselab::embedding_bag_train", eager=_train, fake=_train_fake, setup_context=_train_setup,
-           backward=_train_backward, differentiable=(0,))
+TRAIN = RecordOp("fuselab::embedding_bag_train", eager=_train, fake=_train_fake,
+                 autograd=(_train_setup, _train_backward), differentiable=(0,))
 
 
 # ---------------------------------------------------------------------------------------------- public API
@@ -173,7 +173,7 @@ def _update_key(lookup_key: tuple | None, momentum: Tensor, seed: Tensor | None,
             eps, deterministic, None if grad is None else operand(grad))
 
 
-def _kept(op: Op, make_key, *args) -> tuple:
+def _kept(op: RecordOp, make_key, *args) -> tuple:
     """``(key, record kept under it)``; ``(None, None)`` when the key cannot be made or looked up (non-tensors,
     unhashable arguments: the checks name them) or under ``torch.compile``."""
     try:

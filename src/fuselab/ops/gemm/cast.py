@@ -9,7 +9,7 @@ import torch
 
 from fuselab.backend import use_triton
 from fuselab.core.checks import require_float, require_same_device, require_tensor
-from fuselab.ops.opdef import Op
+from fuselab.ops._recordop import RecordOp
 from fuselab.reference.gemm import CAST_UPDATE_OPTIMIZERS, cast_update
 
 from .lazy import launchers
@@ -42,7 +42,8 @@ def _update_fake(master: torch.Tensor, low: torch.Tensor, state: torch.Tensor | 
     return None
 
 
-CAST_UPDATE = Op("fuselab::cast_update_", eager=_update, fake=_update_fake, mutates_args=("master", "low", "state"))
+CAST_UPDATE = RecordOp("fuselab::cast_update_", eager=_update, fake=_update_fake,
+                       mutates_args=("master", "low", "state"))
 
 
 def _check(master, low, grad, state, optimizer: str, lr) -> None:

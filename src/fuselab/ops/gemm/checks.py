@@ -12,11 +12,11 @@ from typing import Any
 
 import torch
 
+from fuselab.core.activations import ACTIVATIONS, SAVED
 from fuselab.core.checks import require_float, require_same_device, require_tensor
 from fuselab.core.rope_math import inv_freq_on, rope_frequencies
+from fuselab.ops._recordop import operand
 from fuselab.ops.bias_act.checks import check_activation
-from fuselab.ops.opdef import operand
-from fuselab.reference.bias_act import ACTIVATIONS, SAVED
 from fuselab.reference.gemm import LoRA
 
 #: what the forward keeps for the backward: "auto" picks per activation (the output for relu/relu2/sigmoid, the

@@ -13,7 +13,7 @@ import math
 import torch
 
 from fuselab.backend import use_triton
-from fuselab.ops.opdef import Op, layout
+from fuselab.ops._recordop import RecordOp, layout
 from fuselab.reference import gemm as ref
 
 from .checks import rows, validate_dcn
@@ -66,8 +66,8 @@ def _backward(ctx, grad_y, grad_h) -> tuple:
             dw if want[2] else None, db.to(ctx.bias_dtype) if want[3] else None, dv if want[4] else None)
 
 
-DCN = Op("fuselab::dcn_cross", eager=_forward, fake=_forward_fake, setup_context=_setup_context,
-         backward=_backward, differentiable=(0, 1, 2, 3, 4))
+DCN = RecordOp("fuselab::dcn_cross", eager=_forward, fake=_forward_fake, autograd=(_setup_context, _backward),
+               differentiable=(0, 1, 2, 3, 4))
 
 
 def _backward_launch(grad, *inputs, prepared=None) -> tuple:
@@ -101,7 +101,7 @@ def _backward_fake(grad: torch.Tensor, x0: torch.Tensor, xl: torch.Tensor, weigh
                  for i, (w, s) in enumerate(zip(want, shapes)))
 
 
-DCN_BACKWARD = Op("fuselab::dcn_cross_bwd", eager=_backward_launch, fake=_backward_fake)
+DCN_BACKWARD = RecordOp("fuselab::dcn_cross_bwd", eager=_backward_launch, fake=_backward_fake)
 
 
 def dcn_cross(x0: torch.Tensor, xl: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None, *,

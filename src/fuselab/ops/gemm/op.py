@@ -15,7 +15,7 @@ import torch
 
 from fuselab.backend import triton_for, use_triton
 from fuselab.core.device import cdiv
-from fuselab.ops.opdef import Op, layout
+from fuselab.ops._recordop import RecordOp, layout
 from fuselab.reference import gemm as ref
 from fuselab.reference.bias_act import activation_grad, compute_dtype
 from fuselab.reference.gemm import LoRA
@@ -118,8 +118,8 @@ def _backward(ctx, grad_y, grad_kept, grad_t) -> tuple:
             None, None, None, None, None)
 
 
-FORWARD = Op("fuselab::gemm", eager=_forward, fake=_forward_fake, setup_context=_setup_context, backward=_backward,
-             differentiable=(0, 1, 2, 3, 4, 5))
+FORWARD = RecordOp("fuselab::gemm", eager=_forward, fake=_forward_fake, autograd=(_setup_context, _backward),
+               differentiable=(0, 1, 2, 3, 4, 5))
 
 
 # ---------------------------------------------------------------------------------------------- backward
@@ -164,7 +164,7 @@ def _backward_fake(grad: torch.Tensor, x: torch.Tensor | None, weight: torch.Ten
                  for i, shape in enumerate(shapes))
 
 
-BACKWARD = Op("fuselab::gemm_bwd", eager=_backward_launch, fake=_backward_fake)
+BACKWARD = RecordOp("fuselab::gemm_bwd", eager=_backward_launch, fake=_backward_fake)
 
 
 # ---------------------------------------------------------------------------------------------- public API

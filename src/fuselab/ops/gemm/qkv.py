@@ -12,7 +12,7 @@ from typing import Any
 import torch
 
 from fuselab.backend import use_triton
-from fuselab.ops.opdef import Op, layout
+from fuselab.ops._recordop import RecordOp, layout
 from fuselab.reference import gemm as ref
 
 from .checks import QkvCall, rows, validate_qkv
@@ -102,8 +102,8 @@ def _backward(ctx, grad) -> tuple:
             db.to(ctx.bias_dtype) if want[2] else None, *(None,) * 13)
 
 
-QKV = Op("fuselab::qkv_rope", eager=_forward, fake=_forward_fake, setup_context=_setup_context, backward=_backward,
-         differentiable=(0, 1, 2))
+QKV = RecordOp("fuselab::qkv_rope", eager=_forward, fake=_forward_fake, autograd=(_setup_context, _backward),
+               differentiable=(0, 1, 2))
 
 
 def _backward_launch(grad, *inputs, prepared=None) -> tuple:
@@ -143,7 +143,7 @@ def _backward_fake(grad: torch.Tensor, x: torch.Tensor, weight: torch.Tensor, co
                  for i, (w, s) in enumerate(zip(want, shapes)))
 
 
-QKV_BACKWARD = Op("fuselab::qkv_rope_bwd", eager=_backward_launch, fake=_backward_fake)
+QKV_BACKWARD = RecordOp("fuselab::qkv_rope_bwd", eager=_backward_launch, fake=_backward_fake)
 
 
 def qkv_rope(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None, *, num_heads: int,

@@ -1,4 +1,4 @@
-"""The fused dot interaction: two :class:`~fuselab.ops.opdef.Op` and the public :func:`dot_interaction`.
+"""The fused dot interaction: two :class:`~fuselab.ops._recordop.RecordOp` and the public :func:`dot_interaction`.
 
 :data:`FORWARD` (``fuselab::dot_interaction``, differentiable through :func:`_backward`) and :data:`BACKWARD`
 (``fuselab::dot_interaction_bwd``), each on an out-param launcher of :mod:`fuselab.ops.interaction.launch`. Eager
@@ -17,6 +17,7 @@ import torch
 from torch.autograd.function import once_differentiable
 
 from fuselab.backend import triton_for
+from fuselab.ops._recordop import RecordOp, layout, operand
 from fuselab.ops.interaction.launch import (
     check_inputs,
     dot_interaction_bwd_,
@@ -25,7 +26,6 @@ from fuselab.ops.interaction.launch import (
     launch_fwd,
     launch_fwd_again,
 )
-from fuselab.ops.opdef import Op, layout, operand
 from fuselab.reference import interaction as ref
 
 __all__ = ["BACKWARD", "FORWARD", "dot_interaction"]
@@ -84,8 +84,8 @@ def _backward(ctx, grad: torch.Tensor) -> tuple:
     return _gradients(ctx, grad)
 
 
-FORWARD = Op("fuselab::dot_interaction", eager=_forward, fake=_forward_fake, setup_context=_setup_context,
-             backward=_backward, differentiable=(0, 1))
+FORWARD = RecordOp("fuselab::dot_interaction", eager=_forward, fake=_forward_fake,
+                   autograd=(_setup_context, _backward), differentiable=(0, 1))
 
 
 # ---------------------------------------------------------------------------------------------- backward
@@ -120,7 +120,7 @@ def _backward_fake(grad: torch.Tensor, dense: torch.Tensor, emb: torch.Tensor,
     return dense.new_empty(dense.shape), emb.new_empty(emb.shape)
 
 
-BACKWARD = Op("fuselab::dot_interaction_bwd", eager=_backward_launch, fake=_backward_fake)
+BACKWARD = RecordOp("fuselab::dot_interaction_bwd", eager=_backward_launch, fake=_backward_fake)
 
 
 # ---------------------------------------------------------------------------------------------- public API

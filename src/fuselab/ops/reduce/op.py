@@ -1,7 +1,7 @@
 """Deterministic ``sum`` and ``mean`` over any axes, at the memory roofline.
 
 Layers: the planner and out-param launcher (:mod:`fuselab.ops.reduce.launch`: kernel, tiles, split) and the Triton
-kernels (:mod:`fuselab.ops.reduce.kernels`) -> the :class:`~fuselab.ops.opdef.Op` :data:`REDUCE`
+kernels (:mod:`fuselab.ops.reduce.kernels`) -> the :class:`~fuselab.ops._recordop.RecordOp` :data:`REDUCE`
 (``fuselab::reduce``; the gradient is a broadcast, scaled by ``1/n`` for the mean) -> the public :func:`sum` and
 :func:`mean`. Tensors that are not on CUDA take the pure-PyTorch path (:mod:`fuselab.reference.reduce`) unless
 ``FUSELAB_BACKEND=triton`` (see :mod:`fuselab.backend`).
@@ -15,8 +15,8 @@ import math
 import torch
 
 from fuselab.backend import triton_for, use_triton
+from fuselab.ops._recordop import RecordOp
 from fuselab.ops._tickets import scratch
-from fuselab.ops.opdef import Op
 from fuselab.reference import reduce as ref
 
 from . import plan as planner
@@ -81,7 +81,7 @@ def _backward(ctx, grad: torch.Tensor):
     return broadcast_grad(grad, ctx.x_shape, ctx.x_dtype, ctx.dims, ctx.keepdim, ctx.is_mean), None, None, None, None
 
 
-REDUCE = Op("fuselab::reduce", eager=_reduce, fake=_reduce_fake, setup_context=_setup_context, backward=_backward)
+REDUCE = RecordOp("fuselab::reduce", eager=_reduce, fake=_reduce_fake, autograd=(_setup_context, _backward))
 
 
 def broadcast_grad(grad: torch.Tensor, x_shape, x_dtype: torch.dtype, dims: tuple[int, ...], keepdim: bool,

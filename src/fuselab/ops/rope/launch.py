@@ -1,9 +1,10 @@
-"""Plan and out-param launcher of the RoPE kernel (:mod:`fuselab.ops.rope.kernels`): no allocation, no validation
-(:mod:`fuselab.ops.rope.checks`, :func:`fuselab.apply_rope`).
+"""Plan and launch of the RoPE kernel (:mod:`fuselab.ops.rope.kernels`) for a validated call
+(:mod:`fuselab.ops.rope.checks`): :func:`plan`, and :func:`forward`, which allocates the outputs and launches.
 
-Every layout is a set of strides over one logical (batch, seq, heads, head_dim) view. Grid: (token blocks, head
-splits). Bytes: read q, k; write q_out, k_out; read (tokens x rotary_dim/2) cos and sin values (or none, with
-in-kernel angles). Pass-through dims are copied only out of place.
+Every layout is a set of strides over one logical (batch, seq, heads, head_dim) view
+(:mod:`fuselab.core.rope_layouts`). Grid: (token blocks, head splits). Bytes: read q, k; write q_out, k_out; read
+(tokens x rotary_dim/2) cos and sin values (or none, with in-kernel angles). Pass-through dims are copied only out of
+place.
 """
 
 from __future__ import annotations
@@ -13,14 +14,14 @@ from dataclasses import dataclass
 import torch
 
 from fuselab.backend import interpreter_enabled
-from fuselab.core.device import INT32_MAX, cdiv, fast_memory, max_element_offset, next_power_of_2, sm_count
-from fuselab.ops._launch import launch, relaunch
-from fuselab.ops.opdef import LaunchCache, memo
+from fuselab.core.device import INT32_MAX, cdiv, fast_memory, next_power_of_2, sm_count
+from fuselab.core.rope_layouts import ROPE_LAYOUTS, RopeLayout
+from fuselab.ops._launch import Launch
+from fuselab.ops.opdef import memo
 from fuselab.ops.tuning import current
 
+from .checks import RopeCall
 from .kernels import _rope_kernel
-
-LAYOUTS = ("bshd", "sbhd", "bhsd", "thd")
 
 
 @dataclass(frozen=True, eq=False)
@@ -44,23 +45,33 @@ class RopeTuning:
     store_eviction: str = ""
 
 
-def in_layout_order(values, layout: str, absent: int) -> tuple[int, int, int, int]:
-    """``values`` (a shape or strides, in ``layout``'s axis order) as (batch, seq, heads, head_dim); ``absent`` for
-    the batch axis that thd does not have (1 for a size, 0 for a stride)."""
-    v = values
-    if layout == "bshd":
-        return v[0], v[1], v[2], v[3]
-    if layout == "sbhd":
-        return v[1], v[0], v[2], v[3]
-    if layout == "bhsd":
-        return v[0], v[2], v[1], v[3]
-    return absent, v[0], v[1], v[2]
+@dataclass(frozen=True)
+class RopeBlocks:
+    """The work split of one launch: tokens per program, heads per tile of q and k, the rotary half and pass-through
+    dims padded to powers of 2, head splits (grid axis 1), heads of q and k per split, warps."""
+
+    block_t: int
+    block_hq: int
+    block_hk: int
+    block_half: int
+    block_pass: int
+    splits: int
+    q_chunk: int
+    k_chunk: int
+    warps: int
 
 
-def logical_strides(t: torch.Tensor, layout: str) -> tuple[int, int, int, int]:
-    """Strides of ``t``'s (batch, seq, heads, head_dim) view in ``layout`` (thd: batch stride 0)."""
-    return in_layout_order(t.stride(), layout, 0)
+@dataclass(frozen=True, eq=False)
+class RopePlan:
+    """A planned rotation: its call and its kernel launch (None: nothing to rotate), for outputs allocated like q and
+    k (``torch.empty_like``), or into q and k in place."""
 
+    call: RopeCall
+    launch: Launch | None
+
+
+#: output allocator (tests swap in a poisoning one so unwritten elements show up as NaN)
+_empty_like = torch.empty_like
 
 
 def tile_elements(device: torch.device, tuning: RopeTuning) -> int:
@@ -69,16 +80,17 @@ def tile_elements(device: torch.device, tuning: RopeTuning) -> int:
 
 
 @memo(maxsize=1024)
-def _config(n_tokens: int, hq: int, hk: int, half: int, n_pass: int, sms: int, interp: bool, tile: int,
-            max_block_t: int) -> tuple:
-    """(BLOCK_T, BLOCK_HQ, BLOCK_HK, BLOCK_HALF, BLOCK_PASS, head splits, q chunk, k chunk, warps)."""
+def blocks(n_tokens: int, heads: tuple[int, int], half: int, n_pass: int, device: torch.device,
+           tuning: RopeTuning) -> RopeBlocks:
+    """The work split for ``n_tokens`` tokens of ``heads`` = (q heads, k heads) on ``device``."""
+    hq, hk = heads
     block_half = next_power_of_2(half)
     row = 2 * block_half
-    per_tile = max(1, tile // row)
+    per_tile = max(1, tile_elements(device, tuning) // row)
     block_hq = min(next_power_of_2(hq), per_tile)
     block_hk = min(next_power_of_2(max(hk, 1)), per_tile)
-    max_t = 64 if interp else max_block_t
-    block_t = max(1, min(max_t, per_tile // block_hq))
+    sms = sm_count(device)
+    block_t = max(1, min(64 if interpreter_enabled() else tuning.max_block_t, per_tile // block_hq))
     # keep at least ~2 waves of programs: fewer tokens per program, then split the heads
     while block_t > 1 and cdiv(n_tokens, block_t) < 2 * sms:
         block_t //= 2
@@ -89,124 +101,114 @@ def _config(n_tokens: int, hq: int, hk: int, half: int, n_pass: int, sms: int, i
         block_hq = max(1, min(block_hq, next_power_of_2(cdiv(hq, want))))
         splits = max(1, min(want, cdiv(hq, block_hq)))
         block_hk = max(1, min(block_hk, next_power_of_2(cdiv(max(hk, 1), splits))))
-    q_chunk = cdiv(cdiv(hq, splits), block_hq) * block_hq
-    k_chunk = cdiv(cdiv(max(hk, 1), splits), block_hk) * block_hk
     # 8 warps on full 4096-element tiles: +1-2% at every large bshd shape on the H100 over 4
     # (benchmarks/results/h100/probes/rope_tiles.txt), 4 on 2048-element tiles, 2 on the small decode tiles
     elements = block_t * block_hq * row
-    warps = 8 if elements >= 4096 else (4 if elements >= 2048 else 2)
-    return block_t, block_hq, block_hk, block_half, next_power_of_2(max(n_pass, 1)), splits, q_chunk, k_chunk, warps
+    return RopeBlocks(block_t=block_t, block_hq=block_hq, block_hk=block_hk, block_half=block_half,
+                      block_pass=next_power_of_2(max(n_pass, 1)), splits=splits,
+                      q_chunk=cdiv(cdiv(hq, splits), block_hq) * block_hq,
+                      k_chunk=cdiv(cdiv(max(hk, 1), splits), block_hk) * block_hk,
+                      warps=8 if elements >= 4096 else (4 if elements >= 2048 else 2))
 
 
-def rope_launch(q: torch.Tensor, k: torch.Tensor | None, q_out: torch.Tensor, k_out: torch.Tensor | None,
-                cos: torch.Tensor | None, sin: torch.Tensor | None, inv_freq: torch.Tensor | None,
-                positions: torch.Tensor | None, offsets: torch.Tensor | None, cu_seqlens: torch.Tensor | None, *,
-                layout: str, half: int, interleaved: bool, conj: bool, offset: int = 0,
-                mscale: float = 1.0) -> tuple | None:
-    """Rotate q (and k) into q_out (and k_out); outputs may be the inputs (in place).
-
-    Inputs must already be validated (:func:`fuselab.ops.rope.apply_rope` does it). ``cos``/``sin``
-    are 2-D ``(R, half)`` or 3-D ``(BC, R, half)`` tables (BC 1 or batch); when None, ``inv_freq``
-    (``(half,)`` fp32) and ``mscale`` give the angles. ``positions`` is (B, S) (thd: (1, T) or (T,)),
-    ``offsets`` (B,) per batch row (thd: per sequence). Positions outside the table are clamped.
-    Returns a record of the launch for :func:`rope_relaunch` (None when there was nothing to launch).
-    """
-    has_k = k is not None
-    kk, ko = (k, k_out) if has_k else (q, q_out)
-    inplace = q_out.data_ptr() == q.data_ptr()
-    # flat key of everything the plan depends on (a nested or longer key costs microseconds per call)
-    key = (layout, half, interleaved, conj, inplace, q.get_device(), q.dtype is torch.float64, q.shape, q.stride(),
-           q_out.stride(), k.shape if has_k else None, kk.stride(), ko.stride(),
-           cos.shape if cos is not None else inv_freq is None, cos.stride() if cos is not None else None,
-           sin.stride() if sin is not None else None, positions.stride() if positions is not None else None,
-           positions.shape if positions is not None else None, offsets.stride() if offsets is not None else None,
-           cu_seqlens.shape if cu_seqlens is not None else None)
-    plan = _PLANS.get(key)
-    if plan is None:
-        plan = _make_plan(q, k, kk, q_out, ko, cos, sin, positions, offsets, cu_seqlens, layout=layout, half=half,
-                          interleaved=interleaved, conj=conj, inplace=inplace, tuning=current(RopeTuning))
-        _PLANS.keep(key, plan)
-    grid, ints, constexprs, constexprs64, extent = plan
-    if grid is None:
-        return None
-    base = max(q.storage_offset(), kk.storage_offset(), q_out.storage_offset(), ko.storage_offset())
-    wide = extent + base > INT32_MAX
-    tensors = _tensors(q, kk, q_out, ko, cos, sin, inv_freq, positions, offsets, cu_seqlens)
-    # offset and mscale may change every call (decoding): keyed by class; the plan's ints by value
-    entry = launch(_rope_kernel, (key, wide), grid, tensors, (int(offset), float(mscale), *ints),
-                   constexprs64 if wide else constexprs, dynamic=2)
-    return entry, grid, ints
+def _fresh_stride(t: torch.Tensor) -> tuple[int, ...]:
+    """The strides ``torch.empty_like(t)`` gives (t's own when they are dense, else a dense order like t's)."""
+    return torch.empty_like(t, device="meta").stride()
 
 
-def _tensors(q, kk, q_out, ko, cos, sin, inv_freq, positions, offsets, cu_seqlens) -> tuple:
-    """The kernel's tensor arguments; absent ones take q's place (never read)."""
-    return (q, kk, q_out, ko, cos if cos is not None else q, sin if sin is not None else q,
-            inv_freq if inv_freq is not None else q, positions if positions is not None else q,
-            offsets if offsets is not None else q, cu_seqlens if cu_seqlens is not None else q)
+def _logical(values, layout: RopeLayout, absent: int) -> tuple[int, int, int, int]:
+    """``values`` (a shape or strides in ``layout``'s axis order) as (batch, seq, heads, head_dim); ``absent`` stands
+    for a packed layout's batch axis (1 for a size, 0 for a stride)."""
+    b, s, h, d = layout.axes
+    return (absent if b is None else values[b]), values[s], values[h], values[d]
 
 
-def rope_relaunch(record: tuple, q: torch.Tensor, k: torch.Tensor | None, q_out: torch.Tensor,
-                  k_out: torch.Tensor | None, cos, sin, inv_freq, positions, offsets, cu_seqlens, offset: int,
-                  mscale: float) -> None:
-    """The launch :func:`rope_launch` returned ``record`` for, with new q/k and outputs: no plan, no key. The
-    caller guarantees the same dtypes, shapes, strides, storage offsets and 16-byte alignment as that launch's
-    tensors (the tables are the same tensors) and the same ``offset``/``mscale`` classes."""
-    entry, grid, ints = record
-    kk, ko = (k, k_out) if k is not None else (q, q_out)
-    relaunch(entry, grid, _tensors(q, kk, q_out, ko, cos, sin, inv_freq, positions, offsets, cu_seqlens),
-             (int(offset), float(mscale), *ints))
+def _reach(shape, stride) -> int:
+    """Largest element offset reachable through ``stride`` from element 0."""
+    return sum((n - 1) * abs(s) for n, s in zip(shape, stride)) if all(shape) else 0
 
 
-#: launch plans: (layout, shapes, strides, flags) -> (grid, int args, constexprs, 64-bit constexprs, extent), made
-#: under the tuning in force (:func:`fuselab.ops.tuning.override` empties it)
-_PLANS = LaunchCache("rope plans", limit=4096)
+def _table_strides(call: RopeCall, cos: torch.Tensor | None, sin: torch.Tensor | None) -> tuple[int, tuple, tuple]:
+    """(table rows, cos strides, sin strides) of the kernel's (BC, R, HALF) view: a 2-D table (the public API's)
+    broadcast over batch by a zero stride, a 3-D one (``fuselab.hf``'s, BC 1 or batch) as it is."""
+    if cos is None:
+        return 1, (0, 0, 0), (0, 0, 0)
+    if cos.dim() == 2:
+        return cos.shape[0], (0, *cos.stride()), (0, *sin.stride())
+    return cos.shape[1], (cos.stride(0) if cos.shape[0] > 1 else 0, *cos.stride()[1:]), \
+        (sin.stride(0) if sin.shape[0] > 1 else 0, *sin.stride()[1:])
 
 
-def _make_plan(q, k, kk, q_out, ko, cos, sin, positions, offsets, cu_seqlens, *, layout, half, interleaved, conj,
-               inplace, tuning: RopeTuning) -> tuple:
-    batch, seqlen, hq, d = in_layout_order(q.shape, layout, 1)
-    n_tokens = batch * seqlen
-    if n_tokens == 0 or (q.numel() == 0 and (k is None or k.numel() == 0)):
-        return None, (), {}, {}, 0
-    has_k = k is not None
-    hk = (k.shape[1] if layout == "bhsd" else k.shape[-2]) if has_k else 0
-    n_pass = d - 2 * half
-    copy_pass = n_pass > 0 and not inplace
-    cfg = _config(n_tokens, hq, hk, half, n_pass, sm_count(q.device), interpreter_enabled(),
-                  tile_elements(q.device, tuning), tuning.max_block_t)
-    block_t, block_hq, block_hk, block_half, block_pass, splits, q_chunk, k_chunk, warps = cfg
-    sq_, sk_ = logical_strides(q, layout), logical_strides(kk, layout)
-    soq, sok = logical_strides(q_out, layout), logical_strides(ko, layout)
-    use_table = cos is not None
-    if use_table:
-        if cos.dim() == 2:
-            n_rows, sc, ss = cos.shape[0], (0, *cos.stride()), (0, *sin.stride())
-        else:
-            n_rows = cos.shape[1]
-            sc = (cos.stride(0) if cos.shape[0] > 1 else 0, cos.stride(1), cos.stride(2))
-            ss = (sin.stride(0) if sin.shape[0] > 1 else 0, sin.stride(1), sin.stride(2))
-    else:
-        n_rows, sc, ss = 1, (0, 0, 0), (0, 0, 0)
+def _index_strides(positions: torch.Tensor | None, offsets: torch.Tensor | None) -> tuple[int, int, int]:
+    """(positions' batch and seq strides (thd's (T,) as (1, T)), the offsets' stride)."""
+    sp = (0, 0)
     if positions is not None:
         p2 = positions.reshape(1, -1) if positions.dim() == 1 else positions
         sp = (p2.stride(0) if p2.shape[0] > 1 else 0, p2.stride(1))
-    else:
-        sp = (0, 0)
+    return *sp, (offsets.stride(0) if offsets is not None else 0)
+
+
+def plan(call: RopeCall, operands: tuple) -> RopePlan:
+    """The launch of ``call`` on operands laid out like ``operands`` (``fuselab::rope``'s: q, k, cos, sin, inv_freq,
+    positions, offsets, cu_seqlens, offset), under the tuning in force."""
+    q, k, cos, sin, _inv_freq, positions, offsets, cu_seqlens, _offset = operands
+    layout: RopeLayout = ROPE_LAYOUTS[call.layout]
+    q_out = q.stride() if call.inplace else _fresh_stride(q)
+    k_out = None if k is None else (k.stride() if call.inplace else _fresh_stride(k))
+    batch, seqlen, hq, d = _logical(q.shape, layout, 1)
+    n_tokens = batch * seqlen
+    if n_tokens == 0 or (q.numel() == 0 and (k is None or k.numel() == 0)):
+        return RopePlan(call, None)
+    hk = _logical(k.shape, layout, 1)[2] if k is not None else 0
+    n_pass = d - 2 * call.half
+    tuning = current(RopeTuning)
+    split = blocks(n_tokens, (hq, hk), call.half, n_pass, q.device, tuning)
+    # absent k: q takes its slot (never read: HAS_K is off)
+    kk, k_shape, ko = (k, k.shape, k_out) if k is not None else (q, q.shape, q_out)
+    n_rows, sc, ss = _table_strides(call, cos, sin)
     varlen = cu_seqlens is not None and positions is None
     nseq = cu_seqlens.shape[0] - 1 if varlen else 1
-    extent = max(max_element_offset(t) - t.storage_offset() for t in (q, kk, q_out, ko))
-    if n_tokens * max(hq, hk, 1) * d > INT32_MAX:
-        extent = max(extent, INT32_MAX + 1)
-    ints = (n_tokens, seqlen, n_rows, hq, hk, q_chunk, k_chunk, nseq, *sq_, *sk_, *soq, *sok, *sc, *ss, *sp,
-            offsets.stride(0) if offsets is not None else 0)
+    extent = max(_reach(q.shape, q.stride()), _reach(k_shape, kk.stride()), _reach(q.shape, q_out),
+                 _reach(k_shape, ko)) + max(q.storage_offset(), kk.storage_offset())
+    wide = extent > INT32_MAX or n_tokens * max(hq, hk, 1) * d > INT32_MAX
+    ints = (n_tokens, seqlen, n_rows, hq, hk, split.q_chunk, split.k_chunk, nseq,
+            *_logical(q.stride(), layout, 0), *_logical(kk.stride(), layout, 0), *_logical(q_out, layout, 0),
+            *_logical(ko, layout, 0), *sc, *ss, *_index_strides(positions, offsets))
     constexprs = dict(
-        BLOCK_T=block_t, BLOCK_HQ=block_hq, BLOCK_HK=block_hk, HALF=half, BLOCK_HALF=block_half,
-        PASS=n_pass, BLOCK_PASS=block_pass, INTERLEAVED=interleaved, CONJ=conj, HAS_K=has_k,
-        USE_TABLE=use_table, POS_TENSOR=positions is not None, OFF_TENSOR=offsets is not None,
-        VARLEN=varlen, SEARCH_STEPS=max(1, nseq.bit_length()), COPY_PASS=copy_pass,
-        INT64=False, F64=q.dtype == torch.float64, LOAD_EVICT=tuning.load_eviction,
-        STORE_EVICT=tuning.store_eviction,
-        num_warps=warps,
+        BLOCK_T=split.block_t, BLOCK_HQ=split.block_hq, BLOCK_HK=split.block_hk, HALF=call.half,
+        BLOCK_HALF=split.block_half, PASS=n_pass, BLOCK_PASS=split.block_pass, INTERLEAVED=call.interleaved,
+        CONJ=call.conj, HAS_K=k is not None, USE_TABLE=cos is not None, POS_TENSOR=positions is not None,
+        OFF_TENSOR=offsets is not None, VARLEN=varlen, SEARCH_STEPS=max(1, nseq.bit_length()),
+        COPY_PASS=n_pass > 0 and not call.inplace, INT64=wide, F64=q.dtype == torch.float64,
+        LOAD_EVICT=tuning.load_eviction, STORE_EVICT=tuning.store_eviction, num_warps=split.warps,
     )
-    grid = (cdiv(n_tokens, block_t), splits)
-    return grid, ints, constexprs, {**constexprs, "INT64": True}, extent
+    grid = (cdiv(n_tokens, split.block_t), split.splits)
+    launch = Launch(_rope_kernel, grid, (float(call.mscale), *ints), constexprs)
+    return RopePlan(call, launch)
+
+
+def forward(plan: RopePlan, operands: tuple) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """q and k (or None) of ``operands`` rotated as planned: into fresh tensors laid out like them, or in place
+    (then q and k themselves are returned)."""
+    q, k = operands[0], operands[1]
+    if plan.call.inplace:
+        q_out, k_out = q, k
+    else:
+        q_out = _empty_like(q)
+        k_out = _empty_like(k) if k is not None else None
+    rotate(plan, operands, q_out, k_out)
+    return q_out, k_out
+
+
+def rotate(plan: RopePlan, operands: tuple, q_out: torch.Tensor, k_out: torch.Tensor | None) -> None:
+    """Rotate the operands' q (and k) into ``q_out`` (and ``k_out``), which may be q and k (in place), as planned:
+    positions outside the table are clamped to its rows inside the kernel (never an out-of-bounds read)."""
+    launch = plan.launch
+    if launch is None:
+        return
+    q, k, cos, sin, inv_freq, positions, offsets, cu_seqlens, offset = operands
+    if k is None:
+        k, k_out = q, q_out
+    launch((q, k, q_out, k_out, q if cos is None else cos, q if sin is None else sin,
+            q if inv_freq is None else inv_freq, q if positions is None else positions,
+            q if offsets is None else offsets, q if cu_seqlens is None else cu_seqlens), (offset,))
