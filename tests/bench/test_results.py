@@ -59,7 +59,7 @@ def test_atomic_write_keeps_old_file_on_failure(tmp_path: Path, monkeypatch):
         raise OSError(errno.ENOSPC, "No space left on device")
 
     monkeypatch.setattr(os, "replace", fail)
-    with pytest.raises(PathError, match=f"cannot write result file {target}: No space left on device"):
+    with pytest.raises(PathError, match=f"no space left on the device for result file {target}"):
         R.write_atomic(target, b"new half-written")
     assert target.read_bytes() == b"old"
     assert [p.name for p in tmp_path.iterdir()] == ["op.json"]

@@ -28,13 +28,10 @@ from .kernels import _rope_kernel
 class RopeTuning:
     """The planner's knobs (:func:`fuselab.ops.tuning.override` changes them for a sweep).
 
-    ``tile_elements``: tile of one loop iteration, in elements (both halves of the rotary dims). On the H100 (25 GB/s
-    per SM) 4096-element tiles with 8 warps were best at every large bshd shape (+1-2% over 2048 / 4;
-    ``probes/rope_tiles.txt``, ``probes/rope_small_h100.txt``). ``fast_memory_tile_elements``: the tile on devices
-    with :func:`~fuselab.core.device.fast_memory`: on the H200 (~37 GB/s per SM) 4096-element tiles ran at 0.87-0.94
-    of copy bandwidth and 2048-element tiles with 4 warps at 0.90-0.96, best or level at every shape
-    (``benchmarks/results/h200/probes/rope_plan.txt``, ``rope_small.txt``). ``max_block_t``: most tokens per
-    program. ``load_eviction``/``store_eviction``: eviction hints of the q/k loads and the output stores ("" is
+    ``tile_elements``: tile of one loop iteration, in elements (both halves of the rotary dims).
+    ``fast_memory_tile_elements``: the tile on devices with :func:`~fuselab.core.device.fast_memory`, whose higher
+    bandwidth per multiprocessor favours smaller tiles (the measurements: ``benchmarks/notes/rope.md#planner-knobs``).
+    ``max_block_t``: most tokens per program. ``load_eviction``/``store_eviction``: eviction hints of the q/k loads and the output stores ("" is
     Triton's default).
     """
 
@@ -101,8 +98,8 @@ def blocks(n_tokens: int, heads: tuple[int, int], half: int, n_pass: int, device
         block_hq = max(1, min(block_hq, next_power_of_2(cdiv(hq, want))))
         splits = max(1, min(want, cdiv(hq, block_hq)))
         block_hk = max(1, min(block_hk, next_power_of_2(cdiv(max(hk, 1), splits))))
-    # 8 warps on full 4096-element tiles: +1-2% at every large bshd shape on the H100 over 4
-    # (benchmarks/results/h100/probes/rope_tiles.txt), 4 on 2048-element tiles, 2 on the small decode tiles
+    # 8 warps on full 4096-element tiles, 4 on 2048-element tiles, 2 on the small decode tiles
+    # (benchmarks/notes/rope.md#planner-knobs)
     elements = block_t * block_hq * row
     return RopeBlocks(block_t=block_t, block_hq=block_hq, block_hk=block_hk, block_half=block_half,
                       block_pass=next_power_of_2(max(n_pass, 1)), splits=splits,
