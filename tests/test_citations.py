@@ -107,8 +107,8 @@ def citations(file: Path, text: str | None = None) -> list[Citation]:
                 for m in _NOTE_PATH.finditer(line):
                     found.append(Citation(file, number, "benchmarks/results/" + _clean(m.group(1)).rstrip("/"),
                                           commits))
-            if file.suffix == ".md":
-                for m in _LINK.finditer(line):
+            if file.suffix == ".md":  # links outside inline code (`kernel[grid](*args)` is code, not a link)
+                for m in _LINK.finditer(re.sub(r"`[^`]*`", "", line)):
                     target, _, anchor = m.group(1).partition("#")
                     if re.match(r"[a-z]+:", target):
                         continue
@@ -211,7 +211,7 @@ def _paths(text: str, name: str = "x.md", folder: Path = ROOT / "docs") -> list[
 
 
 def test_finds_paths_links_and_results_relative_to_benchmarks():
-    text = ("See `benchmarks/notes/lab.md` and results/h100/rope.json, [the lab](lab.md),\n"
+    text = ("See `benchmarks/notes/lab.md` and results/h100/rope.json, [the lab](lab.md), `f[x](not/a/link)`,\n"
             "written to `./benchmarks/results/cpu` (a user's folder), `src/fuselab/ops/<op>/`.\n")
     assert _paths(text) == ["benchmarks/notes/lab.md", "benchmarks/results/h100/rope.json", "docs/lab.md",
                             "src/fuselab/ops/<op>"]
