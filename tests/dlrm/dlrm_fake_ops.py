@@ -37,15 +37,14 @@ class FakeEmbeddingBagCollection(nn.Module):
         super().__init__()
         sizes = torch.tensor([int(n) for n in table_sizes])
         ends = sizes.cumsum(0)
-        self.optimizer, self.eps = optimizer, eps
+        self.optimizer, self.eps = optimizer.name, getattr(optimizer, "eps", 0.0)
         self.weight = nn.Parameter(torch.empty(int(ends[-1]), dim))
         with torch.no_grad():
             for t, n in enumerate(sizes.tolist()):
                 self.weight[ends[t] - n: ends[t]].uniform_(-1 / math.sqrt(n), 1 / math.sqrt(n), generator=generator)
         self.register_buffer("row_offsets", ends - sizes)
         self.register_buffer("rows", sizes, persistent=False)
-        state = {"sgd": (0,), "adagrad": (int(ends[-1]), dim), "rowwise_adagrad": (int(ends[-1]),)}[optimizer]
-        self.register_buffer("momentum", torch.zeros(state))
+        self.register_buffer("state", torch.zeros(optimizer.state_shape(int(ends[-1]), dim)))
         self.register_buffer("lr", torch.tensor(float(lr)), persistent=False)
 
     def set_lr(self, lr: float) -> None:
@@ -62,8 +61,8 @@ class FakeEmbeddingBagCollection(nn.Module):
             step = g
         else:
             square = g * g if self.optimizer == "adagrad" else (g * g).mean(1)
-            self.momentum.index_add_(0, unique, square)
-            std = self.momentum[unique].sqrt() + self.eps
+            self.state.index_add_(0, unique, square)
+            std = self.state[unique].sqrt() + self.eps
             step = g / (std if self.optimizer == "adagrad" else std.unsqueeze(1))
         self.weight.index_add_(0, unique, step * -self.lr)
 

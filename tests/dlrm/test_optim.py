@@ -173,7 +173,7 @@ def test_fuselab_path_fused_update_matches_float64_update(optimizer):
         dense, sparse, labels = _batch(gen)
         sparse = sparse + 7 * torch.tensor(SIZES)  # raw ids: the collection applies id % rows
         w = ebc.weight.detach().double().clone()
-        s = ebc.momentum.detach().double().clone() if optimizer != "sgd" else None
+        s = ebc.state.detach().double().clone() if optimizer != "sgd" else None
         grads = []
         opts.zero_grad()
         emb = ebc(sparse)
@@ -189,7 +189,7 @@ def test_fuselab_path_fused_update_matches_float64_update(optimizer):
         w_ref[~touched] = w[~touched]
         assert_close(ebc.weight.detach(), w_ref, torch.float32, f"{optimizer} fused update, step {step}")
         if optimizer != "sgd":
-            assert_close(ebc.momentum, s, torch.float32, f"{optimizer} fused state, step {step}")
+            assert_close(ebc.state, s, torch.float32, f"{optimizer} fused state, step {step}")
         opts.step()
 
 
@@ -202,6 +202,6 @@ def test_fuselab_path_learning_rate_and_state():
     assert float(model.sparse_arch.lr) == 0.25 and opts.sparse_params == [] and opts.sparse_state == []
     opts.set_lr(0.1, 0.125)
     assert float(model.sparse_arch.lr) == 0.125
-    assert "sparse_arch.momentum" in model.state_dict() and "sparse_arch.weight" in model.state_dict()
+    assert "sparse_arch.state" in model.state_dict() and "sparse_arch.weight" in model.state_dict()
     dense = {id(p) for n, p in model.named_parameters() if not n.startswith("sparse_arch.")}
     assert {id(p) for p in opts.dense_params} == dense and id(model.sparse_arch.weight) not in dense

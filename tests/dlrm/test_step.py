@@ -72,7 +72,7 @@ def test_fuselab_path_eager_step_equals_hand_written_step(precision):
                                                                    precision == "bf16"))
     for (name, pa), pb in zip(a.state_dict().items(), b.state_dict().values()):
         assert torch.equal(pa, pb), name
-    assert not torch.equal(a.sparse_arch.momentum, torch.zeros_like(a.sparse_arch.momentum))
+    assert not torch.equal(a.sparse_arch.state, torch.zeros_like(a.sparse_arch.state))
 
 
 def test_losses_are_independent_tensors_and_decrease():

@@ -73,7 +73,7 @@ def torch_model_from_state(cfg: DLRMConfig, table_sizes: list[int], state: dict)
     """The ``kernels="torch"`` model of a checkpoint's ``state`` (its ``model`` state_dict, and ``kernels``: the
     path it was trained on; a config's ``"auto"`` is read from the state_dict's keys when a checkpoint lacks it).
     A fuselab-trained model is rebuilt on its own path, then copied through :func:`reference_state_dict`."""
-    kernels = state.get("kernels") or ("fuselab" if any(k.startswith("sparse_arch.momentum") or
+    kernels = state.get("kernels") or ("fuselab" if any(k.startswith("sparse_arch.state") or
                                                         k == "sparse_arch.grad_anchor" for k in state["model"])
                                        else "torch")
     trained = DLRM.from_config(cfg, table_sizes, kernels=kernels)

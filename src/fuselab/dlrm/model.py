@@ -38,6 +38,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from fuselab.core.compile import compile_quietly
+from fuselab.core.embedding_optimizer import embedding_optimizer
 from fuselab.core.seeded import seeded_fill_, uniform_tables_
 from fuselab.nn import fused_linear
 
@@ -294,8 +295,9 @@ class DLRM(nn.Module):
         if fused:
             collection, dot_fn = _fuselab_ops()
             if embeddings:
-                self.sparse_arch = collection(list(table_sizes), embedding_dim, optimizer=optimizer, lr=lr_sparse,
-                                              eps=adagrad_eps, deterministic=deterministic, generator=gen,
+                self.sparse_arch = collection(list(table_sizes), embedding_dim,
+                                              optimizer=embedding_optimizer(optimizer, eps=adagrad_eps),
+                                              lr=lr_sparse, deterministic=deterministic, generator=gen,
                                               pooling=pooling)
         else:
             dot_fn, pad_to = None, 1

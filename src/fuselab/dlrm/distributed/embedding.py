@@ -350,9 +350,9 @@ class ShardedEmbeddingCollection(nn.Module):
         if self.local is None:
             return []
         out = []
-        momentum = self.local.momentum
+        local_state = self.local.state
         for s, start in zip(self.local_shards, self.local.row_offsets.tolist()):
-            state = momentum[start: start + s.rows] if momentum.numel() else None
+            state = local_state[start: start + s.rows] if local_state.numel() else None
             out.append((s, self.local.weight.data[start: start + s.rows], state))
         return out
 

@@ -1,7 +1,7 @@
 """Local embedding modules: what one rank runs on the shards it holds.
 
 Contract of a local module (built by a :data:`LocalFactory` from the rows of each local shard): buffers or
-parameters ``weight`` (R, D) fp32 (shard ``k`` = rows ``[row_offsets[k], row_offsets[k] + n_k)``) and ``momentum``
+parameters ``weight`` (R, D) fp32 (shard ``k`` = rows ``[row_offsets[k], row_offsets[k] + n_k)``) and ``state``
 (optimizer state: (R,) rowwise_adagrad, (R, D) adagrad, (0,) sgd); ``forward(ids (N,) int64, offsets (B*K + 1,)
 int64) -> (B, K, D)`` sum-pooled bags, bag ``b*K + k`` of shard ``k`` holding ids in ``[0, n_k)``, and
 ``forward(ids (B, K)) -> (B, K, D)``, one id per bag; the gradient of the output applies the optimizer to the
@@ -20,6 +20,8 @@ from collections.abc import Callable, Sequence
 import torch
 from torch import Tensor, nn
 from torch.nn import functional as F
+
+from fuselab.core.embedding_optimizer import embedding_optimizer
 
 OPTIMIZERS = ("sgd", "adagrad", "rowwise_adagrad")
 
@@ -53,7 +55,7 @@ class TorchShards(nn.Module):
         starts = torch.tensor([0, *rows], dtype=torch.int64).cumsum(0)
         self.optimizer, self.eps, self.num_shards = optimizer, float(eps), len(rows)
         self.weight = nn.Parameter(torch.zeros(int(starts[-1]), dim, device=device))
-        self.register_buffer("momentum", torch.zeros(_momentum_shape(optimizer, int(starts[-1]), dim), device=device))
+        self.register_buffer("state", torch.zeros(_momentum_shape(optimizer, int(starts[-1]), dim), device=device))
         self.register_buffer("row_offsets", starts[:-1].to(device), persistent=False)
         self.register_buffer("lr", torch.tensor(float(lr), device=device), persistent=False)
         self.weight.register_post_accumulate_grad_hook(self._apply_update)
@@ -70,12 +72,12 @@ class TorchShards(nn.Module):
             weight.index_add_(0, rows, g, alpha=-float(self.lr))
             return
         if self.optimizer == "adagrad":
-            state = self.momentum[rows] + g * g
-            self.momentum[rows] = state
+            state = self.state[rows] + g * g
+            self.state[rows] = state
             denom = state.sqrt() + self.eps
         else:
-            state = self.momentum[rows] + (g * g).mean(dim=1)
-            self.momentum[rows] = state
+            state = self.state[rows] + (g * g).mean(dim=1)
+            self.state[rows] = state
             denom = state.sqrt()[:, None] + self.eps
         weight[rows] = weight[rows] - self.lr * (g / denom)
 
@@ -103,8 +105,9 @@ def fused_factory(shard_rows: Sequence[int], dim: int, *, optimizer: str = "roww
 
     Raises ``ImportError`` when that op is not installed (use :func:`torch_factory`)."""
     ops = importlib.import_module("fuselab.ops.embedding")
-    return ops.EmbeddingBagCollection([int(n) for n in shard_rows], dim, optimizer=optimizer, lr=lr, eps=eps,
-                                      pooling="sum", deterministic=True, device=device)
+    return ops.EmbeddingBagCollection([int(n) for n in shard_rows], dim,
+                                      optimizer=embedding_optimizer(optimizer, eps=eps), lr=lr, pooling="sum",
+                                      deterministic=True, device=device)
 
 
 def default_factory() -> LocalFactory:

@@ -16,12 +16,14 @@ from dataclasses import dataclass
 import torch
 
 from fuselab.core.device import INT32_MAX, cdiv, needs_int64, next_power_of_2
+from fuselab.core.embedding_optimizer import SGD, Adagrad, EmbeddingOptimizer, RowwiseAdagrad
 from fuselab.ops._launch import launch, relaunch
-from fuselab.reference.embedding import OPTIMIZERS, POOLINGS, momentum_shape
+from fuselab.reference.embedding import POOLINGS
 
 from . import kernels
 
-_OPTIMIZER_CODE = {"sgd": 0, "adagrad": 1, "rowwise_adagrad": 2}
+#: the optimizers the kernels implement: their ``OPTIMIZER`` constexpr
+KERNEL_OPTIMIZERS: dict[type[EmbeddingOptimizer], int] = {SGD: 0, Adagrad: 1, RowwiseAdagrad: 2}
 _ID_DTYPES = (torch.int32, torch.int64)
 
 
@@ -123,25 +125,24 @@ def check(weight: torch.Tensor, ids: torch.Tensor, table_sizes: torch.Tensor, ro
     return batch, f_count, n_pos
 
 
-def check_update(weight: torch.Tensor, momentum: torch.Tensor, lr: torch.Tensor, grad: torch.Tensor | None,
-                 optimizer: str, eps: float, batch: int, f_count: int) -> None:
+def check_update(weight: torch.Tensor, state: torch.Tensor, lr: torch.Tensor, grad: torch.Tensor | None,
+                 optimizer: EmbeddingOptimizer, batch: int, f_count: int) -> None:
     """Validate an update's own arguments (after :func:`check`; ``grad`` None: not yet known); same errors as
     :func:`check`."""
-    for name, t in (("momentum", momentum), ("lr", lr)) + ((("grad", grad),) if grad is not None else ()):
+    for name, t in (("state", state), ("lr", lr)) + ((("grad", grad),) if grad is not None else ()):
         _require_tensor(name, t)
-    if not isinstance(optimizer, str) or optimizer not in OPTIMIZERS:
-        raise ValueError(f"optimizer must be one of {', '.join(OPTIMIZERS)}, got {optimizer!r}")
-    if isinstance(eps, bool) or not isinstance(eps, (int, float)) or not eps >= 0:
-        raise ValueError(f"eps must be a non-negative float, got {eps!r}")
+    if not isinstance(optimizer, EmbeddingOptimizer):
+        raise TypeError(f"optimizer must be an EmbeddingOptimizer (fuselab.core.embedding_optimizer), got "
+                        f"{type(optimizer).__name__}")
     rows, dim = weight.shape
-    expect = momentum_shape(optimizer, rows, dim)
-    if optimizer != "sgd" and tuple(momentum.shape) != expect:
-        raise ValueError(f"momentum must have shape {expect} for {optimizer}, got {tuple(momentum.shape)}")
-    if optimizer != "sgd" and momentum.dtype != weight.dtype:
-        raise TypeError(f"momentum must have weight's dtype {weight.dtype}, got {momentum.dtype}")
+    expect = optimizer.state_shape(rows, dim)
+    if optimizer.has_state and tuple(state.shape) != expect:
+        raise ValueError(f"state must have shape {expect} for {optimizer.name}, got {tuple(state.shape)}")
+    if optimizer.has_state and state.dtype != weight.dtype:
+        raise TypeError(f"state must have weight's dtype {weight.dtype}, got {state.dtype}")
     if lr.dim() != 0 or not lr.is_floating_point():
         raise ValueError(f"lr must be a 0-dim floating tensor, got shape {tuple(lr.shape)} {lr.dtype}")
-    devices = {"weight": weight.device, "momentum": momentum.device, "lr": lr.device}
+    devices = {"weight": weight.device, "state": state.device, "lr": lr.device}
     if grad is not None:
         if not grad.is_floating_point():
             raise TypeError(f"grad must have a floating dtype, got {grad.dtype}")
@@ -151,6 +152,17 @@ def check_update(weight: torch.Tensor, momentum: torch.Tensor, lr: torch.Tensor,
     _same_device(devices)
 
 
+def kernel_optimizer(optimizer: EmbeddingOptimizer) -> tuple[int, float]:
+    """The kernels' ``OPTIMIZER`` constexpr and ``eps`` of ``optimizer``. Raises ValueError for a kind the kernels do
+    not implement (it runs on the reference path)."""
+    code = KERNEL_OPTIMIZERS.get(type(optimizer))
+    if code is None:
+        names = ", ".join(kind.name for kind in KERNEL_OPTIMIZERS)
+        raise ValueError(f"optimizer {optimizer.name!r} has no fused kernel (the kernels implement {names}); use "
+                         "the reference path (kernels='torch')")
+    return code, float(getattr(optimizer, "eps", 0.0))
+
+
 def _same_device(devices: dict[str, torch.device]) -> None:
     first_name, first = next(iter(devices.items()))
     for name, dev in devices.items():
@@ -158,13 +170,13 @@ def _same_device(devices: dict[str, torch.device]) -> None:
             raise ValueError(f"{name} is on {dev} but {first_name} is on {first}; all tensors must share a device")
 
 
-def _require_kernel_layout(weight: torch.Tensor, momentum: torch.Tensor | None = None) -> None:
+def _require_kernel_layout(weight: torch.Tensor, state: torch.Tensor | None = None) -> None:
     if weight.dtype != torch.float32:
         raise TypeError(f"weight must be float32 for the Triton kernels, got {weight.dtype}")
     if not weight.is_contiguous():
         raise ValueError("weight must be contiguous (R, D) for the Triton kernels")
-    if momentum is not None and not momentum.is_contiguous():
-        raise ValueError("momentum must be contiguous for the Triton kernels")
+    if state is not None and not state.is_contiguous():
+        raise ValueError("state must be contiguous for the Triton kernels")
 
 
 def _dense_index(*tensors: torch.Tensor | None) -> tuple[tuple, bool]:
@@ -229,7 +241,7 @@ def _bag_of_positions(offsets: torch.Tensor, n_pos: int) -> torch.Tensor:
 
 
 def _update_plan(weight: torch.Tensor, grad: torch.Tensor, ids: torch.Tensor, table_sizes: torch.Tensor,
-                 bags: bool, pooling: str, optimizer: str, eps: float, deterministic: bool,
+                 bags: bool, pooling: str, optimizer: EmbeddingOptimizer, deterministic: bool,
                  config: EmbeddingConfig) -> tuple:
     """``(n_pos, key dtype, chunks, BLOCK_D, atomic, steps)``: the update's sizes and, per kernel (rows; then
     atomic SGD, or segment and carry), its grid, scalars, constexprs and dynamic-scalar count."""
@@ -244,17 +256,17 @@ def _update_plan(weight: torch.Tensor, grad: torch.Tensor, ids: torch.Tensor, ta
     steps = [((cdiv(n_pos, config.rows_block),), (n_pos, f_count, s_ib, s_if),
               dict(BLOCK=config.rows_block, BAGS=bags, WIDE=wide, num_warps=config.num_warps), 1)]
     flags = dict(D=dim, BLOCK_D=block_d, num_warps=config.num_warps)
-    atomic = optimizer == "sgd" and not deterministic
+    code, eps = kernel_optimizer(optimizer)
+    atomic = code == KERNEL_OPTIMIZERS[SGD] and not deterministic
     n_chunks = cdiv(n_pos, block_p)
     if atomic:
         steps.append(((n_chunks,), (n_pos, n_ids, f_count, *grad.stride()),
                       dict(BLOCK_P=block_p, BAGS=bags, MEAN=mean, WIDE=wide, **flags), 2))
     else:
-        code = _OPTIMIZER_CODE[optimizer]
-        steps.append(((n_chunks,), (n_pos, n_ids, f_count, *grad.stride(), float(eps)),
+        steps.append(((n_chunks,), (n_pos, n_ids, f_count, *grad.stride(), eps),
                       dict(BLOCK_P=block_p, OPTIMIZER=code, BAGS=bags, MEAN=mean, WIDE=wide, **flags), 2))
         # most carry programs read 3 keys and exit; a crossing run adds (carry_chunks, D) tiles: one warp
-        steps.append(((n_chunks,), (n_pos, n_chunks, float(eps)),
+        steps.append(((n_chunks,), (n_pos, n_chunks, eps),
                       dict(BLOCK_P=block_p, BLOCK_C=blocks.carry_chunks, OPTIMIZER=code, D=dim, BLOCK_D=block_d,
                            num_warps=1), 2))
     return n_pos, key_dtype, n_chunks, block_d, atomic, steps
@@ -291,35 +303,36 @@ def _run_update(update_plan: tuple, entries: tuple | None, weight: torch.Tensor,
     return entries if entries is not None else tuple(launched)
 
 
-def update_(weight: torch.Tensor, momentum: torch.Tensor, lr: torch.Tensor, grad: torch.Tensor, ids: torch.Tensor,
+def update_(weight: torch.Tensor, state: torch.Tensor, lr: torch.Tensor, grad: torch.Tensor, ids: torch.Tensor,
             table_sizes: torch.Tensor, row_offsets: torch.Tensor, offsets: torch.Tensor | None, pooling: str,
-            optimizer: str, eps: float, deterministic: bool = True,
+            optimizer: EmbeddingOptimizer, deterministic: bool = True,
             config: EmbeddingConfig = DEFAULT_CONFIG) -> tuple | None:
-    """Apply the optimizer update of the output gradient ``grad`` (B, F, D) to the rows the ids touched, in place.
+    """Apply the ``optimizer`` update of the output gradient ``grad`` (B, F, D) to the rows the ids touched, in place.
 
     Deterministic: global rows (int32 keys when R < 2^31) -> stable ``torch.sort`` -> segment kernel -> carry
     kernel (5-8 launches, the sort's included; workspace: keys, sorted keys, permutation, 2 partial rows per chunk).
     ``deterministic=False`` with ``sgd``: one kernel of atomic adds, no sort (other optimizers ignore the flag).
     No host synchronisation: every size comes from shapes. Returns a record for :func:`update_again` (None when
-    nothing was launched or an index tensor was copied).
+    nothing was launched or an index tensor was copied). Raises ValueError for an optimizer the kernels do not
+    implement (:data:`KERNEL_OPTIMIZERS`).
     """
-    _require_kernel_layout(weight, momentum)
+    _require_kernel_layout(weight, state)
     (offsets, table_sizes, row_offsets), copied = _dense_index(offsets, table_sizes, row_offsets)
     if ids.numel() == 0 or grad.numel() == 0:
         return None
-    update_plan = _update_plan(weight, grad, ids, table_sizes, offsets is not None, pooling, optimizer, eps,
+    update_plan = _update_plan(weight, grad, ids, table_sizes, offsets is not None, pooling, optimizer,
                                deterministic, config)
-    state = momentum if optimizer != "sgd" else weight
-    entries = _run_update(update_plan, None, weight, state, lr, grad, ids, table_sizes, row_offsets, offsets)
-    return None if copied else (update_plan, entries, optimizer != "sgd")
+    state_arg = state if optimizer.has_state else weight
+    entries = _run_update(update_plan, None, weight, state_arg, lr, grad, ids, table_sizes, row_offsets, offsets)
+    return None if copied else (update_plan, entries, optimizer.has_state)
 
 
-def update_again(record: tuple, weight: torch.Tensor, momentum: torch.Tensor, lr: torch.Tensor, grad: torch.Tensor,
+def update_again(record: tuple, weight: torch.Tensor, state: torch.Tensor, lr: torch.Tensor, grad: torch.Tensor,
                  ids: torch.Tensor, table_sizes: torch.Tensor, row_offsets: torch.Tensor,
                  offsets: torch.Tensor | None) -> None:
     """The update that :func:`update_` returned ``record`` for, on new tensors: the caller guarantees the same
     shapes, dtypes, strides, storage offsets and 16-byte alignment (and ``offsets`` given or not). Its workspace
     is allocated anew (on the current stream: CUDA-graph capturable)."""
     update_plan, entries, has_state = record
-    _run_update(update_plan, entries, weight, momentum if has_state else weight, lr, grad, ids, table_sizes,
+    _run_update(update_plan, entries, weight, state if has_state else weight, lr, grad, ids, table_sizes,
                 row_offsets, offsets)
