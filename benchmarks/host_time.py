@@ -91,7 +91,7 @@ def dlrm_cases() -> dict[str, Callable[[int], object]]:
     table_sizes = torch.tensor(sizes, dtype=torch.int64, device="cuda")
     row_offsets = torch.cumsum(table_sizes, 0) - table_sizes
     weight = torch.randn(sum(sizes), dim, device="cuda", generator=gen)
-    state = torch.zeros(sum(sizes), device="cuda")
+    momentum = torch.zeros(sum(sizes), device="cuda")
     lr = torch.tensor(0.01, device="cuda")
     ids = torch.randint(0, 10**6, (batch, features), device="cuda", generator=gen)
     anchor = torch.empty(0, device="cuda", requires_grad=True)
@@ -101,12 +101,12 @@ def dlrm_cases() -> dict[str, Callable[[int], object]]:
         fuselab.dot_interaction(dense_g, emb_g, pad_to=8).backward(grad_out)
 
     def embedding_train(i: int) -> None:
-        embedding_bag_collection(weight, state, lr, ids, table_sizes, row_offsets, anchor=anchor).backward(grad_emb)
+        embedding_bag_collection(weight, momentum, lr, ids, table_sizes, row_offsets, anchor=anchor).backward(grad_emb)
 
     return {
         "dot_interaction fwd, B2048 F26 D16 bf16": lambda i: fuselab.dot_interaction(dense, emb, pad_to=8),
         "dot_interaction fwd+bwd, B2048 F26 D16 bf16": interaction_train,
-        "embedding lookup, B2048 F26 D16": lambda i: embedding_bag_collection(weight, state, lr, ids, table_sizes,
+        "embedding lookup, B2048 F26 D16": lambda i: embedding_bag_collection(weight, momentum, lr, ids, table_sizes,
                                                                               row_offsets),
         "embedding fwd+bwd (row-wise Adagrad), B2048": embedding_train,
     }

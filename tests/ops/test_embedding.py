@@ -1,7 +1,8 @@
 """EmbeddingBagCollection and its ops vs a float64 oracle written here (Python loops over id positions): lookup with
 one id and with bags (sum, mean, empty bags), the modulus of raw and negative ids, the fused update of every
 optimizer on batches with many duplicate rows (weights and state per element), two steps, determinism, eval and
-no_grad, no gradient leaks, bad inputs, initialisation equal to SparseArch, opcheck, torch.compile(fullgraph=True).
+no_grad, no gradient leaks, bad inputs, initialisation equal to the DLRM's torch collection, opcheck,
+torch.compile(fullgraph=True).
 
 The Triton kernels run under the interpreter on CPU (small shapes, small blocks so that runs cross many chunks).
 """
@@ -16,7 +17,7 @@ import torch
 
 import fuselab.ops
 from fuselab.core.embedding_optimizer import EMBEDDING_OPTIMIZERS, SGD, Adagrad, RowwiseAdagrad, embedding_optimizer
-from fuselab.dlrm.model import SparseArch
+from fuselab.dlrm.sparse import TorchEmbeddingCollection
 from fuselab.ops.embedding import (
     EmbeddingBagCollection,
     EmbeddingConfig,
@@ -299,12 +300,12 @@ def test_eval_and_no_grad_do_not_update(backend, device):
     assert not torch.equal(m.weight, before[0])
 
 
-def test_init_matches_sparse_arch():
+def test_init_matches_the_torch_collection():
     sizes, dim = [3, 17, 100, 1], 8
-    arch = SparseArch(sizes, dim, layout="fused", generator=torch.Generator().manual_seed(42))
+    arch = TorchEmbeddingCollection(sizes, dim, generator=torch.Generator().manual_seed(42))
     m = EmbeddingBagCollection(sizes, dim, generator=torch.Generator().manual_seed(42))
-    assert torch.equal(m.weight, arch.weight.detach())
-    assert torch.equal(m.row_offsets, arch.offsets)
+    assert torch.equal(m.weight, arch.weight)
+    assert torch.equal(m.row_offsets, arch.row_offsets)
     assert m.table_sizes.tolist() == sizes and m.lr.dim() == 0 and m.lr.dtype == torch.float32
     assert m.state.shape == (sum(sizes),) and not m.state.any()
     assert EmbeddingBagCollection(sizes, dim, optimizer=Adagrad()).state.shape == (sum(sizes), dim)

@@ -20,6 +20,8 @@ import torch
 
 from fuselab._io import PathError, atomic_write, atomic_write_json, read_json, writable_dir
 
+from .upgrade import upgrade_checkpoint
+
 FORMAT_VERSION = 1
 LATEST = "latest.json"
 
@@ -98,4 +100,4 @@ def load_checkpoint(path: str | Path, map_location: str | torch.device = "cpu") 
                          ) from None
     if not isinstance(state, dict) or state.get("version") != FORMAT_VERSION:
         raise ValueError(f"{path} is not a fuselab DLRM checkpoint (version {FORMAT_VERSION})")
-    return state
+    return upgrade_checkpoint(state)

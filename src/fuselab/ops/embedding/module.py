@@ -29,7 +29,8 @@ class EmbeddingBagCollection(nn.Module):
     Initialisation: table ``t`` drawn U(-1/sqrt(n_t), 1/sqrt(n_t)) in table order from ``generator`` on its device
     (the global CPU generator when None; a default-device context does not move it), then moved to ``device``
     (default: the default device, e.g. a ``with torch.device(...)`` context's; every buffer lives there):
-    bit-identical to ``fuselab.dlrm.model.SparseArch(layout="fused")`` with the same generator.
+    bit-identical to the DLRM's torch sparse arch (``fuselab.dlrm.sparse.TorchEmbeddingCollection``) with the same
+    generator.
 
     Training: in training mode with grad enabled, the gradient of the output applies the optimizer to the looked-up
     rows in place when it reaches the backward (``loss.backward()``; running the backward twice updates twice).
