@@ -17,7 +17,7 @@ from fuselab.dlrm.interaction import (
     torchrec_permutation,
 )
 from fuselab.dlrm.model import DLRM, DenseArch, OverArch
-from fuselab.dlrm.sparse import TorchEmbeddingCollection
+from fuselab.dlrm.sparse import TableSpec, TorchEmbeddingCollection
 from fuselab.nn.mlp import LinearAct
 from fuselab.testing import assert_close
 
@@ -38,7 +38,7 @@ def test_dense_arch_shape_and_padded_first_layer():
 
 
 def test_torch_collection_rows():
-    arch = TorchEmbeddingCollection(SIZES, 6, generator=torch.Generator().manual_seed(0))
+    arch = TorchEmbeddingCollection(TableSpec(SIZES, 6), generator=torch.Generator().manual_seed(0))
     ids = _ids(SIZES, 11)
     out = arch(ids)
     assert out.shape == (11, len(SIZES), 6)
@@ -46,13 +46,19 @@ def test_torch_collection_rows():
     torch.testing.assert_close(out[:, 2], arch.weight[start: start + 130][ids[:, 2]])
 
 
-def test_collections_reject_bad_arguments():
+def test_tables_and_collections_reject_bad_arguments():
     with pytest.raises(ValueError, match="table_sizes"):
-        TorchEmbeddingCollection([3, 0], 4)
+        TableSpec((3, 0), 4)
+    with pytest.raises(ValueError, match="dim"):
+        TableSpec((3,), 0)
     with pytest.raises(ValueError, match="pooling"):
-        TorchEmbeddingCollection([3], 4, pooling="max")
+        TableSpec((3,), 4, pooling="max")
+    with pytest.raises(ValueError, match="multi_hot_sizes must be 2 positive ints"):
+        TableSpec((3, 4), 4, multi_hot_sizes=(1,))
     with pytest.raises(TypeError, match="optimizer must be an EmbeddingOptimizer"):
-        TorchEmbeddingCollection([3], 4, optimizer="adagrad")
+        TorchEmbeddingCollection(TableSpec((3,), 4), optimizer="adagrad")
+    with pytest.raises(ValueError, match="lr"):
+        TorchEmbeddingCollection(TableSpec((3,), 4), lr=-1.0)
 
 
 def _dot_reference(dense: torch.Tensor, emb: torch.Tensor, self_interaction: bool) -> torch.Tensor:

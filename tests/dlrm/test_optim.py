@@ -15,7 +15,7 @@ from dlrm_models import tiny_model
 
 from fuselab.core.embedding_optimizer import EMBEDDING_OPTIMIZERS, SGD, Adagrad
 from fuselab.dlrm.optim import Optimizers
-from fuselab.dlrm.sparse import TorchEmbeddingCollection
+from fuselab.dlrm.sparse import TableSpec, TorchEmbeddingCollection
 from fuselab.testing import assert_close
 
 SIZES = [5, 1, 40, 9]
@@ -96,7 +96,8 @@ def test_torch_collection_equals_torch_optim(optimizer):
     """The torch collection's update in the backward equals F.embedding(sparse=True) + torch.optim's sparse step."""
     lr = 0.3
     kind = SGD() if optimizer == "sgd" else Adagrad(eps=1e-10)
-    ours = TorchEmbeddingCollection(SIZES, 4, optimizer=kind, lr=lr, generator=torch.Generator().manual_seed(2))
+    ours = TorchEmbeddingCollection(TableSpec(SIZES, 4), optimizer=kind, lr=lr,
+                                    generator=torch.Generator().manual_seed(2))
     weight = torch.nn.Parameter(ours.weight.clone())
     ref = torch.optim.SGD([weight], lr=lr) if optimizer == "sgd" else torch.optim.Adagrad([weight], lr=lr, eps=1e-10)
     offsets = torch.tensor([0, *SIZES[:-1]]).cumsum(0)

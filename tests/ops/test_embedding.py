@@ -17,7 +17,7 @@ import torch
 
 import fuselab.ops
 from fuselab.core.embedding_optimizer import EMBEDDING_OPTIMIZERS, SGD, Adagrad, RowwiseAdagrad, embedding_optimizer
-from fuselab.dlrm.sparse import TorchEmbeddingCollection
+from fuselab.dlrm.sparse import TableSpec, TorchEmbeddingCollection
 from fuselab.ops.embedding import (
     EmbeddingBagCollection,
     EmbeddingConfig,
@@ -302,7 +302,7 @@ def test_eval_and_no_grad_do_not_update(backend, device):
 
 def test_init_matches_the_torch_collection():
     sizes, dim = [3, 17, 100, 1], 8
-    arch = TorchEmbeddingCollection(sizes, dim, generator=torch.Generator().manual_seed(42))
+    arch = TorchEmbeddingCollection(TableSpec(sizes, dim), generator=torch.Generator().manual_seed(42))
     m = EmbeddingBagCollection(sizes, dim, generator=torch.Generator().manual_seed(42))
     assert torch.equal(m.weight, arch.weight)
     assert torch.equal(m.row_offsets, arch.row_offsets)

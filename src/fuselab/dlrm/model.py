@@ -33,7 +33,7 @@ from fuselab.nn.mlp import INPUT_ALIGN, mlp_layers
 
 from .config import KERNELS, NUM_DENSE, DLRMConfig
 from .interaction import Interaction, build_interaction
-from .sparse import FusedEmbeddingCollection, TorchEmbeddingCollection
+from .sparse import FusedEmbeddingCollection, TableSpec, TorchEmbeddingCollection
 
 __all__ = ["DLRM", "KERNELS", "DenseArch", "OverArch"]
 
@@ -112,11 +112,11 @@ class DLRM(nn.Module):
         dense_arch = DenseArch(NUM_DENSE, cfg.bottom_mlp, impl=impl, generator=gen)
         sparse_arch = None
         if embeddings:
-            options = dict(optimizer=cfg.embedding_optimizer, lr=cfg.lr_sparse, pooling=cfg.pooling,
-                           multi_hot_sizes=cfg.multi_hot_sizes, generator=gen)
-            sparse_arch = (FusedEmbeddingCollection(list(table_sizes), cfg.embedding_dim, **options) if fused else
-                           TorchEmbeddingCollection(table_sizes, cfg.embedding_dim, sparse_grad=cfg.sparse_grad,
-                                                    **options))
+            bags = None if cfg.multi_hot_sizes is None else tuple(cfg.multi_hot_sizes)
+            spec = TableSpec(tuple(table_sizes), cfg.embedding_dim, cfg.pooling, bags)
+            options = dict(optimizer=cfg.embedding_optimizer, lr=cfg.lr_sparse, generator=gen)
+            sparse_arch = (FusedEmbeddingCollection(spec, **options) if fused else
+                           TorchEmbeddingCollection(spec, sparse_grad=cfg.sparse_grad, **options))
         interaction_arch = build_interaction(cfg.interaction, num_sparse=len(table_sizes), dim=cfg.embedding_dim,
                                              dense_dim=dense_arch.out_features, fused=fused, generator=gen)
         over_arch = OverArch(interaction_arch.out_features, cfg.top_mlp, impl=impl, generator=gen)

@@ -15,7 +15,8 @@ Two implementations of one part, with one ``state_dict``: ``weight`` (R, D) fp32
 * :class:`FusedEmbeddingCollection` (``kernels="fuselab"``): :class:`fuselab.ops.embedding.EmbeddingBagCollection`
   (lookup and update in fused kernels, deterministic, capturable).
 
-Both take ``forward(ids (B, F))`` one id per table; with ``multi_hot_sizes`` ``forward(ids (B, S))`` fixed-size bags
+Both are built from a :class:`TableSpec` (the tables' sizes, dim, pooling and fixed bag sizes, checked once) and
+take ``forward(ids (B, F))`` one id per table; with ``multi_hot_sizes`` ``forward(ids (B, S))`` fixed-size bags
 (table ``f`` in its own columns, :mod:`fuselab.dlrm.bags`); ``forward(ids (N,), offsets (B*F + 1,))`` CSR bags, bag
 ``b*F + f`` of table ``f`` — each pooled by ``pooling`` (``sum`` or ``mean``) -> ``(B, F, D)``. The fused one folds
 raw ids (``id mod n_f``); the torch one takes ids in ``[0, n_f)`` (the data's hasher folds them). Both draw table
@@ -25,7 +26,7 @@ same values. In eval mode or under no_grad: lookup only. ``set_lr(value)`` write
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
@@ -37,9 +38,37 @@ from fuselab.ops.embedding import EmbeddingBagCollection, EmbeddingConfig
 
 from .bags import FixedBags, check_sizes
 
-__all__ = ["POOLINGS", "FusedEmbeddingCollection", "TorchEmbeddingCollection"]
+__all__ = ["POOLINGS", "FusedEmbeddingCollection", "TableSpec", "TorchEmbeddingCollection"]
 
 POOLINGS = ("sum", "mean")
+
+
+@dataclass(frozen=True)
+class TableSpec:
+    """The tables of a sparse arch: ``sizes`` the rows of each of the F tables, ``dim`` D, ``pooling`` of a bag
+    (``sum`` or ``mean``), ``multi_hot_sizes`` the ids per sample of each table for fixed-size bags (None: one id per
+    table). Raises ValueError naming a bad field."""
+
+    sizes: tuple[int, ...]
+    dim: int
+    pooling: str = "sum"
+    multi_hot_sizes: tuple[int, ...] | None = None
+
+    def __post_init__(self) -> None:
+        sizes = tuple(int(n) for n in self.sizes)
+        if not sizes or any(n <= 0 for n in sizes):
+            raise ValueError(f"table_sizes must be positive row counts, got {list(sizes)[:8]}")
+        if isinstance(self.dim, bool) or not isinstance(self.dim, int) or self.dim <= 0:
+            raise ValueError(f"dim must be a positive int, got {self.dim!r}")
+        if self.pooling not in POOLINGS:
+            raise ValueError(f"pooling must be one of {POOLINGS}, got {self.pooling!r}")
+        object.__setattr__(self, "sizes", sizes)
+        if self.multi_hot_sizes is not None:
+            object.__setattr__(self, "multi_hot_sizes", tuple(check_sizes(self.multi_hot_sizes, len(sizes))))
+
+    @property
+    def num_features(self) -> int:
+        return len(self.sizes)
 
 
 class _Lookup(torch.autograd.Function):
@@ -63,8 +92,8 @@ class _Lookup(torch.autograd.Function):
 
 class _LookupBags(torch.autograd.Function):
     """``F.embedding_bag(rows, weight, offsets)`` (CSR bags, ``include_last_offset``) attached through ``anchor``;
-    backward: ``F.embedding_bag``'s gradient (each id's row gets its bag's gradient, divided by the bag's length for
-    ``mean``), handed to the collection's update."""
+    backward: ``F.embedding_bag``'s gradient (each id's row gets its bag's gradient, times 1/length for ``mean``),
+    handed to the collection's update."""
 
     @staticmethod
     def forward(ctx, anchor: Tensor, weight: Tensor, rows: Tensor, offsets: Tensor,
@@ -88,18 +117,10 @@ class _LookupBags(torch.autograd.Function):
         return None, None, None, None, None
 
 
-def _check_tables(table_sizes: Sequence[int], dim: int, optimizer: object, pooling: str) -> list[int]:
-    sizes = [int(n) for n in table_sizes]
-    if not sizes or any(n <= 0 for n in sizes):
-        raise ValueError(f"table_sizes must be positive row counts, got {sizes[:8]}")
-    if isinstance(dim, bool) or not isinstance(dim, int) or dim <= 0:
-        raise ValueError(f"dim must be a positive int, got {dim!r}")
+def _check_optimizer(optimizer: object) -> None:
     if not isinstance(optimizer, EmbeddingOptimizer):
         raise TypeError(f"optimizer must be an EmbeddingOptimizer (fuselab.core.embedding_optimizer), got "
                         f"{type(optimizer).__name__}")
-    if pooling not in POOLINGS:
-        raise ValueError(f"pooling must be one of {POOLINGS}, got {pooling!r}")
-    return sizes
 
 
 class TorchEmbeddingCollection(nn.Module):
@@ -107,46 +128,45 @@ class TorchEmbeddingCollection(nn.Module):
     gradient (``sparse_grad=False``: a dense ``(R, D)`` one, the same update on every row) coalesced, then
     ``optimizer.update_`` on the touched rows.
 
-    Fixed-size bags (``multi_hot_sizes``) pool as one product with an ``(F, S)`` matrix of 0/1 (or 1/size): plain
-    ops that ONNX exports. Raises ValueError for non-positive sizes, an unknown pooling, bad bag sizes or a negative
-    lr; TypeError for an ``optimizer`` that is no EmbeddingOptimizer.
+    Fixed-size bags (``spec.multi_hot_sizes``) pool as one product with an ``(F, S)`` matrix of 0/1 (or 1/size):
+    plain ops that ONNX exports. Raises ValueError for a negative lr, TypeError for an ``optimizer`` that is no
+    EmbeddingOptimizer.
     """
 
     #: its update synchronizes with the host (``coalesce``): no CUDA graph, no whole-step compile
     capturable = False
 
-    def __init__(self, table_sizes: Sequence[int], dim: int, *, optimizer: EmbeddingOptimizer = ROWWISE_ADAGRAD,
-                 lr: float = 0.01, pooling: str = "sum", multi_hot_sizes: Sequence[int] | None = None,
+    def __init__(self, spec: TableSpec, *, optimizer: EmbeddingOptimizer = ROWWISE_ADAGRAD, lr: float = 0.01,
                  sparse_grad: bool = True, generator: torch.Generator | None = None,
                  device: torch.device | str | None = None):
         super().__init__()
-        sizes = _check_tables(table_sizes, dim, optimizer, pooling)
+        _check_optimizer(optimizer)
         if not lr >= 0:
             raise ValueError(f"lr must be >= 0, got {lr!r}")
-        self.sizes, self.dim, self.optimizer, self.pooling = tuple(sizes), dim, optimizer, pooling
-        self.sparse_grad = bool(sparse_grad)
+        self.spec, self.optimizer, self.sparse_grad = spec, optimizer, bool(sparse_grad)
+        self.dim, self.pooling = spec.dim, spec.pooling
         device = torch.device(device) if device is not None else torch.get_default_device()
-        starts = torch.tensor([0, *sizes], dtype=torch.int64, device="cpu").cumsum(0)
-        weight = torch.empty(int(starts[-1]), dim, device=device)
-        uniform_tables_(weight, sizes, generator if generator is not None else torch.default_generator)
+        starts = torch.tensor([0, *spec.sizes], dtype=torch.int64, device="cpu").cumsum(0)
+        weight = torch.empty(int(starts[-1]), spec.dim, device=device)
+        uniform_tables_(weight, spec.sizes, generator if generator is not None else torch.default_generator)
         self.register_buffer("weight", weight)
-        self.register_buffer("state", torch.zeros(optimizer.state_shape(weight.shape[0], dim), device=device))
+        self.register_buffer("state", torch.zeros(optimizer.state_shape(*weight.shape), device=device))
         self.register_buffer("row_offsets", starts[:-1].to(device), persistent=False)
         self.register_buffer("lr", torch.tensor(float(lr), device=device), persistent=False)
         self.grad_anchor = nn.Parameter(torch.empty(0, device=device))
         self.register_buffer("pool", None, persistent=False)  # (F, S) with fixed-size bags
-        if multi_hot_sizes is not None:
-            bags = torch.tensor(check_sizes(multi_hot_sizes, len(sizes)), device="cpu")
-            tables = torch.arange(len(sizes), device="cpu")
+        if spec.multi_hot_sizes is not None:
+            bags = torch.tensor(spec.multi_hot_sizes, device="cpu")
+            tables = torch.arange(spec.num_features, device="cpu")
             table = tables.repeat_interleave(bags)  # the table of each column
             pool = (table[None, :] == tables[:, None]).float()
-            self.register_buffer("pool", (pool / bags[:, None] if pooling == "mean" else pool).to(device),
+            self.register_buffer("pool", (pool / bags[:, None] if spec.pooling == "mean" else pool).to(device),
                                  persistent=False)
             self.register_buffer("column_offsets", starts[table].to(device), persistent=False)
 
     @property
     def num_features(self) -> int:
-        return len(self.sizes)
+        return self.spec.num_features
 
     def set_lr(self, value: float) -> None:
         """Set the learning rate in place (``lr.fill_``)."""
@@ -162,7 +182,7 @@ class TorchEmbeddingCollection(nn.Module):
             self.optimizer.update_(self.weight, self.state, grad, self.lr)
 
     def forward(self, ids: Tensor, offsets: Tensor | None = None) -> Tensor:
-        """ids ``(B, F)`` in ``[0, n_f)`` -> ``(B, F, D)``; with ``multi_hot_sizes``: ids ``(B, S)`` -> ``(B, F, D)``
+        """ids ``(B, F)`` in ``[0, n_f)`` -> ``(B, F, D)``; with fixed-size bags: ids ``(B, S)`` -> ``(B, F, D)``
         pooled; ids ``(N,)`` + offsets ``(B*F + 1,)`` int64 -> ``(B, F, D)`` pooled CSR bags (empty ones zero)."""
         train = self.training and torch.is_grad_enabled()
         if offsets is not None:
@@ -177,28 +197,25 @@ class TorchEmbeddingCollection(nn.Module):
         return emb if self.pool is None else torch.matmul(self.pool, emb)  # (F, S) @ (B, S, D): bags pooled
 
     def extra_repr(self) -> str:
-        return (f"tables={len(self.sizes)}, rows={self.weight.shape[0]}, dim={self.dim}, optimizer={self.optimizer}, "
-                f"pooling={self.pooling}")
+        return (f"tables={self.num_features}, rows={self.weight.shape[0]}, dim={self.dim}, "
+                f"optimizer={self.optimizer}, pooling={self.pooling}")
 
 
 class FusedEmbeddingCollection(EmbeddingBagCollection):
     """The sparse arch on fuselab's fused kernels: :class:`fuselab.ops.embedding.EmbeddingBagCollection` (raw ids
-    folded in the kernel, deterministic update), plus fixed-size bags (``multi_hot_sizes``: ids ``(B, S)`` become
-    flat ids and offsets, :class:`~fuselab.dlrm.bags.FixedBags`). Raises as that class, and ValueError for bad bag
-    sizes."""
+    folded in the kernel, deterministic update), plus fixed-size bags (``spec.multi_hot_sizes``: ids ``(B, S)``
+    become flat ids and offsets, :class:`~fuselab.dlrm.bags.FixedBags`). Raises as that class."""
 
     #: lookup and update run inside a CUDA graph and under ``torch.compile``
     capturable = True
 
-    def __init__(self, table_sizes: Sequence[int], dim: int, *, optimizer: EmbeddingOptimizer = ROWWISE_ADAGRAD,
-                 lr: float = 0.01, pooling: str = "sum", multi_hot_sizes: Sequence[int] | None = None,
+    def __init__(self, spec: TableSpec, *, optimizer: EmbeddingOptimizer = ROWWISE_ADAGRAD, lr: float = 0.01,
                  deterministic: bool = True, generator: torch.Generator | None = None,
                  device: torch.device | str | None = None, config: EmbeddingConfig | None = None):
-        sizes = list(table_sizes)
-        super().__init__(sizes, dim, optimizer=optimizer, lr=lr, pooling=pooling, deterministic=deterministic,
-                         device=device, generator=generator, config=config)
-        self.bags = None if multi_hot_sizes is None else FixedBags(check_sizes(multi_hot_sizes, len(sizes))).to(
-            self.weight.device)
+        super().__init__(list(spec.sizes), spec.dim, optimizer=optimizer, lr=lr, pooling=spec.pooling,
+                         deterministic=deterministic, device=device, generator=generator, config=config)
+        self.spec = spec
+        self.bags = None if spec.multi_hot_sizes is None else FixedBags(spec.multi_hot_sizes).to(self.weight.device)
 
     def forward(self, ids: Tensor, offsets: Tensor | None = None) -> Tensor:
         """As :class:`TorchEmbeddingCollection` (raw ids too)."""

@@ -20,7 +20,7 @@ from torch import Tensor, nn
 
 from fuselab.core.embedding_optimizer import ROWWISE_ADAGRAD, EmbeddingOptimizer
 
-from ..sparse import FusedEmbeddingCollection, TorchEmbeddingCollection
+from ..sparse import FusedEmbeddingCollection, TableSpec, TorchEmbeddingCollection
 
 #: ``factory(shard_rows, dim, optimizer=..., lr=..., device=...) -> local module``
 LocalFactory = Callable[..., nn.Module]
@@ -30,15 +30,14 @@ def torch_factory(shard_rows: Sequence[int], dim: int, *, optimizer: EmbeddingOp
                   lr: float = 0.01, device: torch.device | str | None = None) -> nn.Module:
     """A :class:`~fuselab.dlrm.sparse.TorchEmbeddingCollection` over the shards (sum pooling; rows drawn at random:
     the caller copies its initial rows in)."""
-    return TorchEmbeddingCollection(shard_rows, dim, optimizer=optimizer, lr=lr, pooling="sum", device=device)
+    return TorchEmbeddingCollection(TableSpec(tuple(shard_rows), dim), optimizer=optimizer, lr=lr, device=device)
 
 
 def fused_factory(shard_rows: Sequence[int], dim: int, *, optimizer: EmbeddingOptimizer = ROWWISE_ADAGRAD,
                   lr: float = 0.01, device: torch.device | str | None = None) -> nn.Module:
     """A :class:`~fuselab.dlrm.sparse.FusedEmbeddingCollection` over the shards (sum pooling, deterministic; rows
     drawn at random: the caller copies its initial rows in)."""
-    return FusedEmbeddingCollection([int(n) for n in shard_rows], dim, optimizer=optimizer, lr=lr, pooling="sum",
-                                    device=device)
+    return FusedEmbeddingCollection(TableSpec(tuple(shard_rows), dim), optimizer=optimizer, lr=lr, device=device)
 
 
 _MASK32 = 0xFFFFFFFF
