@@ -9,7 +9,7 @@ import dataclasses
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, ClassVar
+from typing import TYPE_CHECKING, ClassVar
 
 if TYPE_CHECKING:
     from torch import Tensor
@@ -63,10 +63,6 @@ class EmbeddingOptimizer:
         """The element-wise rule on dense parameters in place, as multi-tensor (``torch._foreach_*``) ops: no host
         synchronization, so a CUDA graph can hold it. ``lr``: a 0-dim tensor on the parameters' device."""
         raise NotImplementedError
-
-    def to_dict(self) -> dict[str, Any]:
-        """``{"kind": name, **hyper-parameters}`` (JSON-ready)."""
-        return {"kind": self.name, **dataclasses.asdict(self)}
 
     def __str__(self) -> str:
         options = ", ".join(f"{k}={v}" for k, v in dataclasses.asdict(self).items())
