@@ -16,6 +16,7 @@ import sys
 
 import torch
 
+from fuselab.dlrm.config import load_config
 from fuselab.dlrm.data.shards import KAGGLE_CARDINALITIES
 from fuselab.dlrm.model import DLRM
 from fuselab.dlrm.optim import Optimizers
@@ -38,9 +39,9 @@ def batches(sizes: list[int], batch: int, count: int, device: torch.device) -> l
 
 def run_once(args: argparse.Namespace, sizes: list[int], device: torch.device) -> str:
     """Train ``args.steps`` steps from seed 0; the SHA-256 of the whole state_dict afterwards."""
-    model = DLRM(sizes, 16, [512, 256, 64, 16], [512, 256, 1], seed=0, kernels="fuselab",
-                 optimizer="rowwise_adagrad", lr_sparse=0.05, deterministic=True).to(device)
-    opts = Optimizers(model, optimizer="rowwise_adagrad", lr_dense=0.02, lr_sparse=0.05)
+    cfg = load_config("kaggle", optimizer="rowwise_adagrad", seed=0)  # D 16, bottom 512-256-64-16, top 512-256-1
+    model = DLRM.from_config(cfg, sizes, kernels="fuselab").to(device)  # the fused update is deterministic
+    opts = Optimizers(model, lr_dense=0.02, lr_sparse=0.05)
     step = TrainStep(model, opts, precision=args.precision, mode=args.mode)
     data = batches(sizes, args.batch, 8, device)
     for i in range(args.steps):

@@ -213,7 +213,7 @@ def worker(spec: dict[str, Any]) -> None:
             torch.cuda.reset_peak_memory_stats(ctx.device)
         if mode == "single":
             model = DLRM.from_config(cfg.__class__(**{**cfg.to_dict(), "kernels": "fuselab"}), sizes).to(ctx.device)
-            optimizers = Optimizers(model, optimizer=cfg.optimizer, lr_dense=cfg.lr_dense, lr_sparse=cfg.lr_sparse)
+            optimizers = Optimizers(model, lr_dense=cfg.lr_dense, lr_sparse=cfg.lr_sparse)
             step = TrainStep(model, optimizers, precision=cfg.precision, mode="cuda_graph")
             plan = None
         else:

@@ -16,6 +16,7 @@ import os
 import torch
 import triton.testing
 
+from fuselab.core.embedding_optimizer import ROWWISE_ADAGRAD
 from fuselab.dlrm.config import load_config
 from fuselab.ops.embedding import EmbeddingConfig
 from fuselab.ops.embedding.module import EmbeddingBagCollection
@@ -57,7 +58,7 @@ def time_ms(fn) -> float:
 
 
 def fuselab_case(sizes, d, ids, offsets, grad, config):
-    m = EmbeddingBagCollection(sizes, d, optimizer="rowwise_adagrad", lr=0.01, device="cuda",
+    m = EmbeddingBagCollection(sizes, d, optimizer=ROWWISE_ADAGRAD, lr=0.01, device="cuda",
                                generator=torch.Generator(device="cuda").manual_seed(0), config=config)
     fwd = lambda: m(ids, offsets)
 

@@ -8,8 +8,10 @@ import numpy as np
 import pytest
 import torch
 
-from fuselab.dlrm.config import PRESETS, load_config, parse_override, table_sizes
+from fuselab.core.embedding_optimizer import SGD, RowwiseAdagrad
+from fuselab.dlrm.config import OPTIMIZERS, PRESETS, config_from_dict, load_config, parse_override, table_sizes
 from fuselab.dlrm.data.loader import Hasher, kaggle_split
+from fuselab.dlrm.interaction import CatConfig, DCNConfig, DotConfig
 
 
 def test_presets_match_the_issue():
@@ -47,6 +49,52 @@ def test_overrides_files_and_errors(tmp_path):
         load_config("nonexistent")
     with pytest.raises(FileNotFoundError):
         load_config(str(tmp_path / "missing.json"))
+
+
+def test_interaction_is_a_tagged_sub_config(tmp_path):
+    """The kind and its options in one entry; --set reaches an option; older spellings still read; unknown kinds
+    and options are named."""
+    v2 = load_config("mlperf-v2")
+    assert v2.interaction == DCNConfig(layers=3, low_rank=512)
+    assert v2.to_dict()["interaction"] == {"kind": "dcn", "layers": 3, "low_rank": 512}
+    assert load_config("tiny").interaction == DotConfig()
+    assert load_config("mlperf-v2", ["interaction.low_rank=16"]).interaction == DCNConfig(layers=3, low_rank=16)
+    assert load_config("mlperf-v2", ["dcn_num_layers=2"]).interaction == DCNConfig(layers=2)  # the older name
+    cfg = load_config("tiny", ["interaction={\"kind\": \"dot\", \"self_interaction\": true}"])
+    assert cfg.interaction == DotConfig(self_interaction=True)
+    assert load_config("tiny", interaction="cat").interaction == CatConfig()
+    assert config_from_dict(v2.to_dict()) == v2
+    older = {**load_config("tiny").to_dict(), "interaction": "dcn", "self_interaction": False, "dcn_num_layers": 2,
+             "dcn_low_rank": 3, "embedding_layout": "fused"}  # a config of every field, saved before the tag
+    assert config_from_dict(older).interaction == DCNConfig(layers=2, low_rank=3)
+    path = tmp_path / "old.json"
+    path.write_text(json.dumps({"dcn_low_rank": 8, "interaction": "dcn", "embedding_dim": 4, "bottom_mlp": [4],
+                                "top_mlp": [1], "embedding_layout": "per_table"}))
+    assert load_config(str(path)).interaction == DCNConfig(low_rank=8)
+    for override, match in (("interaction=foo", "interaction kind must be one of dot, cat, dcn, got 'foo'"),
+                            ("interaction.rank=2", "interaction 'dot' has no option 'rank'; its options: "
+                                                   "self_interaction"),
+                            ("dcn_low_rank=2", "interaction 'dot' has no option 'low_rank'"),
+                            ("interaction={\"layers\": 2}", "interaction must be a kind"),
+                            ("embedding_layout=rows", "embedding_layout")):
+        with pytest.raises(ValueError, match=match):
+            load_config("tiny", [override])
+    for override, match in (("interaction.layers=0", "interaction.layers must be a positive int, got 0"),
+                            ("interaction.low_rank=1.5", "interaction.low_rank must be a positive int")):
+        with pytest.raises(ValueError, match=match):
+            load_config("mlperf-v2", [override])
+    with pytest.raises(ValueError, match="self_interaction must be true or false"):
+        load_config("tiny", ["interaction.self_interaction=yes"])
+    with pytest.raises(ValueError, match="bottom_mlp must end at embedding_dim"):
+        load_config("mlperf-v2", ["bottom_mlp=[8,4]"])
+    assert load_config("tiny", ["bottom_mlp=[8,5]", "interaction=cat"]).bottom_mlp == [8, 5]  # cat: any width
+
+
+def test_the_optimizer_is_read_once_into_its_typed_object():
+    cfg = load_config("kaggle", ["adagrad_eps=1e-6"])
+    assert cfg.optimizer == "rowwise_adagrad" and cfg.embedding_optimizer == RowwiseAdagrad(eps=1e-6)
+    assert load_config("tiny", optimizer="sgd").embedding_optimizer == SGD()
+    assert OPTIMIZERS == ("sgd", "adagrad", "rowwise_adagrad")
 
 
 def test_table_sizes_from_metadata():

@@ -102,7 +102,8 @@ def test_grid_starts_with_candidates_of_every_optimizer_and_holds_the_baselines(
     for optimizer in OPTIMIZERS:
         cfg = load_config("kaggle", optimizer=optimizer)
         assert any(c.key() == (optimizer, cfg.lr_dense, cfg.lr_sparse, cfg.warmup_steps, cfg.decay_start_step,
-                               cfg.decay_steps, 0, cfg.adagrad_eps, cfg.interaction, cfg.self_interaction)
+                               cfg.decay_steps, 0, cfg.adagrad_eps, cfg.interaction.kind,
+                               cfg.interaction.self_interaction)
                    for c in grid)
     for c in grid:  # every candidate is a valid config
         load_config("kaggle", **c.overrides())

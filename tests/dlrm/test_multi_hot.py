@@ -8,6 +8,7 @@ import types
 
 import pytest
 import torch
+from dlrm_models import tiny_model
 
 from fuselab.dlrm.bags import FixedBags
 from fuselab.dlrm.config import check_layout, load_config
@@ -46,9 +47,9 @@ def test_fixed_bags_offsets():
 
 
 def _model(kernels: str, pooling: str = "sum", interaction: str = "dot") -> DLRM:
-    return DLRM(SIZES, 4, [8, 4], [6, 1], interaction=interaction, seed=3, kernels=kernels,
-                optimizer="rowwise_adagrad", lr_sparse=0.2, multi_hot_sizes=BAGS, pooling=pooling,
-                dcn_num_layers=2, dcn_low_rank=3)
+    inter = {"kind": "dcn", "layers": 2, "low_rank": 3} if interaction == "dcn" else interaction
+    return tiny_model(SIZES, kernels, interaction=inter, optimizer="rowwise_adagrad", multi_hot_sizes=BAGS,
+                      pooling=pooling)
 
 
 def _reference_pooled(model: DLRM, rows: torch.Tensor, pooling: str) -> torch.Tensor:
@@ -105,7 +106,7 @@ def test_dcn_dlrm_paths_start_equal_and_train_alike():
             first = model(*batches[0][:2]).detach()
         else:
             torch.testing.assert_close(model(*batches[0][:2]).detach(), first, rtol=1e-5, atol=1e-6)
-        step = TrainStep(model, Optimizers(model, optimizer="rowwise_adagrad", lr_dense=0.05, lr_sparse=0.2))
+        step = TrainStep(model, Optimizers(model, lr_dense=0.05, lr_sparse=0.2))
         losses[kernels] = torch.stack([step(*batch) for batch in batches])
     torch.testing.assert_close(losses["fuselab"], losses["torch"], rtol=1e-4, atol=1e-5)
     assert losses["torch"][-5:].mean() < 0.9 * losses["torch"][:5].mean()
@@ -113,7 +114,7 @@ def test_dcn_dlrm_paths_start_equal_and_train_alike():
 
 def test_mlperf_v2_config_and_layout_checks():
     cfg = load_config("mlperf-v2")
-    assert (cfg.interaction, cfg.embedding_dim, cfg.dcn_num_layers, cfg.dcn_low_rank) == ("dcn", 128, 3, 512)
+    assert (cfg.interaction.to_dict(), cfg.embedding_dim) == ({"kind": "dcn", "layers": 3, "low_rank": 512}, 128)
     assert len(cfg.multi_hot_sizes) == len(cfg.cardinalities) == 26 and sum(cfg.multi_hot_sizes) == 214
     assert max(cfg.cardinalities) == cfg.max_rows_per_table == 40_000_000
 
@@ -195,7 +196,7 @@ def test_mlperf_v2_commands(tmp_path, capsys):
                  "--quiet"]) == 0
     assert main(["train", "--config", "mlperf-v2", "--data", str(data), "--device", "cpu", "--steps", "4",
                  "--batch-size", "256", "--set", "embedding_dim=4", "--set", "bottom_mlp=[8,4]", "--set",
-                 "top_mlp=[8,1]", "--set", "dcn_low_rank=2", "--set", "eval_batches=1", "--set",
+                 "top_mlp=[8,1]", "--set", "interaction.low_rank=2", "--set", "eval_batches=1", "--set",
                  "eval_batch_size=1024", "--precision", "fp32", "--quiet", "--run-dir", str(tmp_path / "run"),
                  "--checkpoint-dir", str(ckpt)]) == 0
     assert "trained 4 steps (mlperf-v2" in capsys.readouterr().out

@@ -1,8 +1,9 @@
-"""fuselab.dlrm.optim.Optimizers against float64 updates written here, on a tiny torch-path DLRM.
+"""The DLRM's updates against float64 updates written here, on tiny models of both kernel paths: the tables'
+optimizer in the lookup's backward (sparse gradients with duplicate ids), the dense rule in ``Optimizers.step``.
 
 Each step is checked alone: the reference starts from float64 copies of the parameters and states before the
-step and applies the update with the gradients autograd produced (sparse COO for the tables, duplicates in the
-ids); then parameters and states are compared element-wise.
+step and applies the update with the gradients autograd produced (the tables' from the lookup's output gradient,
+ids taken modulo the table rows, duplicates summed); then parameters and states are compared element-wise.
 """
 
 from __future__ import annotations
@@ -10,18 +11,16 @@ from __future__ import annotations
 import pytest
 import torch
 import torch.nn.functional as F
-from dlrm_fake_ops import fuselab_ops  # noqa: F401  (a fixture)
+from dlrm_models import tiny_model
 
-from fuselab.dlrm.model import DLRM
-from fuselab.dlrm.optim import OPTIMIZERS, Optimizers
+from fuselab.core.embedding_optimizer import EMBEDDING_OPTIMIZERS, SGD, Adagrad
+from fuselab.dlrm.optim import Optimizers
+from fuselab.dlrm.sparse import TableSpec, TorchEmbeddingCollection
 from fuselab.testing import assert_close
 
 SIZES = [5, 1, 40, 9]
 EPS = 1e-6
-
-
-def _model(optimizer: str = "adagrad", layout: str = "fused") -> DLRM:
-    return DLRM(SIZES, 4, [8, 4], [6, 1], embedding_layout=layout, seed=3, optimizer=optimizer)
+OPTIMIZERS = tuple(EMBEDDING_OPTIMIZERS)
 
 
 def _batch(gen: torch.Generator, batch: int = 24):
@@ -31,12 +30,12 @@ def _batch(gen: torch.Generator, batch: int = 24):
 
 
 def _reference_update(optimizer: str, w: torch.Tensor, g: torch.Tensor, s: torch.Tensor | None, lr: float,
-                      rows_2d: bool) -> None:
+                      rowwise_state: bool) -> None:
     """In place, float64, dense form over all rows (untouched rows have g = 0 and stay put)."""
     if optimizer == "sgd":
         w -= lr * g
         return
-    if optimizer == "rowwise_adagrad" and rows_2d:
+    if optimizer == "rowwise_adagrad" and rowwise_state:
         s += (g * g).mean(1)
         w -= lr * g / (s.sqrt() + EPS).unsqueeze(1)
     else:  # element-wise Adagrad; also rowwise_adagrad on dense (MLP) parameters
@@ -44,76 +43,98 @@ def _reference_update(optimizer: str, w: torch.Tensor, g: torch.Tensor, s: torch
         w -= lr * g / (s.sqrt() + EPS)
 
 
-@pytest.mark.parametrize("layout", ["fused", "per_table"])
+@pytest.mark.parametrize("kernels", ["torch", "fuselab"])
 @pytest.mark.parametrize("optimizer", OPTIMIZERS)
-def test_each_step_matches_float64_update(optimizer, layout):
-    torch.manual_seed(0)
-    model = _model(optimizer, layout)
-    opts = Optimizers(model, optimizer=optimizer, lr_dense=0.05, lr_sparse=0.3, eps=EPS)
+def test_each_step_matches_float64_update(optimizer, kernels):
+    model = tiny_model(SIZES, kernels, optimizer=optimizer, adagrad_eps=EPS)
+    opts = Optimizers(model, lr_dense=0.05, lr_sparse=0.3)
+    tables = model.sparse_arch
+    offsets = torch.tensor([0, *SIZES[:-1]]).cumsum(0)
     gen = torch.Generator().manual_seed(1)
-    for step in range(6):
-        if step == 3:
+    for step in range(4):
+        if step == 2:
             opts.set_lr(0.02, 0.7)
         lr_dense, lr_sparse = opts.lr["dense"], opts.lr["sparse"]
         dense, sparse, labels = _batch(gen)
+        if kernels == "fuselab":
+            sparse = sparse + 7 * torch.tensor(SIZES)  # raw ids: the fused collection applies id % rows
+        w, s = tables.weight.double().clone(), tables.state.double().clone()
+        grads = []
         opts.zero_grad()
-        F.binary_cross_entropy_with_logits(model(dense, sparse), labels).backward()
-        groups = [(opts.dense_params, opts.dense_state, lr_dense, False),
-                  (opts.sparse_params, opts.sparse_state, lr_sparse, True)]
+        emb = model.sparse_forward(sparse)
+        emb.register_hook(grads.append)
+        F.binary_cross_entropy_with_logits(model.dense_forward(dense, emb), labels).backward()
+        rows = (sparse % torch.tensor(SIZES) + offsets).reshape(-1)
+        g = torch.zeros_like(w).index_add_(0, rows, grads[0].reshape(-1, w.shape[1]).double())
+        touched = torch.zeros(len(w), dtype=torch.bool)
+        touched[rows] = True
+        w_ref = w.clone()
+        _reference_update(optimizer, w_ref, g, s if optimizer != "sgd" else None, lr_sparse, True)
+        w_ref[~touched] = w[~touched]
+        assert_close(tables.weight, w_ref, torch.float32, f"{optimizer} tables, step {step}")
+        if optimizer != "sgd":
+            assert_close(tables.state, s, torch.float32, f"{optimizer} tables' state, step {step}")
+        assert tables.grad_anchor.grad is None
         expected = []
-        for params, states, lr, is_table in groups:
-            for k, p in enumerate(params):
-                assert p.grad is not None and p.grad.is_sparse == is_table
-                w, g = p.detach().double().clone(), p.grad.to_dense().double()
-                s = states[k].double().clone() if states else None
-                _reference_update(optimizer, w, g, s, lr, is_table)
-                expected.append((p, w, states[k] if states else None, s))
+        for k, p in enumerate(opts.dense_params):
+            state = opts.dense_state[k] if opts.dense_state else None
+            w64, s64 = p.detach().double().clone(), None if state is None else state.double().clone()
+            _reference_update(optimizer, w64, p.grad.double(), s64, lr_dense, False)
+            expected.append((p, w64, state, s64))
         opts.step()
-        for p, w, state, s in expected:
-            assert_close(p.detach(), w, torch.float32, f"{optimizer} step {step} weights")
+        for p, w64, state, s64 in expected:
+            assert_close(p.detach(), w64, torch.float32, f"{optimizer} dense step {step}")
             if state is not None:
-                assert_close(state, s, torch.float32, f"{optimizer} step {step} state")
-    assert opts.sparse_state == [] or opts.sparse_state[0].dim() == (1 if optimizer == "rowwise_adagrad" else 2)
+                assert_close(state, s64, torch.float32, f"{optimizer} dense state, step {step}")
+    expect_state = {"sgd": (0,), "adagrad": (sum(SIZES), 4), "rowwise_adagrad": (sum(SIZES),)}[optimizer]
+    assert tuple(tables.state.shape) == expect_state
 
 
 @pytest.mark.filterwarnings("ignore:Sparse invariant checks")
-def test_sparse_adagrad_equals_torch_optim_adagrad():
-    torch.manual_seed(0)
-    a, b = _model(), _model()
-    opts = Optimizers(a, optimizer="adagrad", lr_dense=0.05, lr_sparse=0.3, eps=1e-10)
-    ref = torch.optim.Adagrad(b.embedding_parameters(), lr=0.3, eps=1e-10)
-    ref_dense = torch.optim.Adagrad(b.dense_parameters(), lr=0.05, eps=1e-10)
+@pytest.mark.parametrize("optimizer", ["sgd", "adagrad"])
+def test_torch_collection_equals_torch_optim(optimizer):
+    """The torch collection's update in the backward equals F.embedding(sparse=True) + torch.optim's sparse step."""
+    lr = 0.3
+    kind = SGD() if optimizer == "sgd" else Adagrad(eps=1e-10)
+    ours = TorchEmbeddingCollection(TableSpec(SIZES, 4), optimizer=kind, lr=lr,
+                                    generator=torch.Generator().manual_seed(2))
+    weight = torch.nn.Parameter(ours.weight.clone())
+    ref = torch.optim.SGD([weight], lr=lr) if optimizer == "sgd" else torch.optim.Adagrad([weight], lr=lr, eps=1e-10)
+    offsets = torch.tensor([0, *SIZES[:-1]]).cumsum(0)
     gen = torch.Generator().manual_seed(2)
     for _ in range(5):
-        dense, sparse, labels = _batch(gen)
-        for model, step in ((a, opts.step), (b, lambda: (ref.step(), ref_dense.step()))):
-            model.zero_grad(set_to_none=True)
-            F.binary_cross_entropy_with_logits(model(dense, sparse), labels).backward()
-            step()
+        _, sparse, _ = _batch(gen)
+        upstream = torch.randn(*sparse.shape, 4, generator=gen)
+        (ours(sparse) * upstream).sum().backward()
+        ref.zero_grad()
+        (F.embedding(sparse + offsets, weight, sparse=True) * upstream).sum().backward()
+        ref.step()
     # the same update up to the order of fp32 roundings (torch adds lr·g/std as a sparse tensor)
-    torch.testing.assert_close(a.sparse_arch.weight, b.sparse_arch.weight, rtol=1e-5, atol=1e-6)
-    for pa, pb in zip(a.dense_parameters(), b.dense_parameters()):
-        torch.testing.assert_close(pa, pb, rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(ours.weight, weight.detach(), rtol=1e-5, atol=1e-6)
+    if optimizer == "adagrad":
+        torch.testing.assert_close(ours.state, ref.state[weight]["sum"], rtol=1e-5, atol=1e-6)
 
 
-def test_set_lr_zero_freezes_and_lr_tensors_update_in_place():
-    model = _model("sgd")
-    opts = Optimizers(model, optimizer="sgd", lr_dense=0.1, lr_sparse=0.1)
-    dense_lr, sparse_lr = opts.lr_dense, opts.lr_sparse
+@pytest.mark.parametrize("kernels", ["torch", "fuselab"])
+def test_set_lr_zero_freezes_and_lr_tensors_update_in_place(kernels):
+    model = tiny_model(SIZES, kernels, optimizer="sgd")
+    opts = Optimizers(model, lr_dense=0.1, lr_sparse=0.1)
+    dense_lr, sparse_lr = opts.lr_dense, model.sparse_arch.lr
     opts.set_lr(0.0, 0.0)
     assert opts.lr_dense is dense_lr and float(dense_lr) == 0.0 and float(sparse_lr) == 0.0
-    before = [p.detach().clone() for p in model.parameters()]
+    before = {k: v.clone() for k, v in model.state_dict().items()}
     dense, sparse, labels = _batch(torch.Generator().manual_seed(0))
     F.binary_cross_entropy_with_logits(model(dense, sparse), labels).backward()
     opts.step()
-    for p, q in zip(model.parameters(), before):
-        assert torch.equal(p, q)
+    for key, value in model.state_dict().items():
+        assert torch.equal(value, before[key]), key
     opts.set_lr(0.5, 0.25)
     assert float(dense_lr) == 0.5 and float(sparse_lr) == 0.25 and opts.lr == {"dense": 0.5, "sparse": 0.25}
 
 
+@pytest.mark.parametrize("kernels", ["torch", "fuselab"])
 @pytest.mark.parametrize("optimizer", OPTIMIZERS)
-def test_state_dict_round_trip_resumes_exactly(optimizer):
+def test_state_dict_round_trip_resumes_exactly(optimizer, kernels):
     gen = torch.Generator().manual_seed(5)
     batches = [_batch(gen) for _ in range(6)]
 
@@ -123,17 +144,19 @@ def test_state_dict_round_trip_resumes_exactly(optimizer):
             F.binary_cross_entropy_with_logits(model(dense, sparse), labels).backward()
             opts.step()
 
-    a = _model(optimizer)
-    opts_a = Optimizers(a, optimizer=optimizer, lr_dense=0.05, lr_sparse=0.2, eps=EPS)
+    def make():
+        model = tiny_model(SIZES, kernels, optimizer=optimizer, adagrad_eps=EPS)
+        return model, Optimizers(model, lr_dense=0.05, lr_sparse=0.2)
+
+    a, opts_a = make()
     run(a, opts_a, batches)
-    b = _model(optimizer)
-    opts_b = Optimizers(b, optimizer=optimizer, lr_dense=0.05, lr_sparse=0.2, eps=EPS)
+    b, opts_b = make()
     run(b, opts_b, batches[:3])
     model_state = {k: v.clone() for k, v in b.state_dict().items()}
     opt_state = {k: [t.clone() for t in v] if isinstance(v, list) else v for k, v in opts_b.state_dict().items()}
-    c = _model(optimizer)
+    c, opts_c = make()
     c.load_state_dict(model_state)
-    opts_c = Optimizers(c, optimizer=optimizer, lr_dense=1.0, lr_sparse=1.0, eps=EPS)
+    opts_c.set_lr(1.0, 1.0)
     opts_c.load_state_dict(opt_state)
     assert opts_c.lr == {"dense": 0.05, "sparse": 0.2}
     run(c, opts_c, batches[3:])
@@ -142,66 +165,27 @@ def test_state_dict_round_trip_resumes_exactly(optimizer):
 
 
 def test_bad_arguments():
-    model = _model()
-    with pytest.raises(ValueError, match="optimizer"):
-        Optimizers(model, optimizer="adam", lr_dense=0.1, lr_sparse=0.1)
+    model = tiny_model(SIZES)
     with pytest.raises(ValueError, match="lr_dense"):
-        Optimizers(model, optimizer="sgd", lr_dense=-1.0, lr_sparse=0.1)
+        Optimizers(model, lr_dense=-1.0, lr_sparse=0.1)
     with pytest.raises(ValueError, match="lr_sparse"):
-        Optimizers(model, optimizer="sgd", lr_dense=0.1, lr_sparse=float("nan"))
-    with pytest.raises(ValueError, match="eps"):
-        Optimizers(model, optimizer="adagrad", lr_dense=0.1, lr_sparse=0.1, eps=0.0)
-    opts = Optimizers(model, optimizer="sgd", lr_dense=0.1, lr_sparse=0.1)
-    with pytest.raises(ValueError, match="optimizer state"):
-        opts.load_state_dict({"optimizer": "adagrad", "dense": [], "sparse": [], "lr_dense": 0.1, "lr_sparse": 0.1})
+        Optimizers(model, lr_dense=0.1, lr_sparse=float("nan"))
+    with pytest.raises(TypeError, match="EmbeddingOptimizer"):
+        Optimizers(torch.nn.Linear(2, 2), lr_dense=0.1, lr_sparse=0.1)
+    opts = Optimizers(model, lr_dense=0.1, lr_sparse=0.1)
+    with pytest.raises(ValueError, match="optimizer state is for 'sgd'"):
+        opts.load_state_dict({"optimizer": "sgd", "dense": [], "lr_dense": 0.1, "lr_sparse": 0.1})
+    with pytest.raises(ValueError, match="optimizer state 'dense'"):
+        opts.load_state_dict({"optimizer": "adagrad", "dense": [], "lr_dense": 0.1, "lr_sparse": 0.1})
 
 
-@pytest.mark.usefixtures("fuselab_ops")
-@pytest.mark.parametrize("optimizer", OPTIMIZERS)
-def test_fuselab_path_fused_update_matches_float64_update(optimizer):
-    """The embedding update happens in backward: weight and state after it equal a float64 update computed here
-    from the gradient of the lookup's output (duplicates summed, ids taken modulo the table rows)."""
-    model = DLRM(SIZES, 4, [8, 4], [6, 1], seed=3, kernels="fuselab", optimizer=optimizer, lr_sparse=0.3,
-                 adagrad_eps=EPS)
-    opts = Optimizers(model, optimizer=optimizer, lr_dense=0.05, lr_sparse=0.3, eps=EPS)
-    ebc = model.sparse_arch
-    offsets = torch.tensor([0, *SIZES[:-1]]).cumsum(0)
-    gen = torch.Generator().manual_seed(4)
-    for step in range(4):
-        if step == 2:
-            opts.set_lr(0.05, 0.8)
-        dense, sparse, labels = _batch(gen)
-        sparse = sparse + 7 * torch.tensor(SIZES)  # raw ids: the collection applies id % rows
-        w = ebc.weight.detach().double().clone()
-        s = ebc.momentum.detach().double().clone() if optimizer != "sgd" else None
-        grads = []
-        opts.zero_grad()
-        emb = ebc(sparse)
-        emb.register_hook(grads.append)
-        F.binary_cross_entropy_with_logits(model.dense_forward(dense, emb), labels).backward()
-        assert ebc.weight.grad is None
-        rows = (sparse % torch.tensor(SIZES) + offsets).reshape(-1)
-        g = torch.zeros_like(w).index_add_(0, rows, grads[0].reshape(-1, 4).double())
-        touched = torch.zeros(len(w), dtype=torch.bool)
-        touched[rows] = True
-        w_ref = w.clone()
-        _reference_update(optimizer, w_ref, g, s, opts.lr["sparse"], True)
-        w_ref[~touched] = w[~touched]
-        assert_close(ebc.weight.detach(), w_ref, torch.float32, f"{optimizer} fused update, step {step}")
-        if optimizer != "sgd":
-            assert_close(ebc.momentum, s, torch.float32, f"{optimizer} fused state, step {step}")
-        opts.step()
-
-
-@pytest.mark.usefixtures("fuselab_ops")
-def test_fuselab_path_learning_rate_and_state():
-    model = DLRM(SIZES, 4, [8, 4], [6, 1], kernels="fuselab", optimizer="rowwise_adagrad")
-    with pytest.raises(ValueError, match="built for 'rowwise_adagrad'"):
-        Optimizers(model, optimizer="sgd", lr_dense=0.1, lr_sparse=0.1)
-    opts = Optimizers(model, optimizer="rowwise_adagrad", lr_dense=0.1, lr_sparse=0.25)
-    assert float(model.sparse_arch.lr) == 0.25 and opts.sparse_params == [] and opts.sparse_state == []
-    opts.set_lr(0.1, 0.125)
-    assert float(model.sparse_arch.lr) == 0.125
-    assert "sparse_arch.momentum" in model.state_dict() and "sparse_arch.weight" in model.state_dict()
+def test_the_optimizer_is_the_models():
+    """One choice: the model's tables carry it; the dense rule follows (row-wise Adagrad: element-wise state)."""
+    model = tiny_model(SIZES, "fuselab", optimizer="rowwise_adagrad", adagrad_eps=1e-7)
+    opts = Optimizers(model, lr_dense=0.1, lr_sparse=0.25)
+    assert opts.optimizer is model.sparse_arch.optimizer and opts.optimizer.eps == 1e-7
+    assert float(model.sparse_arch.lr) == 0.25
+    assert [s.shape for s in opts.dense_state] == [p.shape for p in model.dense_parameters()]
+    assert {"sparse_arch.state", "sparse_arch.weight"} <= set(model.state_dict())
     dense = {id(p) for n, p in model.named_parameters() if not n.startswith("sparse_arch.")}
-    assert {id(p) for p in opts.dense_params} == dense and id(model.sparse_arch.weight) not in dense
+    assert {id(p) for p in opts.dense_params} == dense

@@ -55,13 +55,13 @@ def test_bf16_breakdown_tensorboard_profile_and_eval_every(synth_dir, tmp_path):
     assert list((tmp_path / "prof" / "tensorboard").glob("*.pt.trace.json*"))
 
 
-def test_vocab_hashing_and_per_table_layout(tmp_path):
+def test_vocab_hashing(tmp_path):
     from fuselab.dlrm.data.synth import SynthSpec, write_synthetic
     from fuselab.dlrm.data.tsv import preprocess
 
     write_synthetic(tmp_path / "tsv", SynthSpec(rows=6000, scale=1e-4), fmt="tsv", shard_rows=3000, workers=1)
     preprocess(sorted((tmp_path / "tsv").glob("*.tsv")), tmp_path / "data", min_count=3)
-    cfg = load_config("tiny", ["hashing=vocab", "embedding_layout=per_table", "steps=4", "batch_size=512"])
+    cfg = load_config("tiny", ["hashing=vocab", "steps=4", "batch_size=512"])
     summary = train(cfg, tmp_path / "data", progress=False, log=_quiet)
     meta = json.loads((tmp_path / "data" / "metadata.json").read_text())
     assert summary["table_sizes"] == [n + 1 for n in meta["vocab_sizes"]]

@@ -1,18 +1,23 @@
 """EmbeddingBagCollection and its ops vs a float64 oracle written here (Python loops over id positions): lookup with
 one id and with bags (sum, mean, empty bags), the modulus of raw and negative ids, the fused update of every
 optimizer on batches with many duplicate rows (weights and state per element), two steps, determinism, eval and
-no_grad, no gradient leaks, bad inputs, initialisation equal to SparseArch, opcheck, torch.compile(fullgraph=True).
+no_grad, no gradient leaks, bad inputs, initialisation equal to the DLRM's torch collection, opcheck,
+torch.compile(fullgraph=True).
 
 The Triton kernels run under the interpreter on CPU (small shapes, small blocks so that runs cross many chunks).
 """
 
 from __future__ import annotations
 
+import dataclasses
+from typing import ClassVar
+
 import pytest
 import torch
 
 import fuselab.ops
-from fuselab.dlrm.model import SparseArch
+from fuselab.core.embedding_optimizer import EMBEDDING_OPTIMIZERS, SGD, Adagrad, RowwiseAdagrad, embedding_optimizer
+from fuselab.dlrm.sparse import TableSpec, TorchEmbeddingCollection
 from fuselab.ops.embedding import (
     EmbeddingBagCollection,
     EmbeddingConfig,
@@ -30,7 +35,7 @@ from fuselab.testing import assert_close
 SMALL = EmbeddingConfig(lookup_elements=64, update_elements=64, rows_block=64, carry_elements=8, num_warps=1,
                         update_chunk=32)
 SIZES = [1, 3, 40, 7, 1000]  # tiny tables: many duplicates (every id of table 0 is row 0)
-OPTIMIZERS = ref.OPTIMIZERS
+OPTIMIZERS = tuple(EMBEDDING_OPTIMIZERS)
 ATOL, RTOL = 2e-6, 1e-5
 
 
@@ -169,7 +174,7 @@ def _update_case(optimizer: str, bags: bool, pooling: str, device, seed: int = 5
     gen = torch.Generator().manual_seed(seed)
     sizes, dim = SIZES, 6
     w = torch.randn(sum(sizes), dim, generator=gen)
-    state = torch.rand(ref.momentum_shape(optimizer, w.shape[0], dim), generator=gen)
+    state = torch.rand(embedding_optimizer(optimizer).state_shape(w.shape[0], dim), generator=gen)
     if bags:
         ids, offsets = _bags(batch, len(sizes), 3, gen, device)
     else:
@@ -190,7 +195,7 @@ def test_fused_update(backend, device, optimizer, layout):
     _oracle_update(w64, s64, lr, grad.double().view(-1, w.shape[1]), positions, optimizer, eps)
     w_dev, s_dev = w.to(device), state.to(device)
     embedding_bag_update_(w_dev, s_dev, torch.tensor(lr, device=device), grad.to(device), ids, *_meta(sizes, device),
-                          offsets, pooling=pooling, optimizer=optimizer, eps=eps, config=SMALL)
+                          offsets, pooling=pooling, optimizer=embedding_optimizer(optimizer, eps=eps), config=SMALL)
     _close(w_dev, w64, f"{optimizer} weight")
     if optimizer != "sgd":
         _close(s_dev, s64, f"{optimizer} state")
@@ -223,7 +228,7 @@ def test_atomic_sgd(triton_backend, device):
                                                                                     "mean"), "sgd", 0.0)
     w_dev = w.to(device)
     embedding_bag_update_(w_dev, torch.empty(0, device=device), torch.tensor(0.5, device=device), grad.to(device), ids,
-                          *_meta(sizes, device), offsets, pooling="mean", optimizer="sgd", deterministic=False,
+                          *_meta(sizes, device), offsets, pooling="mean", optimizer=SGD(), deterministic=False,
                           config=SMALL)
     _close(w_dev, w64, "atomic sgd weight")
 
@@ -235,7 +240,7 @@ def test_deterministic_bits(triton_backend, device, optimizer):
     for _ in range(2):
         w_dev, s_dev = w.to(device), state.to(device)
         embedding_bag_update_(w_dev, s_dev, torch.tensor(0.2, device=device), grad.to(device), ids,
-                              *_meta(sizes, device), optimizer=optimizer, config=SMALL)
+                              *_meta(sizes, device), optimizer=embedding_optimizer(optimizer), config=SMALL)
         results.append((w_dev, s_dev))
     assert torch.equal(results[0][0], results[1][0]) and torch.equal(results[0][1], results[1][1])
 
@@ -244,9 +249,9 @@ def test_deterministic_bits(triton_backend, device, optimizer):
 @pytest.mark.parametrize("optimizer", OPTIMIZERS)
 def test_module_two_steps(backend, device, optimizer):
     sizes, dim, batch = SIZES, 4, 24
-    m = EmbeddingBagCollection(sizes, dim, optimizer=optimizer, lr=0.05, device=device,
+    m = EmbeddingBagCollection(sizes, dim, optimizer=embedding_optimizer(optimizer), lr=0.05, device=device,
                                generator=torch.Generator().manual_seed(0), config=SMALL)
-    w64, s64 = m.weight.double().cpu(), m.momentum.double().cpu()
+    w64, s64 = m.weight.double().cpu(), m.state.double().cpu()
     gen = torch.Generator().manual_seed(9)
     for step in range(2):
         lr = 0.05 if step == 0 else 0.02
@@ -260,15 +265,15 @@ def test_module_two_steps(backend, device, optimizer):
         _oracle_update(w64, s64, lr, upstream.double().view(-1, dim), _positions(ids, sizes, None), optimizer, 1e-8)
         _close(m.weight, w64, f"weight after step {step}")
         if optimizer != "sgd":
-            _close(m.momentum, s64, f"state after step {step}")
+            _close(m.state, s64, f"state after step {step}")
     assert not m.weight.requires_grad and m.weight.grad is None and m.grad_anchor.grad is None
 
 
 def test_module_bags(backend, device):
     sizes, dim, batch = [4, 30], 3, 10
-    m = EmbeddingBagCollection(sizes, dim, pooling="mean", optimizer="adagrad", lr=0.1, device=device,
+    m = EmbeddingBagCollection(sizes, dim, pooling="mean", optimizer=Adagrad(), lr=0.1, device=device,
                                generator=torch.Generator().manual_seed(1), config=SMALL)
-    w64, s64 = m.weight.double().cpu(), m.momentum.double().cpu()
+    w64, s64 = m.weight.double().cpu(), m.state.double().cpu()
     gen = torch.Generator().manual_seed(10)
     ids, offsets = _bags(batch, len(sizes), 3, gen, device)
     upstream = torch.randn(batch, len(sizes), dim, generator=gen)
@@ -276,12 +281,12 @@ def test_module_bags(backend, device):
     _oracle_update(w64, s64, 0.1, upstream.double().view(-1, dim), _positions(ids.cpu(), sizes, offsets.cpu(), "mean"),
                    "adagrad", 1e-8)
     _close(m.weight, w64, "weight")
-    _close(m.momentum, s64, "state")
+    _close(m.state, s64, "state")
 
 
 def test_eval_and_no_grad_do_not_update(backend, device):
     m = EmbeddingBagCollection([5, 6], 4, device=device, config=SMALL)
-    before = (m.weight.clone(), m.momentum.clone())
+    before = (m.weight.clone(), m.state.clone())
     ids = torch.randint(0, 30, (8, 2), device=device)
     with torch.no_grad():
         out = m(ids)
@@ -292,21 +297,21 @@ def test_eval_and_no_grad_do_not_update(backend, device):
     m.train()
     out = m(ids)
     assert out.requires_grad
-    assert torch.equal(m.weight, before[0]) and torch.equal(m.momentum, before[1])
+    assert torch.equal(m.weight, before[0]) and torch.equal(m.state, before[1])
     out.sum().backward()
     assert not torch.equal(m.weight, before[0])
 
 
-def test_init_matches_sparse_arch():
+def test_init_matches_the_torch_collection():
     sizes, dim = [3, 17, 100, 1], 8
-    arch = SparseArch(sizes, dim, layout="fused", generator=torch.Generator().manual_seed(42))
+    arch = TorchEmbeddingCollection(TableSpec(sizes, dim), generator=torch.Generator().manual_seed(42))
     m = EmbeddingBagCollection(sizes, dim, generator=torch.Generator().manual_seed(42))
-    assert torch.equal(m.weight, arch.weight.detach())
-    assert torch.equal(m.row_offsets, arch.offsets)
+    assert torch.equal(m.weight, arch.weight)
+    assert torch.equal(m.row_offsets, arch.row_offsets)
     assert m.table_sizes.tolist() == sizes and m.lr.dim() == 0 and m.lr.dtype == torch.float32
-    assert m.momentum.shape == (sum(sizes),) and not m.momentum.any()
-    assert EmbeddingBagCollection(sizes, dim, optimizer="adagrad").momentum.shape == (sum(sizes), dim)
-    assert EmbeddingBagCollection(sizes, dim, optimizer="sgd").momentum.numel() == 0
+    assert m.state.shape == (sum(sizes),) and not m.state.any()
+    assert EmbeddingBagCollection(sizes, dim, optimizer=Adagrad()).state.shape == (sum(sizes), dim)
+    assert EmbeddingBagCollection(sizes, dim, optimizer=SGD()).state.numel() == 0
 
 
 # ---------------------------------------------------------------------------------------------- errors
@@ -366,8 +371,8 @@ def test_lookup_errors(case, exc, match):
 
 
 @pytest.mark.parametrize("case, exc, match", [
-    ("optimizer", ValueError, "optimizer"),
-    ("momentum_shape", ValueError, "momentum"),
+    ("optimizer", TypeError, "optimizer must be an EmbeddingOptimizer"),
+    ("state_shape", ValueError, "state"),
     ("lr_shape", ValueError, "lr"),
     ("grad_shape", ValueError, "grad"),
     ("grad_int", TypeError, "grad"),
@@ -379,7 +384,7 @@ def test_update_errors(case, exc, match):
     kw = {}
     if case == "optimizer":
         kw["optimizer"] = "adam"
-    elif case == "momentum_shape":
+    elif case == "state_shape":
         state = torch.zeros(10, 4)
     elif case == "lr_shape":
         lr = torch.tensor([0.1])
@@ -387,20 +392,46 @@ def test_update_errors(case, exc, match):
         grad = torch.zeros(3, 2, 5)
     elif case == "grad_int":
         grad = grad.long()
-    elif case == "eps":
-        kw["eps"] = -1.0
     with pytest.raises(exc, match=match):
+        if case == "eps":
+            kw["optimizer"] = RowwiseAdagrad(eps=-1.0)
         embedding_bag_update_(w, state, lr, grad, ids, sizes, starts, **kw)
+
+
+@dataclasses.dataclass(frozen=True)
+class _Unfused(RowwiseAdagrad):
+    """A kind the kernels do not implement (row-wise Adagrad's math under another name)."""
+
+    name: ClassVar[str] = "unfused"
+
+
+def test_an_optimizer_without_kernel_runs_on_the_reference_path(torch_backend, monkeypatch):
+    """A registered kind the kernels do not implement (the custom ops carry an optimizer by its registered name)."""
+    monkeypatch.setitem(EMBEDDING_OPTIMIZERS, _Unfused.name, _Unfused)
+    w, ids, sizes, starts = _valid()
+    state, lr, grad = torch.zeros(10), torch.tensor(0.1), torch.randn(3, 2, 4)
+    expect_w, expect_s = w.clone(), state.clone()
+    ref.sparse_update_(expect_w, expect_s, lr, grad, ids, sizes, starts, optimizer=RowwiseAdagrad())
+    embedding_bag_update_(w, state, lr, grad, ids, sizes, starts, optimizer=_Unfused())
+    assert torch.equal(w, expect_w) and torch.equal(state, expect_s) and not torch.equal(state, torch.zeros(10))
+
+
+def test_an_optimizer_without_kernel_is_named_on_the_triton_path(triton_backend, device):
+    w, ids, sizes, starts = _valid(device)
+    state, lr, grad = (torch.zeros(10, device=device), torch.tensor(0.1, device=device),
+                       torch.randn(3, 2, 4, device=device))
+    with pytest.raises(ValueError, match="optimizer 'unfused' has no fused kernel"):
+        embedding_bag_update_(w, state, lr, grad, ids, sizes, starts, optimizer=_Unfused())
 
 
 @pytest.mark.parametrize("kw, match", [
     (dict(table_sizes=[3, -1]), "table_sizes"), (dict(table_sizes=[]), "table_sizes"), (dict(dim=0), "dim"),
-    (dict(optimizer="adam"), "optimizer"), (dict(pooling="max"), "pooling"), (dict(eps=-1.0), "eps"),
+    (dict(optimizer="adagrad"), "optimizer must be an EmbeddingOptimizer"), (dict(pooling="max"), "pooling"),
     (dict(lr=-0.1), "lr"),
 ])
 def test_module_errors(kw, match):
     args = {"table_sizes": [3, 4], "dim": 4, **kw}
-    with pytest.raises(ValueError, match=match):
+    with pytest.raises(TypeError if "optimizer" in kw else ValueError, match=match):
         EmbeddingBagCollection(args.pop("table_sizes"), args.pop("dim"), **args)
 
 
@@ -447,7 +478,7 @@ def test_compile_fullgraph(backend, device):
             ids = torch.randint(-100, 100, (12, len(sizes)), generator=gen).to(device)
             out = run(ids)
             (out * out).sum().backward()
-        results.append((out.detach(), m.weight.clone(), m.momentum.clone()))
+        results.append((out.detach(), m.weight.clone(), m.state.clone()))
     (out0, w0, s0), (out1, w1, s1) = results
     start = EmbeddingBagCollection(sizes, dim, generator=torch.Generator().manual_seed(2)).weight
     assert not torch.equal(w0.cpu(), start)  # the steps did update
@@ -474,7 +505,7 @@ def test_functional_collection_anchor(backend, device):
 def test_rows_past_int32_offsets(device):
     """R*D > 2^31: row addresses must be int64 (8.6 GB of weight)."""
     dim, rows = 16, 2**31 // 16 + 1024
-    m = EmbeddingBagCollection([rows], dim, optimizer="sgd", lr=1.0, device=device)
+    m = EmbeddingBagCollection([rows], dim, optimizer=SGD(), lr=1.0, device=device)
     ids = torch.tensor([[rows - 1], [rows - 2], [3]], device=device)
     out = m(ids)
     assert torch.equal(out[:, 0], m.weight[ids[:, 0]])
@@ -499,7 +530,7 @@ def test_int64_position_math(triton_backend, device, monkeypatch, request, bags)
     _oracle_update(w64, s64, 0.1, grad.double().view(-1, w.shape[1]), positions, "adagrad", 1e-8)
     w_dev, s_dev = w.to(device), state.to(device)
     embedding_bag_update_(w_dev, s_dev, torch.tensor(0.1, device=device), grad.to(device), ids, table_sizes,
-                          row_offsets, offsets, pooling=pooling, optimizer="adagrad", config=SMALL)
+                          row_offsets, offsets, pooling=pooling, optimizer=Adagrad(), config=SMALL)
     _close(w_dev, w64, "weight")
     _close(s_dev, s64, "state")
 
@@ -558,7 +589,7 @@ def test_cuda_graph_step(device):
         graph.replay()
         step(eager, batch_ids)
     torch.cuda.synchronize()
-    assert torch.equal(graphed.weight, eager.weight) and torch.equal(graphed.momentum, eager.momentum)
+    assert torch.equal(graphed.weight, eager.weight) and torch.equal(graphed.state, eager.state)
 
 
 def test_state_dict_round_trip(backend, device):
@@ -568,12 +599,12 @@ def test_state_dict_round_trip(backend, device):
     ids = torch.randint(0, 50, (8, 2), device=device)
     a(ids).sum().backward()
     state = a.state_dict()
-    assert {"weight", "momentum"} <= set(state) and "lr" not in state
+    assert {"weight", "state"} <= set(state) and "lr" not in state
     b = EmbeddingBagCollection(sizes, dim, device=device, generator=torch.Generator().manual_seed(6), config=SMALL)
     b.load_state_dict(state)
     for m in (a, b):
         m(ids).sum().backward()
-    assert torch.equal(a.weight, b.weight) and torch.equal(a.momentum, b.momentum)
+    assert torch.equal(a.weight, b.weight) and torch.equal(a.state, b.state)
 
 
 @pytest.mark.parametrize("optimizer", ["sgd", "adagrad"])
@@ -581,7 +612,7 @@ def test_matches_torch_optim_on_sparse_gradients(backend, device, optimizer):
     """Two steps of the module equal F.embedding(sparse=True) + torch.optim.SGD / Adagrad (the DLRM's torch path)."""
     sizes, dim, batch, lr, eps = [2, 30, 500], 8, 32, 0.05, 1e-10
     gen = torch.Generator().manual_seed(13)
-    m = EmbeddingBagCollection(sizes, dim, optimizer=optimizer, lr=lr, eps=eps, device=device,
+    m = EmbeddingBagCollection(sizes, dim, optimizer=embedding_optimizer(optimizer, eps=eps), lr=lr, device=device,
                                generator=torch.Generator().manual_seed(4), config=SMALL)
     weight = torch.nn.Parameter(m.weight.detach().cpu().clone())
     opt = (torch.optim.SGD([weight], lr=lr) if optimizer == "sgd"
@@ -597,7 +628,7 @@ def test_matches_torch_optim_on_sparse_gradients(backend, device, optimizer):
         opt.step()
     torch.testing.assert_close(m.weight.cpu(), weight.detach(), atol=1e-6, rtol=1e-5)
     if optimizer == "adagrad":
-        torch.testing.assert_close(m.momentum.cpu(), opt.state[weight]["sum"], atol=1e-6, rtol=1e-5)
+        torch.testing.assert_close(m.state.cpu(), opt.state[weight]["sum"], atol=1e-6, rtol=1e-5)
 
 
 @pytest.mark.big_memory
@@ -613,7 +644,7 @@ def test_kaggle_scale_update(device, optimizer):
     table_sizes, row_offsets = _meta(list(sizes), device)
     gen = torch.Generator(device=device).manual_seed(0)
     w = torch.rand(sum(sizes), dim, device=device, generator=gen) - 0.5
-    state = torch.rand(ref.momentum_shape(optimizer, w.shape[0], dim), device=device, generator=gen)
+    state = torch.rand(embedding_optimizer(optimizer).state_shape(w.shape[0], dim), device=device, generator=gen)
     grad = torch.randn(batch, len(sizes), dim, device=device, generator=gen)
     lr = torch.tensor(0.01, device=device)
     keys, pos_grads = ref.position_grads(grad, ids, table_sizes, row_offsets, None, "sum")
@@ -624,8 +655,8 @@ def test_kaggle_scale_update(device, optimizer):
     full64 = w.double()
     state64 = state.double()
     ref.sparse_update_(full64, state64, lr.double(), grad.double(), ids, table_sizes, row_offsets,
-                       optimizer=optimizer)
-    embedding_bag_update_(w, state, lr, grad, ids, table_sizes, row_offsets, optimizer=optimizer)
+                       optimizer=embedding_optimizer(optimizer))
+    embedding_bag_update_(w, state, lr, grad, ids, table_sizes, row_offsets, optimizer=embedding_optimizer(optimizer))
     # the kernel sums a row's gradients in fp32 (a scan per chunk, then the chunk partials: an addition tree of
     # depth < 32), so each summed element may be off by 32 ulp of sum(|g|); carry that through each update
     g_abs = torch.zeros(len(rows), dim, dtype=torch.float64, device=device).index_add_(0, inverse,

@@ -8,6 +8,7 @@ import math
 import pytest
 import torch
 
+from fuselab.core.embedding_optimizer import SGD
 from fuselab.ops.embedding import EmbeddingConfig, embedding_bag_lookup, embedding_bag_update_
 from fuselab.ops.embedding.module import EmbeddingBagCollection
 
@@ -118,7 +119,7 @@ def test_stochastic_rounding_is_unbiased_where_nearest_would_lose_the_update(dev
     for k in range(16):
         w_dev = w.to(device, copy=True)
         embedding_bag_update_(w_dev, torch.empty(0, device=device), torch.tensor(step, device=device),
-                              grad.to(device), ids.to(device), table_sizes, starts, optimizer="sgd", config=SMALL,
+                              grad.to(device), ids.to(device), table_sizes, starts, optimizer=SGD(), config=SMALL,
                               seed=torch.tensor(1000 + k, device=device))
         results.append(w_dev.cpu().double())
     stack = torch.stack(results)
@@ -144,14 +145,14 @@ def test_half_module_is_reproducible_and_saves_its_seed(device, dtype):
             m(ids.to(device)).backward(up.to(device))
 
     a, b = make(), make()
-    assert a.weight.dtype == dtype and a.momentum.dtype == torch.float32
+    assert a.weight.dtype == dtype and a.state.dtype == torch.float32
     train(a, batches)
     train(b, batches[:1])
     c = make()
     c.load_state_dict(b.state_dict())
     assert int(c.rounding_seed) == 1
     train(c, batches[1:])
-    assert torch.equal(a.weight.cpu(), c.weight.cpu()) and torch.equal(a.momentum.cpu(), c.momentum.cpu())
+    assert torch.equal(a.weight.cpu(), c.weight.cpu()) and torch.equal(a.state.cpu(), c.state.cpu())
     assert not torch.equal(a.weight.cpu(), make().weight.cpu())
 
 
@@ -168,7 +169,7 @@ def test_half_weight_arguments_are_checked(device):
     with pytest.raises(ValueError, match="seed"):
         embedding_bag_update_(w, torch.zeros(10, device=device), lr, grad, ids, table_sizes, starts,
                               seed=torch.zeros(1, dtype=torch.int64, device=device))
-    with pytest.raises(TypeError, match=r"momentum must be torch\.float32"):
+    with pytest.raises(TypeError, match=r"state must be torch\.float32"):
         embedding_bag_update_(w, torch.zeros(10, dtype=torch.bfloat16, device=device), lr, grad, ids, table_sizes,
                               starts, seed=torch.zeros((), dtype=torch.int64, device=device))
     with pytest.raises(ValueError, match="weight_dtype"):

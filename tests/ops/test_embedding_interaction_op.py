@@ -17,6 +17,7 @@ import fuselab.ops.embedding.op as emb_op
 import fuselab.ops.interaction.launch as int_launch
 import fuselab.ops.interaction.op as int_op
 from fuselab.backend import forced
+from fuselab.core.embedding_optimizer import Adagrad, RowwiseAdagrad, embedding_optimizer
 from fuselab.ops import opdef
 from fuselab.ops.embedding import EmbeddingBagCollection, EmbeddingConfig, embedding_bag_lookup, embedding_bag_update_
 from fuselab.ops.interaction import dot_interaction
@@ -92,7 +93,7 @@ def _gram_oracle(dense, emb, self_interaction: bool, pad_to: int) -> torch.Tenso
 
 # ---------------------------------------------------------------------------------------------- kept launches
 def _module(optimizer: str, device) -> EmbeddingBagCollection:
-    return EmbeddingBagCollection(SIZES, 5, optimizer=optimizer, lr=0.1, device=device,
+    return EmbeddingBagCollection(SIZES, 5, optimizer=embedding_optimizer(optimizer), lr=0.1, device=device,
                                   generator=torch.Generator().manual_seed(3), config=SMALL)
 
 
@@ -110,7 +111,7 @@ def test_embedding_steps_repeat_kept_launches(triton_backend, device, no_plannin
         (planned(ids.to(device)) * up.to(device)).sum().backward()
     opdef.clear()
     m = _module(optimizer, device)
-    w64, s64 = m.weight.double().cpu(), m.momentum.double().cpu()
+    w64, s64 = m.weight.double().cpu(), m.state.double().cpu()
     for step, (ids, up) in enumerate(batches):
         if step == 1:
             assert len(emb_op.TRAIN.launches) == 1 and len(emb_op.UPDATE.launches) == 1
@@ -121,8 +122,8 @@ def test_embedding_steps_repeat_kept_launches(triton_backend, device, no_plannin
         _oracle_step(w64, s64, 0.1, ids, up, SIZES, optimizer)
         (out * up.to(device)).sum().backward()
         torch.testing.assert_close(m.weight.double().cpu(), w64, atol=2e-6, rtol=1e-5)
-        torch.testing.assert_close(m.momentum.double().cpu(), s64, atol=2e-6, rtol=1e-5)
-    assert torch.equal(m.weight, planned.weight) and torch.equal(m.momentum, planned.momentum)
+        torch.testing.assert_close(m.state.double().cpu(), s64, atol=2e-6, rtol=1e-5)
+    assert torch.equal(m.weight, planned.weight) and torch.equal(m.state, planned.state)
 
 
 @pytest.mark.parametrize("bags", [False, True], ids=["one_id", "bags"])
@@ -192,7 +193,8 @@ def test_interaction_repeats_kept_launches(triton_backend, device, no_planning, 
 
 
 def test_keys_tell_true_from_one(triton_backend, device):
-    """A kept call with pad_to=1 (eps=1) does not let pad_to=True (eps=True) skip the checks that reject it."""
+    """A kept call with pad_to=1 does not let pad_to=True skip the checks that reject it; the optimizer's eps is
+    checked where the optimizer is made (eps=True never reaches a key)."""
     dense, emb = torch.randn(3, 4, device=device), torch.randn(3, 2, 4, device=device)
     dot_interaction(dense, emb, pad_to=1)
     assert len(int_op.FORWARD.launches) == 1
@@ -202,10 +204,10 @@ def test_keys_tell_true_from_one(triton_backend, device):
     sizes, starts = torch.tensor([3, 5], device=device), torch.tensor([0, 3], device=device)
     ids, grad, lr = torch.randint(0, 9, (3, 2), device=device), torch.randn(3, 2, 4, device=device), torch.tensor(
         0.1, device=device)
-    embedding_bag_update_(w, s, lr, grad, ids, sizes, starts, eps=1)
+    embedding_bag_update_(w, s, lr, grad, ids, sizes, starts, optimizer=RowwiseAdagrad(eps=1))
     assert len(emb_op.UPDATE.launches) == 1
-    with pytest.raises(ValueError, match="eps"):
-        embedding_bag_update_(w, s, lr, grad, ids, sizes, starts, eps=True)
+    with pytest.raises(TypeError, match="eps"):
+        RowwiseAdagrad(eps=True)
 
 
 def test_backward_launches_are_keyed_by_the_gradient_layout(triton_backend, device):
@@ -238,7 +240,7 @@ def test_two_lookups_before_one_backward(backend, device):
     error although the first update changes the weight the second node reads."""
     gen = torch.Generator().manual_seed(7)
     m = _module("adagrad", device)
-    w64, s64 = m.weight.double().cpu(), m.momentum.double().cpu()
+    w64, s64 = m.weight.double().cpu(), m.state.double().cpu()
     ids = [torch.randint(0, 10**6, (6, len(SIZES)), generator=gen) for _ in range(2)]
     ups = [torch.randn(6, len(SIZES), 5, generator=gen) for _ in range(2)]
     before = m.weight.detach().cpu().clone()
@@ -249,7 +251,7 @@ def test_two_lookups_before_one_backward(backend, device):
     for k in range(2):
         assert torch.equal(outs[k].detach().cpu(), before[torch.tensor(_global_rows(ids[k], SIZES))])
     torch.testing.assert_close(m.weight.double().cpu(), w64, atol=2e-6, rtol=1e-5)
-    torch.testing.assert_close(m.momentum.double().cpu(), s64, atol=2e-6, rtol=1e-5)
+    torch.testing.assert_close(m.state.double().cpu(), s64, atol=2e-6, rtol=1e-5)
 
 
 # ---------------------------------------------------------------------------------------------- torch.library
@@ -258,7 +260,7 @@ def test_ops_of_both_packages():
     names = {op.name for op in (emb_op.LOOKUP, emb_op.UPDATE, emb_op.TRAIN, int_op.FORWARD, int_op.BACKWARD)}
     assert names == {"fuselab::embedding_bag_lookup", "fuselab::embedding_bag_update_", "fuselab::embedding_bag_train",
                      "fuselab::dot_interaction", "fuselab::dot_interaction_bwd"}
-    assert emb_op.UPDATE.mutates == ("weight", "momentum", "seed") and not emb_op.TRAIN.mutates
+    assert emb_op.UPDATE.mutates == ("weight", "state", "seed") and not emb_op.TRAIN.mutates
     assert torch.ops.fuselab.embedding_bag_update_.default._schema.is_mutable
 
 
@@ -280,7 +282,7 @@ def test_compile_fullgraph_lookup_and_update(backend, device):
 
     def step(w, s):
         out = embedding_bag_lookup(w, ids, sizes, starts, config=SMALL)
-        embedding_bag_update_(w, s, lr, out * up, ids, sizes, starts, optimizer="adagrad", config=SMALL)
+        embedding_bag_update_(w, s, lr, out * up, ids, sizes, starts, optimizer=Adagrad(), config=SMALL)
         return out
 
     torch._dynamo.reset()

@@ -38,6 +38,7 @@ from fuselab._io import (
 
 from . import integrity
 from .integrity import DamagedCheckpoint
+from .upgrade import upgrade_checkpoint
 
 FORMAT_VERSION = 1
 LATEST = "latest.json"
@@ -254,4 +255,4 @@ def load_checkpoint(path: str | Path, map_location: str | torch.device = "cpu") 
                          ) from None
     if not isinstance(state, dict) or state.get("version") != FORMAT_VERSION:
         raise ValueError(f"{path} is not a fuselab DLRM checkpoint (version {FORMAT_VERSION})")
-    return state
+    return upgrade_checkpoint(state)

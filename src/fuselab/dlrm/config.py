@@ -17,11 +17,20 @@ Table sizes are not part of the config: they come from the dataset's metadata
 (:func:`table_sizes`). Any field can be overridden with ``key=value`` strings
 (``--set lr_dense=0.1``; values parse as JSON, else as plain strings).
 
+The interaction is a tagged sub-config, ``{"kind": "dcn", "layers": 3, "low_rank": 512}`` (the kind alone,
+``"dot"``, takes its defaults; the kinds and their options: :mod:`fuselab.dlrm.interaction`); ``--set
+interaction.low_rank=256`` changes one option. The optimizer is read once into
+:attr:`DLRMConfig.embedding_optimizer` (:mod:`fuselab.core.embedding_optimizer`; ``adagrad_eps`` is its eps).
+Parsing an interaction imports torch (its kinds are modules); nothing here is imported before a config is read.
+
 Learning rates: ``lr_dense`` / ``lr_sparse`` left unset (null) take the preset's ``learning_rates[optimizer]``
 (``[dense, sparse]``), so ``--optimizer sgd`` gets SGD's rates, not Adagrad's. The learning-rate schedule
 (:mod:`fuselab.dlrm.schedule`) is ``warmup_steps``, ``decay_start_step``, ``decay_steps``, ``decay_power``.
 
-``bf16=true`` (the older flag) is read as ``precision="bf16"``.
+Older spellings still read: ``bf16=true`` as ``precision="bf16"``; ``interaction="dcn"`` with ``dcn_num_layers``,
+``dcn_low_rank`` and ``self_interaction`` as the tagged sub-config's options (in a whole config dict an option the
+kind does not have is dropped: older configs listed every field); ``embedding_layout`` (``"fused"`` or
+``"per_table"``) is dropped: the tables are one weight in every kernels path, with the same values.
 """
 
 from __future__ import annotations
@@ -30,9 +39,13 @@ import dataclasses
 import json
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
+from fuselab.core.embedding_optimizer import EMBEDDING_OPTIMIZERS, EmbeddingOptimizer, embedding_optimizer
 from fuselab.core.flags import DEVICE, Number, OneOf
+
+if TYPE_CHECKING:
+    from .interaction import InteractionConfig
 
 CONFIG_DIR = Path(__file__).with_name("configs")
 #: the configs shipped in CONFIG_DIR, by name (what ``--config`` accepts besides a .json/.toml file)
@@ -42,7 +55,10 @@ NUM_DENSE = 13
 DEFAULT_SYNTH_DIR = "runs/dlrm/synth-tiny"
 #: run directory of ``fuselab dlrm train`` (run.json; the checkpoint of an interrupted run without --checkpoint-dir)
 DEFAULT_RUN_DIR = "runs/dlrm/train"
-OPTIMIZERS = ("sgd", "adagrad", "rowwise_adagrad")
+#: the embedding optimizers' names (the CLI's choices)
+OPTIMIZERS = tuple(EMBEDDING_OPTIMIZERS)
+#: the model's implementations (``DLRM.from_config(kernels=...)``); a config also takes "auto"
+KERNELS = ("torch", "fuselab")
 #: learning rates [dense, sparse] per optimizer when a config gives none (the tiny preset's, batch 1024)
 DEFAULT_LEARNING_RATES = {"sgd": [1.0, 16.0], "adagrad": [0.02, 0.05], "rowwise_adagrad": [0.02, 0.05]}
 
@@ -56,10 +72,8 @@ class DLRMConfig:
     embedding_dim: int = 16
     bottom_mlp: list[int] = field(default_factory=lambda: [512, 256, 64, 16])
     top_mlp: list[int] = field(default_factory=lambda: [512, 256, 1])
-    interaction: str = "dot"  # dot | cat | dcn (DCNv2 low-rank cross network)
-    self_interaction: bool = False
-    dcn_num_layers: int = 3
-    dcn_low_rank: int = 512
+    #: the tagged sub-config ({"kind": "dot"} by default; :mod:`fuselab.dlrm.interaction`)
+    interaction: InteractionConfig = field(default_factory=lambda: _interaction("dot"))
     #: ids per sample of each table (fixed-size bags, MLPerf's multi-hot); None: one id per table
     multi_hot_sizes: list[int] | None = None
     pooling: str = "sum"  # sum | mean, over each bag
@@ -68,11 +82,10 @@ class DLRMConfig:
     cardinalities: list[int] | None = None
     hashing: str = "modulus"  # modulus | vocab
     max_rows_per_table: int | None = None
-    embedding_layout: str = "fused"  # fused (one weight, row offsets per table) | per_table (nn.EmbeddingBag each)
-    #: the tables' dtype: fp32, or fp16 / bf16 (half the memory; fp32 math, stochastically rounded updates; fused
-    #: embedding layout with fuselab's kernels only)
+    #: the tables' dtype: fp32, or fp16 / bf16 (half the memory; fp32 math, stochastically rounded updates;
+    #: fuselab's embedding collection only)
     embedding_dtype: str = "fp32"
-    sparse_grad: bool = True
+    sparse_grad: bool = True  # kernels="torch": sparse COO gradients of the tables (False: dense ones)
     kernels: str = "auto"  # auto (fuselab on CUDA, torch on CPU) | fuselab | torch
     optimizer: str = "adagrad"  # sgd | adagrad | rowwise_adagrad (row-wise for the tables, element-wise for MLPs)
     lr_dense: float | None = None  # None: learning_rates[optimizer][0]
@@ -104,12 +117,19 @@ class DLRMConfig:
     row_wise_share: float | None = None
 
     def __post_init__(self) -> None:
+        self.interaction = _interaction(self.interaction)
         rates = self.learning_rates.get(self.optimizer) if isinstance(self.learning_rates, dict) else None
         if rates is not None and len(rates) == 2:
             if self.lr_dense is None:
                 self.lr_dense = float(rates[0])
             if self.lr_sparse is None:
                 self.lr_sparse = float(rates[1])
+
+    @property
+    def embedding_optimizer(self) -> EmbeddingOptimizer:
+        """The tables' optimizer: ``optimizer`` with ``adagrad_eps`` (the one place the name is read; ValueError
+        naming ``optimizer`` for an unknown one)."""
+        return embedding_optimizer(self.optimizer, eps=self.adagrad_eps)
 
     def validate(self) -> DLRMConfig:
         """Every field against its rule (:data:`FIELD_RULES`), then the rules between fields; ``ValueError``
@@ -122,16 +142,16 @@ class DLRMConfig:
                 _check_rule(key, getattr(self, key))
             except ValueError as err:
                 raise bad(f"{key}: {err}") from None
-        if self.interaction in ("dot", "dcn") and self.bottom_mlp[-1] != self.embedding_dim:
-            raise bad(f"bottom_mlp must end at embedding_dim={self.embedding_dim} for the {self.interaction} "
-                      f"interaction, got {self.bottom_mlp}")
+        try:
+            self.interaction.check_widths(self.bottom_mlp[-1], self.embedding_dim)
+        except ValueError as exc:
+            raise bad(f"{exc}, got bottom_mlp={self.bottom_mlp}") from None
         if self.top_mlp[-1] != 1:
             raise bad(f"top_mlp must be positive widths ending in 1, got {self.top_mlp}")
         self._validate_learning(bad)
-        if self.embedding_dtype != "fp32" and (self.kernels == "torch" or self.embedding_layout != "fused"):
+        if self.embedding_dtype != "fp32" and self.kernels == "torch":
             raise bad(f"embedding_dtype={self.embedding_dtype} needs fuselab's embedding collection (kernels fuselab "
-                      f"or auto, embedding_layout fused), got kernels={self.kernels}, "
-                      f"embedding_layout={self.embedding_layout}")
+                      f"or auto), got kernels={self.kernels}")
         if self.compile and self.cuda_graph:
             raise bad("compile and cuda_graph are exclusive (the CUDA-graph step is captured eagerly)")
         return self
@@ -148,7 +168,15 @@ class DLRMConfig:
                       f"(warmup_steps={self.warmup_steps})")
 
     def to_dict(self) -> dict[str, Any]:
-        return dataclasses.asdict(self)
+        """Every field, JSON-ready (the interaction in its tagged form)."""
+        return {**dataclasses.asdict(self), "interaction": self.interaction.to_dict()}
+
+
+def _interaction(value: Any) -> InteractionConfig:
+    """The interaction's options from their tagged form (:func:`fuselab.dlrm.interaction.interaction_config`)."""
+    from .interaction import interaction_config  # its kinds are torch modules: imported when a config is read
+
+    return interaction_config(value)
 
 
 _FIELDS = {f.name: f for f in dataclasses.fields(DLRMConfig)}
@@ -158,17 +186,16 @@ _RATE, _ABOVE_ZERO = Number(float, 0), Number(float, 0, low_open=True)
 #: what each field may hold (a list field: each element; None is always allowed where the field's type allows it);
 #: the same rules check ``--set``, the named flags of ``fuselab dlrm train`` and config files
 FIELD_RULES: dict[str, Any] = {
-    "embedding_dim": _POSITIVE, "bottom_mlp": _POSITIVE, "top_mlp": _POSITIVE, "dcn_num_layers": _POSITIVE,
-    "dcn_low_rank": _POSITIVE, "multi_hot_sizes": _POSITIVE, "cardinalities": _POSITIVE,
+    "embedding_dim": _POSITIVE, "bottom_mlp": _POSITIVE, "top_mlp": _POSITIVE,
+    "multi_hot_sizes": _POSITIVE, "cardinalities": _POSITIVE,
     "max_rows_per_table": _POSITIVE, "batch_size": _POSITIVE, "eval_batch_size": _POSITIVE,
     "lr_dense": _RATE, "lr_sparse": _RATE, "adagrad_eps": _ABOVE_ZERO, "warmup_steps": _COUNT,
     "decay_start_step": _COUNT, "decay_steps": _COUNT, "decay_power": _ABOVE_ZERO, "epochs": _ABOVE_ZERO,
     "steps": _COUNT, "eval_every": _COUNT, "eval_batches": _COUNT, "seed": Number(int, 0, 2**63 - 1),
     "prefetch": _COUNT, "checkpoint_every": _COUNT, "row_wise_share": _ABOVE_ZERO, "device": DEVICE,
-    "interaction": OneOf(("dot", "cat", "dcn")), "hashing": OneOf(("modulus", "vocab")),
-    "optimizer": OneOf(OPTIMIZERS), "pooling": OneOf(("sum", "mean")),
-    "embedding_layout": OneOf(("fused", "per_table")), "shuffle": OneOf(("batch", "row", "none")),
-    "kernels": OneOf(("auto", "fuselab", "torch")), "precision": OneOf(("fp32", "tf32", "bf16")),
+    "hashing": OneOf(("modulus", "vocab")),
+    "optimizer": OneOf(OPTIMIZERS), "pooling": OneOf(("sum", "mean")), "shuffle": OneOf(("batch", "row", "none")),
+    "kernels": OneOf(("auto", *KERNELS)), "precision": OneOf(("fp32", "tf32", "bf16")),
     "embedding_dtype": OneOf(("fp32", "fp16", "bf16")),
 }
 
@@ -198,6 +225,14 @@ def check_field(key: str, value: Any) -> Any:
 
 #: older field names still read: name -> function of the value giving (field, value)
 _ALIASES = {"bf16": lambda v: ("precision", "bf16" if _coerce_bool("bf16", v) else "fp32")}
+#: older top-level names of the interaction's options: name -> the option
+_INTERACTION_OPTIONS = {"self_interaction": "self_interaction", "dcn_num_layers": "layers", "dcn_low_rank": "low_rank"}
+
+
+def _embedding_layout(value: Any) -> None:
+    """The older ``embedding_layout`` field: both of its layouts held the same tables, now always one weight."""
+    if value not in ("fused", "per_table"):
+        raise ValueError(f"embedding_layout must be 'fused' or 'per_table' (both read as one weight), got {value!r}")
 
 
 def _coerce_bool(key: str, value: Any) -> bool:
@@ -209,15 +244,45 @@ def _coerce_bool(key: str, value: Any) -> bool:
 
 
 def _coerce_item(key: str, value: Any) -> tuple[str, Any]:
-    """(field, value) of a config entry: aliases resolved, the value coerced to the field's type."""
+    """(field, value) of a config entry: aliases resolved, the value coerced to the field's type (the interaction's
+    keys are returned as given: :func:`_put` merges them)."""
     if key in _ALIASES:
         key, value = _ALIASES[key](value)
+    if key in ("interaction", "embedding_layout") or key in _INTERACTION_OPTIONS or key.startswith("interaction."):
+        return key, value
     return key, check_field(key, _coerce(key, value))
+
+
+def _put(values: dict[str, Any], key: str, value: Any, *, whole: bool = False) -> None:
+    """Set the config entry ``key`` in ``values`` (:func:`_coerce_item`); the interaction's options
+    (``interaction.KEY``, or an older top-level name) are merged into its tagged sub-config. ``whole``: entries of a
+    whole config dict, where an option the interaction's kind does not have is dropped (older configs listed every
+    field). Raises ValueError naming a bad field or option."""
+    key, value = _coerce_item(key, value)
+    if key == "embedding_layout":
+        _embedding_layout(value)
+        return
+    option = key.removeprefix("interaction.") if key.startswith("interaction.") else _INTERACTION_OPTIONS.get(key)
+    if option is not None:
+        current = values["interaction"] if "interaction" in values else _interaction("dot")
+        if not (whole and option not in current.to_dict()):
+            values["interaction"] = _interaction({**current.to_dict(), option: value})
+        return
+    values[key] = _interaction(value) if key == "interaction" else value
+
+
+def _from_dict(data: dict[str, Any]) -> dict[str, Any]:
+    """The fields of a whole config dict (a file, a checkpoint's), the interaction read before its options."""
+    values: dict[str, Any] = {}
+    for key in sorted(data, key=lambda k: k != "interaction"):
+        _put(values, key, data[key], whole=True)
+    return values
 
 
 def _coerce(key: str, value: Any) -> Any:
     if key not in _FIELDS:
-        raise ValueError(f"unknown config field {key!r}; known: {', '.join(sorted(_FIELDS))}")
+        raise ValueError(f"unknown config field {key!r}; known: {', '.join(sorted(_FIELDS))} (and the "
+                         "interaction's options as interaction.KEY)")
     kind = str(_FIELDS[key].type)
     if value is None:
         return None
@@ -289,20 +354,18 @@ def load_config(source: str | Path | None = None, overrides: list[str] | None = 
         data = _read_file(path)
     else:
         raise ValueError(f"config must be one of {PRESETS} or a .json/.toml file, got {source!r}")
-    values = dict(_coerce_item(key, value) for key, value in data.items())
+    values = _from_dict(data)
     for text in overrides or []:
-        key, value = parse_override(text)
-        values[key] = value
+        _put(values, *parse_override(text))
     for key, value in named.items():
         if value is not None:
-            key, value = _coerce_item(key, value)
-            values[key] = value
+            _put(values, key, value)
     return DLRMConfig(**values).validate()
 
 
 def config_from_dict(data: dict[str, Any]) -> DLRMConfig:
     """The config saved in a checkpoint or run.json (``to_dict()``), with older field names read as aliases."""
-    return DLRMConfig(**dict(_coerce_item(key, value) for key, value in data.items())).validate()
+    return DLRMConfig(**_from_dict(data)).validate()
 
 
 def table_sizes(cfg: DLRMConfig, meta: dict[str, Any]) -> list[int]:

@@ -14,8 +14,8 @@ from .checkpoint import open_checkpoint
 from .config import check_layout, config_from_dict
 from .data.batch import Batch
 from .data.loader import BatchLoader, CriteoDataset, Hasher, kaggle_split, load_vocabs, open_dataset
-from .layout import torch_model_from_state
 from .metrics import evaluate_predictions, roc_auc
+from .model import DLRM
 from .runtime import resolve_device
 
 SPLIT_NAMES = ("train", "test", "val", "all")
@@ -90,7 +90,9 @@ def evaluate_checkpoint(checkpoint: str | Path, data: str | Path, split: str = "
         raise ValueError(f"checkpoint {path} and dataset {data}: {exc}") from None
     vocabs = load_vocabs(ds.meta["root"], ds.num_sparse) if cfg.hashing == "vocab" else None
     hasher = Hasher(sizes, cfg.hashing, vocabs, cfg.multi_hot_sizes).to(dev)
-    model = torch_model_from_state(cfg, sizes, state).to(dev)
+    model = DLRM.from_config(cfg, sizes, kernels="torch")
+    model.load_state_dict(state["model"])
+    model = model.to(dev)
     start, stop = split_rows(ds, split)
     loader = BatchLoader(ds, start, stop, batch_size, dev, "none", prefetch=2)
     metrics = evaluate(model, hasher, loader.epoch(0), cfg.precision, max_batches)

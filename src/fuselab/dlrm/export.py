@@ -35,7 +35,6 @@ from fuselab._io import PathError, writable_file
 from .checkpoint import open_checkpoint
 from .config import DLRMConfig, config_from_dict
 from .data.textin import os_errors_as_path_errors
-from .layout import torch_model_from_state
 from .model import DLRM
 
 
@@ -74,7 +73,8 @@ def model_from_checkpoint(path: str | Path, log: Callable[[str], Any] = _warn) -
     in eval mode; ``log`` gets the warnings."""
     _, state = open_checkpoint(path, log=log)
     cfg = config_from_dict(state["config"])
-    model = torch_model_from_state(cfg, list(state["table_sizes"]), state)
+    model = DLRM.from_config(cfg, list(state["table_sizes"]), kernels="torch")
+    model.load_state_dict(state["model"])
     return ExportedDLRM(model.eval(), state["table_sizes"], cfg.hashing, cfg.multi_hot_sizes).eval(), cfg
 
 

@@ -115,22 +115,24 @@ def run_shape(cfg, table_rows: list[int], batch: int, data_bytes: int = 0) -> Ru
     dim, f_count = cfg.embedding_dim, len(table_rows)
     bottom = [13, *cfg.bottom_mlp]
     width = (f_count + 1) * dim  # the interaction's input, flattened
-    if cfg.interaction == "dot":
+    kind = cfg.interaction.kind
+    if kind == "dot":
         inter_out = dim + (f_count + 1) * f_count // 2
         inter = [width, inter_out]
-    elif cfg.interaction == "dcn":
+    elif kind == "dcn":
         inter_out = width
-        inter = [width, *[cfg.dcn_low_rank + 2 * width] * cfg.dcn_num_layers]
+        inter = [width, *[cfg.interaction.low_rank + 2 * width] * cfg.interaction.layers]
     else:
         inter_out = width
         inter = [width]
     top = [inter_out, *cfg.top_mlp]
     dense = [*pairwise(bottom), *pairwise(top)]
-    if cfg.interaction == "dcn":
-        dense += [(width, cfg.dcn_low_rank), (cfg.dcn_low_rank, width)] * cfg.dcn_num_layers
-    state = {"sgd": 0, "adagrad": dim * 4, "rowwise_adagrad": 4}[cfg.optimizer]
+    if kind == "dcn":
+        rank = cfg.interaction.low_rank
+        dense += [(width, rank), (rank, width)] * cfg.interaction.layers
+    state = 4 * cfg.embedding_optimizer.state_floats_per_row(dim)
     ids = sum(cfg.multi_hot_sizes) if cfg.multi_hot_sizes else f_count
-    return RunShape(tuple(table_rows), dim, ids, getattr(cfg, "embedding_dtype", "fp32"), state, tuple(dense),
+    return RunShape(tuple(table_rows), dim, ids, cfg.embedding_dtype, state, tuple(dense),
                     (*bottom[1:], *inter, *top[1:]), batch, 2 if cfg.precision == "bf16" else 4, data_bytes)
 
 

@@ -9,11 +9,13 @@ matmul precision is left alone).
 
 Modes:
 
-* ``"eager"``: ``zero_grad``, forward + loss, ``backward``, ``optimizers.step()``.
-* ``"compile"``: ``torch.compile`` of forward + loss (``kernels="fuselab"``: the whole forward, the embedding
-  collection included unless ``compile_embedding=False``; ``kernels="torch"``: everything after the lookup, which
-  stays eager for its sparse gradient) and of the dense optimizer step (``compile_optimizer``).
-* ``"cuda_graph"`` (``kernels="fuselab"`` on CUDA only: the torch path's sparse update synchronizes with the host):
+* ``"eager"``: ``zero_grad``, forward + loss, ``backward`` (the tables update themselves), ``optimizers.step()``.
+* ``"compile"``: ``torch.compile`` of forward + loss (a capturable sparse arch, ``kernels="fuselab"``: the whole
+  forward, the embedding collection included unless ``compile_embedding=False``; ``kernels="torch"``: everything
+  after the lookup, which stays eager for its sparse gradient) and of the dense optimizer step
+  (``compile_optimizer``).
+* ``"cuda_graph"`` (a capturable sparse arch on CUDA only, ``kernels="fuselab"``: the torch path's sparse update
+  synchronizes with the host):
   the first call copies the batch into static buffers, runs ``warmup_steps`` eager steps on a side stream (the
   model and optimizer state are restored afterwards, so warm-up does not train), then captures the whole step
   (forward, loss, backward with the fused embedding update, dense update) in one CUDA graph; each later call
@@ -25,7 +27,8 @@ Modes:
 hybrid-parallel model's :meth:`~fuselab.dlrm.distributed.DistributedDLRM.reduce_gradients`.
 
 The returned loss is a fresh tensor (in graph mode a copy of the static one), so keeping it is safe.
-Raises ValueError for an unknown precision or mode, and for ``"cuda_graph"`` on a CPU model or the torch path.
+Raises ValueError for an unknown precision or mode, and for ``"cuda_graph"`` on a CPU model or a sparse arch that
+cannot be captured (``model.sparse_arch.capturable``).
 """
 
 from __future__ import annotations
@@ -58,19 +61,19 @@ class TrainStep:
         if mode not in MODES:
             raise ValueError(f"mode must be one of {MODES}, got {mode!r}")
         self.model, self.optimizers, self.precision, self.mode = model, optimizers, precision, mode
-        self.fused = getattr(model, "kernels", "torch") == "fuselab"
+        self.capturable = bool(model.sparse_arch.capturable)
         self.device = next(model.parameters()).device
         if mode == "cuda_graph":
             if self.device.type != "cuda":
                 raise ValueError(f"mode='cuda_graph': cuda_graph needs a CUDA device, the model is on {self.device}")
-            if not self.fused:
-                raise ValueError("mode='cuda_graph' needs kernels='fuselab': the torch path's sparse embedding "
-                                 "update (coalesce) synchronizes with the host and cannot be captured")
+            if not self.capturable:
+                raise ValueError("mode='cuda_graph' needs kernels='fuselab' (and, on several ranks, whole tables): "
+                                 "this sparse arch's update synchronizes with the host and cannot be captured")
         if warmup_steps < 1:
             raise ValueError(f"warmup_steps must be >= 1, got {warmup_steps}")
         self.warmup_steps = warmup_steps
         self._grad_sync = grad_sync
-        self._whole = self.fused and compile_embedding  # forward + loss as one function of (dense, sparse, labels)
+        self._whole = self.capturable and compile_embedding  # forward + loss: one function of (dense, sparse, labels)
         self._loss_fn = self._forward_loss if self._whole else self._dense_loss
         self._dense_step = optimizers.dense_step
         if mode == "compile":
@@ -112,7 +115,6 @@ class TrainStep:
         if self._grad_sync is not None:
             self._grad_sync()
         self._dense_step()
-        self.optimizers.sparse_step()
 
     def _eager(self, dense: Tensor, sparse: Tensor, labels: Tensor) -> Tensor:
         self.optimizers.zero_grad()
@@ -150,9 +152,9 @@ class TrainStep:
                 static.copy_(new, non_blocking=True)
 
     def _state(self) -> list[Tensor]:
-        """Every tensor a step changes: the model's state and the optimizer state."""
-        opt = self.optimizers
-        return [*self.model.state_dict().values(), *opt.dense_state, *opt.sparse_state]
+        """Every tensor a step changes: the model's state (the tables' optimizer state included) and the dense
+        optimizer's."""
+        return [*self.model.state_dict().values(), *self.optimizers.dense_state]
 
     def _capture(self, dense: Tensor, sparse: Tensor, labels: Tensor) -> None:
         self.static_inputs = tuple(t.detach().clone() for t in (dense, sparse, labels))

@@ -151,8 +151,7 @@ class Trainer:
     def _build_model(self) -> None:
         cfg = self.cfg
         self.model = DLRM.from_config(dataclasses.replace(cfg, kernels=self.kernels), self.sizes).to(self.device)
-        self.optimizers = Optimizers(self.model, optimizer=cfg.optimizer, lr_dense=cfg.lr_dense,
-                                     lr_sparse=cfg.lr_sparse, eps=cfg.adagrad_eps)
+        self.optimizers = Optimizers(self.model, lr_dense=cfg.lr_dense, lr_sparse=cfg.lr_sparse)
         self.train_step = TrainStep(self.model, self.optimizers, precision=cfg.precision, mode=self.step_mode)
 
     @property

@@ -13,9 +13,9 @@ from __future__ import annotations
 
 import torch
 
+from fuselab.core.embedding_optimizer import ROWWISE_ADAGRAD, EmbeddingOptimizer
 from fuselab.core.reductions import REDUCTIONS
 
-OPTIMIZERS: tuple[str, ...] = ("sgd", "adagrad", "rowwise_adagrad")
 #: how a bag of rows is pooled: one of the reductions
 POOLINGS: tuple[str, ...] = REDUCTIONS
 
@@ -90,20 +90,18 @@ def position_grads(grad: torch.Tensor, ids: torch.Tensor, table_sizes: torch.Ten
     return table_rows(ids, table_sizes, row_offsets, bag % f_count), flat[bag] * scale[:, None]
 
 
-def sparse_update_(weight: torch.Tensor, momentum: torch.Tensor, lr: torch.Tensor, grad: torch.Tensor,
+def sparse_update_(weight: torch.Tensor, state: torch.Tensor, lr: torch.Tensor, grad: torch.Tensor,
                    ids: torch.Tensor, table_sizes: torch.Tensor, row_offsets: torch.Tensor,
-                   offsets: torch.Tensor | None = None, pooling: str = "sum", optimizer: str = "rowwise_adagrad",
-                   eps: float = 1e-8) -> None:
-    """Apply one optimizer step to the rows the batch touched, in place, as torch.optim on the coalesced sparse
-    gradient: duplicate rows are summed first (stable sort, sums in sorted order), then per row ``g``:
-
-    * ``sgd``: ``w -= lr * g``;
-    * ``adagrad``: ``s += g*g``; ``w -= lr * (g / (sqrt(s) + eps))`` (``momentum`` (R, D));
-    * ``rowwise_adagrad``: ``s += mean(g*g)``; ``w -= lr * (g / (sqrt(s) + eps))`` (``momentum`` (R,)).
+                   offsets: torch.Tensor | None = None, pooling: str = "sum",
+                   optimizer: EmbeddingOptimizer = ROWWISE_ADAGRAD) -> None:
+    """Apply one step of ``optimizer`` to the rows the batch touched, in place, as torch.optim on the coalesced sparse
+    gradient: duplicate rows are summed first (stable sort, sums in sorted order), then each row's summed gradient
+    goes through :meth:`~fuselab.core.embedding_optimizer.EmbeddingOptimizer.update_` (``state``: its
+    ``state_shape(R, D)``).
 
     ``lr`` is a 0-dim tensor. Every position of a segment computes its row's new value (the same value) and writes
-    it: static shapes, no host synchronisation. A half-precision ``weight`` is updated in fp32 (``momentum``
-    float32) and the result rounded to nearest (the Triton path rounds stochastically).
+    it: static shapes, no host synchronisation. A half-precision ``weight`` is updated in fp32 (``state`` float32)
+    and the result rounded to nearest (the Triton path rounds stochastically).
     """
     dtype = compute_dtype(weight.dtype)
     rows, g = position_grads(grad.to(dtype), ids, table_sizes, row_offsets, offsets, pooling)
@@ -115,25 +113,12 @@ def sparse_update_(weight: torch.Tensor, momentum: torch.Tensor, lr: torch.Tenso
     head[1:] = sorted_rows[1:] != sorted_rows[:-1]
     segment = torch.cumsum(head.to(torch.int64), 0) - 1
     sums = torch.zeros(n, g.shape[1], dtype=dtype, device=weight.device).index_add_(0, segment, g[perm])
-    total = sums[segment]
-    lr = lr.to(dtype)
-    old = weight[sorted_rows].to(dtype)
-    if optimizer == "sgd":
-        weight.index_put_((sorted_rows,), (old - lr * total).to(weight.dtype))
+    if dtype == weight.dtype:
+        optimizer.update_(weight, state, sums[segment], lr, rows=sorted_rows)
         return
-    if optimizer == "adagrad":
-        state = momentum[sorted_rows] + total * total
-        momentum.index_put_((sorted_rows,), state)
-        denom = state.sqrt() + eps
-    elif optimizer == "rowwise_adagrad":
-        state = momentum[sorted_rows] + (total * total).mean(dim=1)
-        momentum.index_put_((sorted_rows,), state)
-        denom = state.sqrt()[:, None] + eps
-    else:
-        raise ValueError(f"optimizer must be one of {', '.join(OPTIMIZERS)}, got {optimizer!r}")
-    weight.index_put_((sorted_rows,), (old - lr * (total / denom)).to(weight.dtype))
-
-
-def momentum_shape(optimizer: str, num_rows: int, dim: int) -> tuple[int, ...]:
-    """Shape of the optimizer state: ``(R,)`` rowwise_adagrad, ``(R, D)`` adagrad, ``(0,)`` sgd."""
-    return {"sgd": (0,), "adagrad": (num_rows, dim), "rowwise_adagrad": (num_rows,)}[optimizer]
+    # half precision: the touched rows updated in fp32 copies, then rounded to nearest into the table
+    rows_w, rows_s = weight[sorted_rows].to(dtype), state[sorted_rows] if state.numel() else state
+    optimizer.update_(rows_w, rows_s, sums[segment], lr)
+    weight.index_put_((sorted_rows,), rows_w.to(weight.dtype))
+    if state.numel():
+        state.index_put_((sorted_rows,), rows_s)

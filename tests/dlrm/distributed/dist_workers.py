@@ -9,7 +9,7 @@ import torch
 import torch.distributed as dist
 from torch import Tensor, nn
 
-from fuselab.dlrm.dcn import InteractionDCNArch
+from fuselab.core.embedding_optimizer import RowwiseAdagrad, embedding_optimizer
 from fuselab.dlrm.distributed import (
     DistributedDLRM,
     ShardedEmbeddingCollection,
@@ -21,6 +21,7 @@ from fuselab.dlrm.distributed import (
     slice_bags,
     torch_factory,
 )
+from fuselab.dlrm.interaction import DCNConfig, DCNInteraction
 
 SIZES = [50, 7, 300, 13, 1]  # table 2 is split row-wise (row_wise_share below)
 DIM = 4
@@ -59,9 +60,9 @@ def embedding_steps(cfg: dict, ctx) -> dict:
     the outputs of each step and the final local shard rows."""
     plan = make_plan(ctx.world_size)
     factory = fused_factory if cfg.get("factory") == "fused" else torch_factory
-    emb = ShardedEmbeddingCollection(plan, ctx.rank, factory=factory, optimizer=cfg["optimizer"], lr=0.3,
-                                     pooling=cfg["pooling"], seed=5, grad_divisor=1.0, group=ctx.embedding_group,
-                                     comm_dtype=cfg.get("comm_dtype"))
+    emb = ShardedEmbeddingCollection(plan, ctx.rank, factory=factory, optimizer=embedding_optimizer(cfg["optimizer"]),
+                                     lr=0.3, pooling=cfg["pooling"], seed=5, grad_divisor=1.0,
+                                     group=ctx.embedding_group, comm_dtype=cfg.get("comm_dtype"))
     gen = torch.Generator().manual_seed(11)
     outs = []
     for _ in range(2):
@@ -85,7 +86,8 @@ class TinyDense(nn.Module):
         gen = torch.Generator().manual_seed(seed)
         self.bottom = nn.Sequential(nn.Linear(13, 8), nn.ReLU(), nn.Linear(8, DIM), nn.ReLU())
         if interaction == "dcn":
-            self.inter = InteractionDCNArch(num_sparse, DIM, num_layers=2, low_rank=3, generator=gen)
+            self.inter = DCNInteraction(DCNConfig(layers=2, low_rank=3), num_sparse=num_sparse, dim=DIM, dense_dim=DIM,
+                                        generator=gen)
             width = self.inter.out_features
         else:
             self.inter = None
@@ -119,7 +121,7 @@ def global_batch(step: int, batch: int, seed: int = 3) -> tuple[Tensor, Tensor, 
 
 def build(ctx, cfg: dict) -> tuple[DistributedDLRM, torch.optim.Optimizer]:
     plan = make_plan(ctx.world_size)
-    sparse = ShardedEmbeddingCollection(plan, ctx.rank, factory=torch_factory, optimizer="rowwise_adagrad",
+    sparse = ShardedEmbeddingCollection(plan, ctx.rank, factory=torch_factory, optimizer=RowwiseAdagrad(),
                                         lr=0.1, seed=7, group=ctx.embedding_group)
     model = DistributedDLRM(sparse, TinyDense(len(SIZES), cfg.get("interaction", "dot"), seed=1))
     opt = torch.optim.SGD(model.dense_parameters(), lr=0.3, momentum=0.5)
@@ -218,8 +220,9 @@ def static_vs_dynamic(cfgs: list[dict], ctx=None) -> list[dict]:
         bags = FixedBags(sizes or [1] * len(SIZES))
         paths = {}
         for name, uniform in (("static", True), ("dynamic", False)):
-            emb = ShardedEmbeddingCollection(plan, ctx.rank, factory=factory, optimizer=cfg["optimizer"], lr=0.3,
-                                             seed=5, grad_divisor=1.0, group=ctx.embedding_group,
+            emb = ShardedEmbeddingCollection(plan, ctx.rank, factory=factory,
+                                             optimizer=embedding_optimizer(cfg["optimizer"]), lr=0.3, seed=5,
+                                             grad_divisor=1.0, group=ctx.embedding_group,
                                              comm_dtype=cfg.get("comm_dtype"), pooling=cfg.get("pooling", "sum"),
                                              uniform_batch=uniform, multi_hot_sizes=sizes)
             gen = torch.Generator().manual_seed(13)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from fuselab.dlrm.dcn import InteractionDCNArch, LowRankCrossNet
+from fuselab.dlrm.interaction import DCNConfig, DCNInteraction, LowRankCrossNet
 
 
 def loop_reference(dense, emb, V, W, bias):
@@ -34,7 +34,8 @@ def loop_reference(dense, emb, V, W, bias):
 @pytest.mark.parametrize("b_count,f_count,d,rank,layers", [(3, 2, 3, 4, 3), (1, 5, 2, 1, 1), (4, 1, 5, 7, 2)])
 def test_forward_per_element(b_count, f_count, d, rank, layers):
     gen = torch.Generator().manual_seed(b_count * 100 + f_count)
-    arch = InteractionDCNArch(f_count, d, num_layers=layers, low_rank=rank, generator=gen)
+    arch = DCNInteraction(DCNConfig(layers=layers, low_rank=rank), num_sparse=f_count, dim=d, dense_dim=d,
+                          generator=gen)
     with torch.no_grad():
         for bias in arch.crossnet.bias:
             bias.normal_(0.0, 0.5, generator=gen)  # zero at init: make the bias term count
@@ -73,13 +74,17 @@ def test_init_and_shapes():
     assert all(float(b.detach().abs().max()) == 0.0 for b in net.bias)
     std = (2.0 / (3456 + 512)) ** 0.5
     assert abs(float(net.V[0].detach().std()) - std) < 0.02 * std
-    assert InteractionDCNArch(26, 128).out_features == 3456
+    assert DCNInteraction(DCNConfig(), num_sparse=26, dim=128, dense_dim=128).out_features == 3456
 
 
 def test_errors():
     with pytest.raises(ValueError, match="positive"):
         LowRankCrossNet(4, num_layers=0)
-    arch = InteractionDCNArch(2, 3, num_layers=1, low_rank=2)
+    with pytest.raises(ValueError, match="layers"):
+        DCNConfig(layers=0)
+    with pytest.raises(ValueError, match="dense arch's output width"):
+        DCNInteraction(DCNConfig(), num_sparse=2, dim=3, dense_dim=4)
+    arch = DCNInteraction(DCNConfig(layers=1, low_rank=2), num_sparse=2, dim=3, dense_dim=3)
     with pytest.raises(ValueError, match="dense must be"):
         arch(torch.zeros(2, 4), torch.zeros(2, 2, 3))
     with pytest.raises(ValueError, match="emb"):

@@ -13,13 +13,14 @@ from pathlib import Path
 
 import pytest
 import torch
+from dlrm_models import tiny_model
 
+from fuselab.core.embedding_optimizer import SGD
 from fuselab.dlrm.distributed import (
     DenseParts,
     DistributedDLRM,
     ShardedEmbeddingCollection,
-    TorchShards,
-    default_factory,
+    fused_factory,
     gather_rows,
     init_from_env,
     local_rows,
@@ -30,7 +31,7 @@ from fuselab.dlrm.distributed import (
     torch_factory,
 )
 from fuselab.dlrm.distributed.launch import main, spawn_local, torchrun_argv
-from fuselab.dlrm.model import DLRM
+from fuselab.dlrm.sparse import FusedEmbeddingCollection, TorchEmbeddingCollection
 
 
 @pytest.mark.parametrize("batch,world", [(16, 4), (10, 4), (7, 2), (5, 5), (1, 1)])
@@ -114,24 +115,26 @@ def test_launcher_argv():
         main(["--help"])
 
 
-def test_torch_shards_contract():
-    mod = TorchShards([3, 2], 2, optimizer="sgd", lr=1.0)
+@pytest.mark.parametrize("factory, kind", [(torch_factory, TorchEmbeddingCollection),
+                                           (fused_factory, FusedEmbeddingCollection)])
+def test_local_module_contract(factory, kind):
+    mod = factory([3, 2], 2, optimizer=SGD(), lr=1.0)
+    assert isinstance(mod, kind) and mod.capturable == (kind is FusedEmbeddingCollection)
     with torch.no_grad():
         mod.weight.copy_(torch.arange(10.0).view(5, 2))
     ids, offsets = torch.tensor([0, 2, 1, 1]), torch.tensor([0, 2, 3, 4, 4])  # 2 samples x 2 shards
     out = mod(ids, offsets)
     assert torch.equal(out, torch.tensor([[[4.0, 6.0], [8.0, 9.0]], [[2.0, 3.0], [0.0, 0.0]]]))
     out.sum().backward()  # sgd lr 1: each looked-up row decreases by its count
-    assert mod.weight.grad is None
+    assert mod.grad_anchor.grad is None
     assert torch.equal(mod.weight[:, 0], torch.tensor([-1.0, 1.0, 3.0, 6.0, 7.0]))
-    with pytest.raises(ValueError, match="optimizer"):
-        TorchShards([3], 2, optimizer="adam")
-    assert callable(default_factory())
+    with pytest.raises(TypeError, match="optimizer"):
+        factory([3], 2, optimizer="adagrad")
 
 
 def test_dense_parts_of_the_project_dlrm():
     sizes = [5, 9, 3]
-    model = DLRM(sizes, 4, [8, 4], [8, 1], seed=2)
+    model = tiny_model(sizes, top_mlp=[8, 1], seed=2)
     parts = DenseParts(model)
     assert {id(p) for p in parts.parameters()} == {id(p) for p in model.dense_parameters()}
     sparse = ShardedEmbeddingCollection(plan_sharding(sizes, 4, 1), 0, factory=torch_factory)

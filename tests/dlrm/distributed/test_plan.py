@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 
+from fuselab.core.embedding_optimizer import SGD, Adagrad, RowwiseAdagrad
 from fuselab.dlrm.distributed.plan import Shard, ShardingPlan, plan_sharding, row_bytes
 
 
@@ -28,18 +29,18 @@ def test_random_plans_cover_every_row_once(world, seed):
     rng = random.Random(seed)
     sizes = [rng.choice([1, 3, 17, 100, 999, 4000]) for _ in range(rng.randint(1, 12))]
     pf = [rng.choice([0.0, 1.0, 3.0, 27.0]) for _ in sizes]
-    plan = plan_sharding(sizes, 8, world, pooling_factors=pf, optimizer="adagrad")
+    plan = plan_sharding(sizes, 8, world, pooling_factors=pf, optimizer=Adagrad())
     _check_cover(plan)
     assert {s.table for s in plan.shards} == set(range(len(sizes)))
     assert all(0 <= s.rank < world for s in plan.shards)
-    assert sum(plan.rank_bytes()) == sum(sizes) * row_bytes(8, "adagrad")
+    assert sum(plan.rank_bytes()) == sum(sizes) * row_bytes(8, Adagrad()) == sum(sizes) * (8 * 4 + 8 * 4)
     assert sum(plan.rank_lookups()) == pytest.approx(sum(pf))
 
 
 def test_large_table_is_row_wise_and_budget_respected():
     sizes = [1000, 10, 20, 30, 40]
-    per_row = row_bytes(4, "rowwise_adagrad")  # 4*4 + 4
-    assert per_row == 20
+    per_row = row_bytes(4, RowwiseAdagrad())  # 4*4 + 4
+    assert per_row == 20 and row_bytes(4, SGD()) == 16
     budget = 400 * per_row  # the 1000-row table fits no rank whole
     plan = plan_sharding(sizes, 4, 4, budget_bytes=budget)
     assert plan.kinds[0] == "row" and len(plan.shards_of_table(0)) == 4
@@ -97,8 +98,8 @@ def test_argument_errors():
         plan_sharding([0, 3], 4, 2)
     with pytest.raises(ValueError, match="pooling_factors"):
         plan_sharding([3, 3], 4, 2, pooling_factors=[1.0])
-    with pytest.raises(ValueError, match="optimizer"):
-        plan_sharding([3], 4, 1, optimizer="adam")
+    with pytest.raises(TypeError, match="optimizer must be an EmbeddingOptimizer"):
+        plan_sharding([3], 4, 1, optimizer="adagrad")
     with pytest.raises(ValueError, match="budget_bytes"):
         plan_sharding([3], 4, 2, budget_bytes=[100])
 

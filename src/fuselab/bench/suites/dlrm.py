@@ -46,7 +46,6 @@ from fuselab.bench.steps.stock import StockDLRM, StockStep
 from fuselab.dlrm.config import DLRMConfig, load_config
 from fuselab.dlrm.data.random import random_batches
 from fuselab.dlrm.data.shards import KAGGLE_CARDINALITIES
-from fuselab.dlrm.layout import load_reference_state_dict
 from fuselab.dlrm.model import DLRM
 from fuselab.dlrm.optim import Optimizers
 from fuselab.dlrm.step import TrainStep
@@ -97,9 +96,10 @@ def setup_of(config: DLRMConfig, scale: float) -> Setup:
     """The :class:`Setup` of ``config`` (its optimizer set to row-wise Adagrad, with that optimizer's learning
     rates) with its tables at ``scale``."""
     config = dataclasses.replace(config, optimizer=OPTIMIZER, lr_dense=None, lr_sparse=None)
+    inter = config.interaction
+    dcn = inter.kind == "dcn"
     shape = DLRMShape(table_sizes(config, scale), config.embedding_dim, tuple(config.bottom_mlp),
-                      tuple(config.top_mlp), config.interaction, config.dcn_num_layers if config.interaction == "dcn"
-                      else 0, config.dcn_low_rank if config.interaction == "dcn" else 0,
+                      tuple(config.top_mlp), inter.kind, inter.layers if dcn else 0, inter.low_rank if dcn else 0,
                       tuple(config.multi_hot_sizes) if config.multi_hot_sizes else None)
     sgd = config.learning_rates.get("sgd", [0.0, config.lr_sparse])[1]
     return Setup(config, make_weights(shape, SEED), config.lr_dense, config.lr_sparse, config.adagrad_eps, sgd)
@@ -176,15 +176,15 @@ def build_dlrm(shared: Setup, kernels: str, device: torch.device) -> DLRM:
     with torch.device(device):
         model = DLRM.from_config(shared.config, list(shared.shape.table_sizes), kernels=kernels)
     weights = shared.weights
-    state = {f"{arch}.mlp.{2 * k}.{name}": t for arch, layers in (("dense_arch", weights.bottom),
-                                                                   ("over_arch", weights.top))
-             for k, layer in enumerate(layers) for name, t in zip(("weight", "bias"), layer)}
-    # the tables are filled below; zeros of no memory, on the device (a CPU source would be made whole to copy)
-    state["sparse_arch.weight"] = torch.zeros(1, shared.shape.dim, device=device).expand(shared.shape.rows, -1)
-    load_reference_state_dict(model, state)
+    with torch.no_grad():
+        for arch, layers in ((model.dense_arch, weights.bottom), (model.over_arch, weights.top)):
+            for layer, (w, b) in zip(arch.mlp, layers):
+                layer.weight.zero_()  # the first layer's padded input columns stay zero
+                layer.weight[:, :w.shape[1]].copy_(w)
+                layer.bias.copy_(b)
     weights.fill_tables_(model.sparse_arch.weight.data)
     if weights.cross:
-        cross = model.interaction_arch.dcn.crossnet
+        cross = model.interaction_arch.crossnet
         with torch.no_grad():
             for layer, (v, w, b) in enumerate(weights.cross):
                 cross.V[layer].copy_(v)
@@ -198,8 +198,7 @@ def _dlrm_step(kernels: str, mode: str):
         _fresh()
         shared, device = setup(case.params["config"], case.params["scale"]), _device()
         model = build_dlrm(shared, kernels, device)
-        optimizers = Optimizers(model, optimizer=OPTIMIZER, lr_dense=shared.lr_dense, lr_sparse=shared.lr_sparse,
-                                eps=shared.eps)
+        optimizers = Optimizers(model, lr_dense=shared.lr_dense, lr_sparse=shared.lr_sparse)
         step = TrainStep(model, optimizers, precision="bf16" if _autocast(case) else "fp32", mode=mode,
                          compile_options={"dynamic": False})
         return lambda dense, ids, labels, _shared: step(dense, ids, labels)

@@ -30,6 +30,7 @@ import torch
 
 from fuselab.bench import providers
 from fuselab.bench.spec import BenchCase, CaseQuery, OpSpec
+from fuselab.core.embedding_optimizer import embedding_optimizer
 from fuselab.reference import embedding as ref
 
 #: Criteo Kaggle cardinalities (also ``fuselab.dlrm.data.shards.KAGGLE_CARDINALITIES``; bench cannot import dlrm)
@@ -68,7 +69,7 @@ def power_law_ids(batch: int, sizes: tuple[int, ...], seed: int = 0) -> torch.Te
 
 
 def _state_bytes(optimizer: str) -> int:
-    return {"sgd": 0, "rowwise_adagrad": 4, "adagrad": 4 * DIM}[optimizer]
+    return 4 * embedding_optimizer(optimizer).state_floats_per_row(DIM)
 
 
 def case_cost(batch: int, sizes: tuple[int, ...], kind: str) -> tuple[int, int, int]:
@@ -112,7 +113,7 @@ def make_inputs(case: BenchCase, device: torch.device) -> tuple:
     rows = sum(sizes)
     weight = (torch.rand(rows, DIM, device=device) - 0.5) * 0.1
     optimizer = "sgd" if kind == "lookup" else kind.removeprefix("update-")
-    state = torch.rand(ref.momentum_shape(optimizer, rows, DIM), device=device)
+    state = torch.rand(embedding_optimizer(optimizer).state_shape(rows, DIM), device=device)
     grad = torch.randn(batch, len(sizes), DIM, device=device)
     table_sizes = torch.tensor(sizes, dtype=torch.int64, device=device)
     row_offsets = torch.tensor([0, *sizes[:-1]], dtype=torch.int64, device=device).cumsum(0)
@@ -125,8 +126,8 @@ def reference(weight, state, ids, grad, lr, table_sizes, row_offsets, kind):
     out = ref.lookup(weight, ids, table_sizes, row_offsets)
     if kind == "lookup":
         return out
-    ref.sparse_update_(weight, state, lr, grad, ids, table_sizes, row_offsets, optimizer=kind.removeprefix("update-"),
-                       eps=EPS)
+    ref.sparse_update_(weight, state, lr, grad, ids, table_sizes, row_offsets,
+                       optimizer=embedding_optimizer(kind.removeprefix("update-"), eps=EPS))
     return out, weight, state
 
 
@@ -165,7 +166,7 @@ def fuselab_embedding(weight, state, ids, grad, lr, table_sizes, row_offsets, ki
     if kind == "lookup":
         return out
     embedding_bag_update_(weight, state, lr, grad, ids, table_sizes, row_offsets,
-                          optimizer=kind.removeprefix("update-"), eps=EPS)
+                          optimizer=embedding_optimizer(kind.removeprefix("update-"), eps=EPS))
     return out, weight, state
 
 

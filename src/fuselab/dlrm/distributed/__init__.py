@@ -5,7 +5,7 @@ See ``docs/dlrm_distributed.md``. Modules: :mod:`.plan`, :mod:`.local`, :mod:`.e
 """
 
 from .embedding import ShardedEmbeddingCollection
-from .local import TorchShards, default_factory, fused_factory, init_rows, torch_factory
+from .local import fused_factory, init_rows, torch_factory
 from .parallel import (
     DenseParts,
     DistributedDLRM,
@@ -21,5 +21,5 @@ from .parallel import (
 from .plan import Shard, ShardingPlan, plan_sharding, row_bytes
 
 __all__ = ["DenseParts", "DistributedDLRM", "ParallelContext", "Shard", "ShardedEmbeddingCollection", "ShardingPlan",
-           "TorchShards", "default_factory", "fused_factory", "gather_rows", "init_from_env", "init_rows", "local_rows",
+           "fused_factory", "gather_rows", "init_from_env", "init_rows", "local_rows",
            "local_slice", "plan_sharding", "row_bytes", "shutdown", "slice_bags", "slice_batch", "torch_factory"]

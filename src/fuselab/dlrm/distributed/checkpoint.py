@@ -102,7 +102,7 @@ def embedding_state(sparse: ShardedEmbeddingCollection) -> dict[str, Any]:
     for t, n in enumerate(plan.table_sizes):
         mine = local.get(t, [])
         layout = [(s.rank, s.row_start, s.rows) for s in plan.shards_of_table(t)]
-        template = sparse.local.momentum if sparse.local is not None else None
+        template = sparse.local.state if sparse.local is not None else None
         has_state = template is not None and template.numel() > 0
         if not is_distributed():
             (_, weight, state), = mine  # one rank: the table is one shard

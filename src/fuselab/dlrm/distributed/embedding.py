@@ -30,8 +30,10 @@ import torch
 import torch.distributed as dist
 from torch import Tensor, nn
 
+from fuselab.core.embedding_optimizer import ROWWISE_ADAGRAD, EmbeddingOptimizer
+
 from ..bags import FixedBags, check_sizes
-from .local import LocalFactory, default_factory, init_rows
+from .local import LocalFactory, fused_factory, init_rows
 from .plan import Shard, ShardingPlan
 
 
@@ -100,8 +102,9 @@ class _TableOrder(torch.autograd.Function):
 class ShardedEmbeddingCollection(nn.Module):
     """The shards of ``plan`` held by ``rank``, and the exchanges that serve every rank's lookups.
 
-    ``factory`` builds the local module (default: the fused op when importable, else the torch one; see
-    :mod:`.local`); ``optimizer``/``lr``/``eps`` go to it. Rows start as :func:`.local.init_rows` (``seed``), which
+    ``factory`` builds the local module (default: the fused one; see :mod:`.local`); ``optimizer`` (an
+    :class:`~fuselab.core.embedding_optimizer.EmbeddingOptimizer`) and ``lr`` go to it. Rows start as
+    :func:`.local.init_rows` (``seed``), which
     does not depend on the plan. ``grad_divisor`` (default: world size, as DDP averages dense gradients) divides
     the embedding gradients so that W ranks on a global batch train like one process on it (with one rank no
     exchange runs and it is not applied). ``comm_dtype`` (e.g. ``torch.bfloat16``): the dtype of the pooled
@@ -117,8 +120,8 @@ class ShardedEmbeddingCollection(nn.Module):
     (``TypeError`` for non-integer ones).
     """
 
-    def __init__(self, plan: ShardingPlan, rank: int, *, factory: LocalFactory | None = None,
-                 optimizer: str = "rowwise_adagrad", lr: float = 0.01, eps: float = 1e-8, pooling: str = "sum",
+    def __init__(self, plan: ShardingPlan, rank: int, *, factory: LocalFactory = fused_factory,
+                 optimizer: EmbeddingOptimizer = ROWWISE_ADAGRAD, lr: float = 0.01, pooling: str = "sum",
                  seed: int = 0, grad_divisor: float | None = None, group=None,
                  device: torch.device | str | None = None, comm_dtype: torch.dtype | None = None,
                  uniform_batch: bool = False, multi_hot_sizes: Sequence[int] | None = None):
@@ -139,8 +142,8 @@ class ShardedEmbeddingCollection(nn.Module):
         self.local_shards: list[Shard] = plan.shards_of(rank)
         self.local = None
         if self.local_shards:
-            self.local = (factory or default_factory())([s.rows for s in self.local_shards], self.dim,
-                                                        optimizer=optimizer, lr=lr, eps=eps, device=device)
+            self.local = factory([s.rows for s in self.local_shards], self.dim, optimizer=optimizer, lr=lr,
+                                 device=device)
             with torch.no_grad():
                 for s, start in zip(self.local_shards, self.local.row_offsets.tolist()):
                     self.local.weight[start: start + s.rows] = init_rows(
@@ -152,6 +155,8 @@ class ShardedEmbeddingCollection(nn.Module):
         self._build_routing(device)
         #: the static exchange applies to 2-D ids (B, S): every table whole on one rank, the same B on every rank
         self.static = bool(uniform_batch) and all(s.rows == plan.table_sizes[s.table] for s in plan.shards)
+        #: a training step with it can be captured: a static exchange and a capturable local module
+        self.capturable = self.static and (self.local is None or self.local.capturable)
         if self.static:  # where table f arrives: owner's block start (in shards), block width, index in it
             exchange = [s for q in range(self.world) for s in plan.shards_of(q)]
             where = {s.table: (sum(self.counts[:s.rank]), self.counts[s.rank], plan.shards_of(s.rank).index(s))
@@ -350,9 +355,9 @@ class ShardedEmbeddingCollection(nn.Module):
         if self.local is None:
             return []
         out = []
-        momentum = self.local.momentum
+        local_state = self.local.state
         for s, start in zip(self.local_shards, self.local.row_offsets.tolist()):
-            state = momentum[start: start + s.rows] if momentum.numel() else None
+            state = local_state[start: start + s.rows] if local_state.numel() else None
             out.append((s, self.local.weight.data[start: start + s.rows], state))
         return out
 

@@ -175,12 +175,9 @@ class DistributedDLRM(nn.Module):
 
     It offers the interface of :class:`fuselab.dlrm.model.DLRM` that :class:`fuselab.dlrm.step.TrainStep` and
     :class:`fuselab.dlrm.optim.Optimizers` use: ``sparse_arch`` (the sharded tables, which update themselves in the
-    backward: ``embedding_update_in_backward``), ``sparse_forward(ids)``, ``dense_forward(dense, emb)``,
-    :meth:`dense_parameters`,
-    ``kernels`` (``"fuselab"`` when the local tables are the fused op, else ``"torch"``) and ``optimizer``.
+    backward; ``capturable`` with a static exchange and fused local tables), ``sparse_forward(ids)``,
+    ``dense_forward(dense, emb)``, :meth:`dense_parameters` and ``optimizer`` (the tables').
     """
-
-    embedding_update_in_backward = True
 
     def __init__(self, sparse: ShardedEmbeddingCollection, dense_arch: nn.Module, *,
                  device: torch.device | None = None, bucket_cap_mb: float = 25.0, ddp: bool = True):
@@ -196,13 +193,15 @@ class DistributedDLRM(nn.Module):
                                                  **_NO_BUFFER_SYNC)
         else:
             self.dense = dense_arch
-        local = sparse.local
-        self.kernels = "fuselab" if local is not None and hasattr(local, "grad_anchor") else "torch"
-        self.optimizer = sparse.optimizer
 
     @property
     def sparse_arch(self) -> ShardedEmbeddingCollection:
         return self.sparse
+
+    @property
+    def optimizer(self):
+        """The tables' :class:`~fuselab.core.embedding_optimizer.EmbeddingOptimizer`."""
+        return self.sparse.optimizer
 
     def forward(self, dense: Tensor, ids: Tensor, offsets: Tensor | None = None) -> Tensor:
         return self.dense(dense, self.sparse(ids, offsets))

@@ -17,8 +17,7 @@ from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-#: optimizer state floats per row, as a function of the dim
-_STATE_FLOATS = {"sgd": lambda d: 0, "adagrad": lambda d: d, "rowwise_adagrad": lambda d: 1}
+from fuselab.core.embedding_optimizer import ROWWISE_ADAGRAD, EmbeddingOptimizer
 
 
 @dataclass(frozen=True)
@@ -122,11 +121,13 @@ class ShardingPlan:
     __str__ = format_table
 
 
-def row_bytes(dim: int, optimizer: str = "rowwise_adagrad", element_bytes: int = 4) -> int:
-    """Bytes of one table row: ``dim`` weights plus the optimizer's per-row state (fp32)."""
-    if optimizer not in _STATE_FLOATS:
-        raise ValueError(f"optimizer must be one of {sorted(_STATE_FLOATS)}, got {optimizer!r}")
-    return dim * element_bytes + 4 * _STATE_FLOATS[optimizer](dim)
+def row_bytes(dim: int, optimizer: EmbeddingOptimizer = ROWWISE_ADAGRAD, element_bytes: int = 4) -> int:
+    """Bytes of one table row: ``dim`` weights plus the optimizer's per-row state (fp32). Raises TypeError for an
+    ``optimizer`` that is no EmbeddingOptimizer."""
+    if not isinstance(optimizer, EmbeddingOptimizer):
+        raise TypeError(f"optimizer must be an EmbeddingOptimizer (fuselab.core.embedding_optimizer), got "
+                        f"{type(optimizer).__name__}")
+    return dim * element_bytes + 4 * optimizer.state_floats_per_row(dim)
 
 
 def _row_ranges(rows: int, parts: int) -> list[tuple[int, int]]:
@@ -135,7 +136,7 @@ def _row_ranges(rows: int, parts: int) -> list[tuple[int, int]]:
 
 
 def plan_sharding(table_sizes: Sequence[int], dim: int, world_size: int, *,
-                  pooling_factors: Sequence[float] | None = None, optimizer: str = "rowwise_adagrad",
+                  pooling_factors: Sequence[float] | None = None, optimizer: EmbeddingOptimizer = ROWWISE_ADAGRAD,
                   element_bytes: int = 4, budget_bytes: int | Sequence[int] | None = None,
                   row_wise_share: float = 1.0) -> ShardingPlan:
     """Plan the placement of ``table_sizes`` (rows of each table, width ``dim``) over ``world_size`` ranks.

@@ -56,17 +56,17 @@ def build_hybrid(cfg: DLRMConfig, sizes: list[int], ctx: ParallelContext, *, ker
     embeddings sent in bf16 under ``precision="bf16"``. Dense part: the DLRM's MLPs and interaction without
     tables, through DDP, or (``mode="cuda_graph"``) with the flat all-reduce inside the captured step."""
     share = cfg.row_wise_share if cfg.row_wise_share is not None else math.inf
-    plan = plan_sharding(sizes, cfg.embedding_dim, ctx.world_size, optimizer=cfg.optimizer,
+    optimizer = cfg.embedding_optimizer
+    plan = plan_sharding(sizes, cfg.embedding_dim, ctx.world_size, optimizer=optimizer,
                          budget_bytes=budget_bytes, row_wise_share=share)
     sparse = ShardedEmbeddingCollection(
-        plan, ctx.rank, factory=fused_factory if kernels == "fuselab" else torch_factory, optimizer=cfg.optimizer,
-        lr=cfg.lr_sparse, eps=cfg.adagrad_eps, seed=cfg.seed, group=ctx.embedding_group, device=ctx.device,
+        plan, ctx.rank, factory=fused_factory if kernels == "fuselab" else torch_factory, optimizer=optimizer,
+        lr=cfg.lr_sparse, seed=cfg.seed, group=ctx.embedding_group, device=ctx.device,
         uniform_batch=True, comm_dtype=torch.bfloat16 if cfg.precision == "bf16" else None,
         multi_hot_sizes=cfg.multi_hot_sizes, pooling=cfg.pooling)
     dense = DLRM.from_config(dataclasses.replace(cfg, kernels=kernels), sizes, embeddings=False)
     model = DistributedDLRM(sparse, DenseParts(dense).to(ctx.device), device=ctx.device, ddp=mode != "cuda_graph")
-    optimizers = Optimizers(model, optimizer=cfg.optimizer, lr_dense=cfg.lr_dense, lr_sparse=cfg.lr_sparse,
-                            eps=cfg.adagrad_eps)
+    optimizers = Optimizers(model, lr_dense=cfg.lr_dense, lr_sparse=cfg.lr_sparse)
     step = TrainStep(model, optimizers, precision=cfg.precision, mode=mode, compile_embedding=False,
                      grad_sync=model.reduce_gradients)
     return model, optimizers, step, plan

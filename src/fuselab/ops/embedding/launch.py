@@ -16,12 +16,14 @@ from dataclasses import dataclass, replace
 import torch
 
 from fuselab.core.device import INT32_MAX, cdiv, needs_int64, next_power_of_2, sm_count
+from fuselab.core.embedding_optimizer import SGD, Adagrad, EmbeddingOptimizer, RowwiseAdagrad
 from fuselab.ops._launch import launch, relaunch
-from fuselab.reference.embedding import OPTIMIZERS, POOLINGS, momentum_shape
+from fuselab.reference.embedding import POOLINGS
 
 from . import kernels
 
-_OPTIMIZER_CODE = {"sgd": 0, "adagrad": 1, "rowwise_adagrad": 2}
+#: the optimizers the kernels implement: their ``OPTIMIZER`` constexpr
+KERNEL_OPTIMIZERS: dict[type[EmbeddingOptimizer], int] = {SGD: 0, Adagrad: 1, RowwiseAdagrad: 2}
 #: weight dtypes of the Triton path: fp32, or half precision with fp32 math and stochastically rounded updates
 KERNEL_WEIGHT_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 HALF_WEIGHT_DTYPES = (torch.float16, torch.bfloat16)
@@ -150,24 +152,22 @@ def state_dtype(weight_dtype: torch.dtype) -> torch.dtype:
     return torch.float32 if weight_dtype in HALF_WEIGHT_DTYPES else weight_dtype
 
 
-def check_update(weight: torch.Tensor, momentum: torch.Tensor, lr: torch.Tensor, grad: torch.Tensor | None,
-                 optimizer: str, eps: float, batch: int, f_count: int, seed: torch.Tensor | None = None) -> None:
+def check_update(weight: torch.Tensor, state: torch.Tensor, lr: torch.Tensor, grad: torch.Tensor | None,
+                 optimizer: EmbeddingOptimizer, batch: int, f_count: int, seed: torch.Tensor | None = None) -> None:
     """Validate an update's own arguments (after :func:`check`; ``grad`` None: not yet known); same errors as
     :func:`check`. A half-precision weight needs ``seed``, a 0-dim int64 tensor on its device (the stochastic
     rounding's seed, advanced by every update)."""
-    for name, t in (("momentum", momentum), ("lr", lr)) + ((("grad", grad),) if grad is not None else ()):
+    for name, t in (("state", state), ("lr", lr)) + ((("grad", grad),) if grad is not None else ()):
         _require_tensor(name, t)
-    if not isinstance(optimizer, str) or optimizer not in OPTIMIZERS:
-        raise ValueError(f"optimizer must be one of {', '.join(OPTIMIZERS)}, got {optimizer!r}")
-    if isinstance(eps, bool) or not isinstance(eps, (int, float)) or not eps >= 0:
-        raise ValueError(f"eps must be a non-negative float, got {eps!r}")
+    if not isinstance(optimizer, EmbeddingOptimizer):
+        raise TypeError(f"optimizer must be an EmbeddingOptimizer (fuselab.core.embedding_optimizer), got "
+                        f"{type(optimizer).__name__}")
     rows, dim = weight.shape
-    expect = momentum_shape(optimizer, rows, dim)
-    if optimizer != "sgd" and tuple(momentum.shape) != expect:
-        raise ValueError(f"momentum must have shape {expect} for {optimizer}, got {tuple(momentum.shape)}")
-    if optimizer != "sgd" and momentum.dtype != state_dtype(weight.dtype):
-        raise TypeError(f"momentum must be {state_dtype(weight.dtype)} for a {weight.dtype} weight, got "
-                        f"{momentum.dtype}")
+    expect = optimizer.state_shape(rows, dim)
+    if optimizer.has_state and tuple(state.shape) != expect:
+        raise ValueError(f"state must have shape {expect} for {optimizer.name}, got {tuple(state.shape)}")
+    if optimizer.has_state and state.dtype != state_dtype(weight.dtype):
+        raise TypeError(f"state must be {state_dtype(weight.dtype)} for a {weight.dtype} weight, got {state.dtype}")
     if weight.dtype in HALF_WEIGHT_DTYPES:
         if not isinstance(seed, torch.Tensor) or seed.dtype != torch.int64 or seed.dim() != 0:
             raise ValueError(f"a {weight.dtype} weight needs seed, a 0-dim int64 tensor (the stochastic rounding's "
@@ -176,7 +176,7 @@ def check_update(weight: torch.Tensor, momentum: torch.Tensor, lr: torch.Tensor,
             raise ValueError(f"seed is on {seed.device} but weight is on {weight.device}")
     if lr.dim() != 0 or not lr.is_floating_point():
         raise ValueError(f"lr must be a 0-dim floating tensor, got shape {tuple(lr.shape)} {lr.dtype}")
-    devices = {"weight": weight.device, "momentum": momentum.device, "lr": lr.device}
+    devices = {"weight": weight.device, "state": state.device, "lr": lr.device}
     if grad is not None:
         if not grad.is_floating_point():
             raise TypeError(f"grad must have a floating dtype, got {grad.dtype}")
@@ -186,6 +186,17 @@ def check_update(weight: torch.Tensor, momentum: torch.Tensor, lr: torch.Tensor,
     _same_device(devices)
 
 
+def kernel_optimizer(optimizer: EmbeddingOptimizer) -> tuple[int, float]:
+    """The kernels' ``OPTIMIZER`` constexpr and ``eps`` of ``optimizer``. Raises ValueError for a kind the kernels do
+    not implement (it runs on the reference path)."""
+    code = KERNEL_OPTIMIZERS.get(type(optimizer))
+    if code is None:
+        names = ", ".join(kind.name for kind in KERNEL_OPTIMIZERS)
+        raise ValueError(f"optimizer {optimizer.name!r} has no fused kernel (the kernels implement {names}); use "
+                         "the reference path (kernels='torch')")
+    return code, float(getattr(optimizer, "eps", 0.0))
+
+
 def _same_device(devices: dict[str, torch.device]) -> None:
     first_name, first = next(iter(devices.items()))
     for name, dev in devices.items():
@@ -193,13 +204,13 @@ def _same_device(devices: dict[str, torch.device]) -> None:
             raise ValueError(f"{name} is on {dev} but {first_name} is on {first}; all tensors must share a device")
 
 
-def _require_kernel_layout(weight: torch.Tensor, momentum: torch.Tensor | None = None) -> None:
+def _require_kernel_layout(weight: torch.Tensor, state: torch.Tensor | None = None) -> None:
     if weight.dtype not in KERNEL_WEIGHT_DTYPES:
         raise TypeError(f"weight must be float32, float16 or bfloat16 for the Triton kernels, got {weight.dtype}")
     if not weight.is_contiguous():
         raise ValueError("weight must be contiguous (R, D) for the Triton kernels")
-    if momentum is not None and not momentum.is_contiguous():
-        raise ValueError("momentum must be contiguous for the Triton kernels")
+    if state is not None and not state.is_contiguous():
+        raise ValueError("state must be contiguous for the Triton kernels")
 
 
 def _dense_index(*tensors: torch.Tensor | None) -> tuple[tuple, bool]:
@@ -279,7 +290,7 @@ class UpdatePlan:
 
 
 def _update_plan(weight: torch.Tensor, grad: torch.Tensor, ids: torch.Tensor, table_sizes: torch.Tensor,
-                 bags: bool, pooling: str, optimizer: str, eps: float, deterministic: bool,
+                 bags: bool, pooling: str, optimizer: EmbeddingOptimizer, deterministic: bool,
                  config: EmbeddingConfig) -> UpdatePlan:
     """The update's sizes and, per kernel, its grid, scalars, constexprs and dynamic-scalar count."""
     n_pos, f_count, dim = ids.numel(), table_sizes.shape[0], weight.shape[1]
@@ -295,7 +306,9 @@ def _update_plan(weight: torch.Tensor, grad: torch.Tensor, ids: torch.Tensor, ta
     steps = [(rows_grid, (n_pos, n_ids, f_count, s_ib, s_if),
               dict(BLOCK=config.rows_block, BAGS=bags, MEAN=mean, WIDE=wide, STOCHASTIC=stochastic, num_warps=warps),
               2)]
-    atomic = optimizer == "sgd" and not deterministic and not stochastic  # atomics cannot round stochastically
+    code, eps = kernel_optimizer(optimizer)
+    # atomics cannot round stochastically: half-precision weights take the sorted path
+    atomic = code == KERNEL_OPTIMIZERS[SGD] and not deterministic and not stochastic
     if atomic:
         block_p = max(1, config.update_elements // block_d)
         steps.append(((cdiv(n_pos, block_p),), (n_pos, n_ids, f_count, *grad.stride()),
@@ -306,16 +319,15 @@ def _update_plan(weight: torch.Tensor, grad: torch.Tensor, ids: torch.Tensor, ta
     for starts in (False, True):
         steps.append((rows_grid, (n_pos,), dict(BLOCK=config.rows_block, CHUNK=chunk, STARTS=starts, num_warps=warps),
                       1))
-    code = _OPTIMIZER_CODE[optimizer]
     # a persistent grid of 32 warps per multiprocessor: items are at most N, their count is known on the device only
     programs = min(cdiv(n_pos, blocks.update_items), max(1, 32 // config.update_warps) * sm_count(weight.device))
-    steps.append(((max(programs, 1),), (n_pos, f_count, *grad.stride(), float(eps)),
+    steps.append(((max(programs, 1),), (n_pos, f_count, *grad.stride(), eps),
                   dict(D=dim, BLOCK_S=blocks.update_items, UNROLL=config.update_unroll, BLOCK_D=block_d, CHUNK=chunk,
                        OPTIMIZER=code, SCALED=bags, FLAT_GRAD=grad.stride(0) == f_count * grad.stride(1),
                        num_warps=config.update_warps), 1))
     n_chunks = cdiv(n_pos, chunk)
     # most carry programs read 3 keys and exit; a segment crossing chunks adds (carry_chunks, D) tiles
-    steps.append(((n_chunks,), (n_pos, n_chunks, float(eps)),
+    steps.append(((n_chunks,), (n_pos, n_chunks, eps),
                   dict(CHUNK=chunk, BLOCK_C=blocks.carry_chunks, OPTIMIZER=code, D=dim, BLOCK_D=block_d,
                        num_warps=warps), 2))
     return UpdatePlan(n_pos, key_dtype, n_chunks, block_d, False, tuple(steps))
@@ -381,25 +393,27 @@ def _run_update(update_plan: UpdatePlan, entries: tuple | None, t: UpdateTensors
     return entries if entries is not None else tuple(launched)
 
 
-def update_(t: UpdateTensors, pooling: str, optimizer: str, eps: float, deterministic: bool = True,
+def update_(t: UpdateTensors, pooling: str, optimizer: EmbeddingOptimizer, deterministic: bool = True,
             config: EmbeddingConfig = DEFAULT_CONFIG) -> tuple | None:
-    """Apply the optimizer update of the output gradient ``t.grad`` (B, F, D) to the rows the ids touched, in place.
+    """Apply the ``optimizer`` update of the output gradient ``t.grad`` (B, F, D) to the rows the ids touched, in
+    place.
 
     Deterministic: global rows (int32 keys when R < 2^31) -> stable ``torch.sort`` -> items numbered (runs of one
     row cut at chunk starts: two passes and a cumsum) -> the item kernel (sums each item, applies whole segments)
     -> the carry kernel (adds the pieces of segments longer than a chunk, in order, and applies them); about ten
     launches, the sort's included; workspace: keys, sorted keys, permutation, flags, item numbers and starts, the
     sorted sources, 2 partial rows per chunk.
-    ``deterministic=False`` with ``sgd`` and an fp32 weight: one kernel of atomic adds, no sort (other optimizers
+    ``deterministic=False`` with SGD and an fp32 weight: one kernel of atomic adds, no sort (other optimizers
     and half-precision weights ignore the flag). No host synchronisation: every size comes from shapes. Returns a
-    record for :func:`update_again` (None when nothing was launched or an index tensor was copied).
+    record for :func:`update_again` (None when nothing was launched or an index tensor was copied). Raises
+    ValueError for an optimizer the kernels do not implement (:data:`KERNEL_OPTIMIZERS`).
     """
     _require_kernel_layout(t.weight, t.state)
     (offsets, table_sizes, row_offsets), copied = _dense_index(t.offsets, t.table_sizes, t.row_offsets)
     if t.ids.numel() == 0 or t.grad.numel() == 0:
         return None
     t = replace(t, offsets=offsets, table_sizes=table_sizes, row_offsets=row_offsets)
-    update_plan = _update_plan(t.weight, t.grad, t.ids, table_sizes, offsets is not None, pooling, optimizer, eps,
+    update_plan = _update_plan(t.weight, t.grad, t.ids, table_sizes, offsets is not None, pooling, optimizer,
                                deterministic, config)
     entries = _run_update(update_plan, None, t)
     return None if copied else (update_plan, entries)

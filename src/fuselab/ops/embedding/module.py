@@ -7,8 +7,9 @@ from collections.abc import Sequence
 import torch
 from torch import Tensor, nn
 
+from fuselab.core.embedding_optimizer import ROWWISE_ADAGRAD, EmbeddingOptimizer
 from fuselab.core.seeded import uniform_tables_
-from fuselab.reference.embedding import OPTIMIZERS, POOLINGS, momentum_shape
+from fuselab.reference.embedding import POOLINGS
 
 from .launch import HALF_WEIGHT_DTYPES, KERNEL_WEIGHT_DTYPES, EmbeddingConfig, state_dtype
 from .op import embedding_bag_collection
@@ -19,12 +20,13 @@ class EmbeddingBagCollection(nn.Module):
     optimizer fused into the backward (torchrec's EmbeddingBagCollection + FBGEMM's fused TBE, in one module).
 
     Buffers: ``weight`` (R, D) of ``weight_dtype``, ``R = sum(table_sizes)``, table ``t`` = rows ``[row_offsets[t],
-    row_offsets[t] + n_t)``; ``momentum`` the optimizer state ((R,) rowwise_adagrad, (R, D) adagrad, (0,) sgd; fp32
-    zeros at start); ``row_offsets`` and ``table_sizes`` (F,) int64; ``lr`` a 0-dim fp32 tensor (:meth:`set_lr`);
-    ``rounding_seed`` a 0-dim int64 tensor (half-precision weights: the seed of the stochastic rounding, advanced by
-    every update and saved in the state dict, so a resumed run draws what an uninterrupted one would). ``weight``
-    does not require grad; the empty parameter ``grad_anchor`` does, so that autograd runs the fused update. It
-    never gets a gradient: no dense or sparse gradient of the tables is ever allocated.
+    row_offsets[t] + n_t)``; ``state`` the optimizer's state (``optimizer.state_shape(R, D)``: (R,) row-wise
+    Adagrad, (R, D) Adagrad, (0,) SGD; fp32 zeros at start); ``row_offsets`` and ``table_sizes`` (F,) int64; ``lr`` a
+    0-dim fp32 tensor (:meth:`set_lr`); with half-precision weights, ``rounding_seed`` a 0-dim int64 tensor (the seed
+    of the stochastic rounding, advanced by every update and saved in the state dict, so a resumed run draws what an
+    uninterrupted one would). ``weight`` does not require grad; the empty parameter ``grad_anchor`` does, so that
+    autograd runs the fused update. It never gets a gradient: no dense or sparse gradient of the tables is ever
+    allocated.
 
     ``weight_dtype``: float32 (4 bytes per element), or float16 / bfloat16 (2 bytes: half the memory and the
     lookup's traffic; the lookup and the update compute in fp32, the output is fp32, and the updated weight is
@@ -34,18 +36,23 @@ class EmbeddingBagCollection(nn.Module):
     Initialisation: table ``t`` drawn U(-1/sqrt(n_t), 1/sqrt(n_t)) in table order from ``generator`` on its device
     (the global CPU generator when None; a default-device context does not move it), then moved to ``device``
     (default: the default device, e.g. a ``with torch.device(...)`` context's; every buffer lives there):
-    bit-identical to ``fuselab.dlrm.model.SparseArch(layout="fused")`` with the same generator.
+    bit-identical to the DLRM's torch sparse arch (``fuselab.dlrm.sparse.TorchEmbeddingCollection``) with the same
+    generator.
 
     Training: in training mode with grad enabled, the gradient of the output applies the optimizer to the looked-up
     rows in place when it reaches the backward (``loss.backward()``; running the backward twice updates twice).
     Duplicate rows are summed first, with the same bits every run (``deterministic=False``: SGD updates with atomics,
     faster, not reproducible; the Adagrad variants stay deterministic). In eval mode or under no_grad: lookup only.
 
-    Raises: ValueError for non-positive table sizes or dim, unknown optimizer or pooling, negative eps or lr.
+    ``optimizer``: an :class:`~fuselab.core.embedding_optimizer.EmbeddingOptimizer` (kind and hyper-parameters);
+    the kernels implement SGD, Adagrad and row-wise Adagrad (another kind runs on the reference path only).
+
+    Raises: ValueError for non-positive table sizes or dim, unknown pooling or a negative lr; TypeError for an
+    ``optimizer`` that is no EmbeddingOptimizer.
     """
 
-    def __init__(self, table_sizes: Sequence[int], dim: int, *, optimizer: str = "rowwise_adagrad", lr: float = 0.01,
-                 eps: float = 1e-8, pooling: str = "sum", deterministic: bool = True,
+    def __init__(self, table_sizes: Sequence[int], dim: int, *, optimizer: EmbeddingOptimizer = ROWWISE_ADAGRAD,
+                 lr: float = 0.01, pooling: str = "sum", deterministic: bool = True,
                  device: torch.device | str | None = None, generator: torch.Generator | None = None,
                  config: EmbeddingConfig | None = None, weight_dtype: torch.dtype = torch.float32):
         super().__init__()
@@ -54,19 +61,18 @@ class EmbeddingBagCollection(nn.Module):
             raise ValueError(f"table_sizes must be positive int row counts, got {sizes[:8]}")
         if isinstance(dim, bool) or not isinstance(dim, int) or dim <= 0:
             raise ValueError(f"dim must be a positive int, got {dim!r}")
-        if optimizer not in OPTIMIZERS:
-            raise ValueError(f"optimizer must be one of {', '.join(OPTIMIZERS)}, got {optimizer!r}")
+        if not isinstance(optimizer, EmbeddingOptimizer):
+            raise TypeError(f"optimizer must be an EmbeddingOptimizer (fuselab.core.embedding_optimizer), got "
+                            f"{type(optimizer).__name__}")
         if pooling not in POOLINGS:
             raise ValueError(f"pooling must be one of {', '.join(POOLINGS)}, got {pooling!r}")
-        if not (isinstance(eps, (int, float)) and eps >= 0):
-            raise ValueError(f"eps must be a non-negative float, got {eps!r}")
         if not (isinstance(lr, (int, float)) and lr >= 0):
             raise ValueError(f"lr must be a non-negative float, got {lr!r}")
         if weight_dtype not in KERNEL_WEIGHT_DTYPES:
             raise ValueError(f"weight_dtype must be one of {', '.join(map(str, KERNEL_WEIGHT_DTYPES))}, got "
                              f"{weight_dtype!r}")
         self.sizes = tuple(sizes)
-        self.dim, self.optimizer, self.eps, self.pooling = dim, optimizer, float(eps), pooling
+        self.dim, self.optimizer, self.pooling = dim, optimizer, pooling
         self.deterministic, self.config = bool(deterministic), config
         # drawn on the generator's device (the global CPU generator by default), placed on ``device`` (default: the
         # default device, e.g. a ``with torch.device(...)`` context's)
@@ -75,9 +81,10 @@ class EmbeddingBagCollection(nn.Module):
         weight = torch.empty(int(starts[-1]), dim, device=device, dtype=weight_dtype)
         uniform_tables_(weight, sizes, generator if generator is not None else torch.default_generator)
         self.register_buffer("weight", weight)
-        self.register_buffer("momentum", torch.zeros(momentum_shape(optimizer, weight.shape[0], dim), device=device,
-                                                     dtype=state_dtype(weight_dtype)))
-        self.register_buffer("rounding_seed", torch.zeros((), dtype=torch.int64, device=device))
+        self.register_buffer("state", torch.zeros(optimizer.state_shape(weight.shape[0], dim), device=device,
+                                                  dtype=state_dtype(weight_dtype)))
+        if weight_dtype in HALF_WEIGHT_DTYPES:
+            self.register_buffer("rounding_seed", torch.zeros((), dtype=torch.int64, device=device))
         self.register_buffer("row_offsets", starts[:-1].clone().to(device), persistent=False)
         self.register_buffer("table_sizes", torch.tensor(sizes, dtype=torch.int64, device=device), persistent=False)
         self.register_buffer("lr", torch.tensor(float(lr), dtype=torch.float32, device=device), persistent=False)
@@ -96,9 +103,9 @@ class EmbeddingBagCollection(nn.Module):
         ``(B, F, D)``. Bags: ids ``(N,)`` flat values, offsets ``(B*F + 1,)`` int64, bag ``b*F + f`` of feature
         ``f`` pooled by ``pooling`` (empty bags give zeros) -> ``(B, F, D)``."""
         return embedding_bag_collection(
-            self.weight, self.momentum, self.lr, ids, self.table_sizes, self.row_offsets, offsets,
+            self.weight, self.state, self.lr, ids, self.table_sizes, self.row_offsets, offsets,
             anchor=self.grad_anchor if self.training else None, pooling=self.pooling, optimizer=self.optimizer,
-            eps=self.eps, deterministic=self.deterministic, config=self.config,
+            deterministic=self.deterministic, config=self.config,
             seed=self.rounding_seed if self.weight.dtype in HALF_WEIGHT_DTYPES else None)
 
     def extra_repr(self) -> str:

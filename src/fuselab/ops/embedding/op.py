@@ -1,8 +1,8 @@
-"""Embedding bag collection: three :class:`~fuselab.ops._recordop.RecordOp` and the public functional API.
+"""Embedding bag collection: three :class:`~fuselab.ops.opdef.Op` and the public functional API.
 
 * :data:`LOOKUP` (``fuselab::embedding_bag_lookup``): the pooled lookup, no autograd;
 * :data:`UPDATE` (``fuselab::embedding_bag_update_``): the fused sparse optimizer update, mutating ``weight`` and
-  ``momentum`` (``mutates_args``; its fake returns nothing);
+  ``state`` (``mutates_args``; its fake returns nothing);
 * :data:`TRAIN` (``fuselab::embedding_bag_train``): the lookup whose backward is that update (FBGEMM's trick): it
   takes a placeholder tensor ``anchor`` that requires grad, so autograd calls the backward (:func:`_train_backward`),
   which applies the optimizer to ``weight`` in place through :data:`UPDATE` and returns no gradient at all: no
@@ -17,11 +17,13 @@ kept under the forward's key and the gradient's layout. Nothing synchronises wit
 
 from __future__ import annotations
 
+import functools
 from dataclasses import fields
 
 import torch
 
 from fuselab.backend import triton_for
+from fuselab.core.embedding_optimizer import ROWWISE_ADAGRAD, EmbeddingOptimizer, embedding_optimizer
 from fuselab.ops._recordop import RecordOp, layout, operand
 from fuselab.reference import embedding as ref
 
@@ -63,6 +65,17 @@ def _out_shape(weight: Tensor, ids: Tensor, table_sizes: Tensor, offsets: Tensor
     return batch, f_count, weight.shape[1]
 
 
+def _as_schema(optimizer: EmbeddingOptimizer) -> tuple[str, float]:
+    """The optimizer as the custom ops' schema carries it: its name and its eps (0 for a kind without one)."""
+    return optimizer.name, float(getattr(optimizer, "eps", 0.0))
+
+
+@functools.cache
+def _from_schema(name: str, eps: float) -> EmbeddingOptimizer:
+    """The optimizer the schema's name and eps stand for (inside the ops)."""
+    return embedding_optimizer(name, eps=eps)
+
+
 # ---------------------------------------------------------------------------------------------- lookup
 def _lookup(weight: Tensor, ids: Tensor, offsets: Tensor | None, table_sizes: Tensor, row_offsets: Tensor,
             pooling: str, knobs: list[int], *, prepared=None) -> tuple:
@@ -89,41 +102,41 @@ LOOKUP = RecordOp("fuselab::embedding_bag_lookup", eager=_lookup, fake=_lookup_f
 
 
 # ---------------------------------------------------------------------------------------------- update
-def _update(weight: Tensor, momentum: Tensor, seed: Tensor | None, lr: Tensor, grad: Tensor, ids: Tensor,
+def _update(weight: Tensor, state: Tensor, seed: Tensor | None, lr: Tensor, grad: Tensor, ids: Tensor,
             offsets: Tensor | None, table_sizes: Tensor, row_offsets: Tensor, pooling: str, optimizer: str, eps: float,
             deterministic: bool, knobs: list[int], *, prepared=None) -> tuple:
-    """((weight, momentum, seed) updated in place, launch record or None)."""
-    tensors = UpdateTensors(weight, momentum, lr, seed, grad, ids, table_sizes, row_offsets, offsets)
+    """((weight, state, seed) updated in place, launch record or None)."""
+    tensors = UpdateTensors(weight, state, lr, seed, grad, ids, table_sizes, row_offsets, offsets)
     if prepared is not None:
         update_again(prepared, tensors)
-        return (weight, momentum, seed), None
+        return (weight, state, seed), None
     if not triton_for(weight):
-        ref.sparse_update_(weight, momentum, lr, grad, ids, table_sizes, row_offsets, offsets, pooling, optimizer,
-                           eps)
-        return (weight, momentum, seed), None
-    record = update_(tensors, pooling, optimizer, eps, deterministic, _config(knobs))
-    return (weight, momentum, seed), record
+        ref.sparse_update_(weight, state, lr, grad, ids, table_sizes, row_offsets, offsets, pooling,
+                           _from_schema(optimizer, eps))
+        return (weight, state, seed), None
+    record = update_(tensors, pooling, _from_schema(optimizer, eps), deterministic, _config(knobs))
+    return (weight, state, seed), record
 
 
-def _update_fake(weight: Tensor, momentum: Tensor, seed: Tensor | None, lr: Tensor, grad: Tensor, ids: Tensor,
+def _update_fake(weight: Tensor, state: Tensor, seed: Tensor | None, lr: Tensor, grad: Tensor, ids: Tensor,
                  offsets: Tensor | None, table_sizes: Tensor, row_offsets: Tensor, pooling: str, optimizer: str,
                  eps: float, deterministic: bool, knobs: list[int]) -> None:
     return None
 
 
 UPDATE = RecordOp("fuselab::embedding_bag_update_", eager=_update, fake=_update_fake,
-                  mutates_args=("weight", "momentum", "seed"))
+                  mutates_args=("weight", "state", "seed"))
 
 
 # ---------------------------------------------------------------------------------------------- train
-def _train(anchor: Tensor, weight: Tensor, momentum: Tensor, seed: Tensor | None, lr: Tensor, ids: Tensor,
+def _train(anchor: Tensor, weight: Tensor, state: Tensor, seed: Tensor | None, lr: Tensor, ids: Tensor,
            offsets: Tensor | None, table_sizes: Tensor, row_offsets: Tensor, pooling: str, optimizer: str, eps: float,
            deterministic: bool, knobs: list[int], *, prepared=None) -> tuple:
     """The lookup (its backward is :func:`_train_backward`)."""
     return _lookup(weight, ids, offsets, table_sizes, row_offsets, pooling, knobs, prepared=prepared)
 
 
-def _train_fake(anchor: Tensor, weight: Tensor, momentum: Tensor, seed: Tensor | None, lr: Tensor, ids: Tensor,
+def _train_fake(anchor: Tensor, weight: Tensor, state: Tensor, seed: Tensor | None, lr: Tensor, ids: Tensor,
                 offsets: Tensor | None, table_sizes: Tensor, row_offsets: Tensor, pooling: str, optimizer: str,
                 eps: float, deterministic: bool, knobs: list[int]) -> Tensor:
     return weight.new_empty(_out_shape(weight, ids, table_sizes, offsets), dtype=ref.compute_dtype(weight.dtype))
@@ -132,17 +145,17 @@ def _train_fake(anchor: Tensor, weight: Tensor, momentum: Tensor, seed: Tensor |
 def _train_setup(ctx, inputs, output) -> None:
     """What the update needs, kept on ``ctx`` (not saved tensors): the update itself bumps ``weight``'s version, and
     a second lookup of the same weight before its backward must not trip the saved-tensor version check."""
-    ctx.update_args = inputs[1:]  # weight, momentum, seed, lr, ids, offsets, table_sizes, row_offsets, pooling, ...
+    ctx.update_args = inputs[1:]  # weight, state, seed, lr, ids, offsets, table_sizes, row_offsets, pooling, ...
 
 
 def _train_backward(ctx, grad: Tensor) -> tuple:
     """Apply the optimizer step of ``grad`` in place (:data:`UPDATE`); no input gets a gradient. In eager autograd
     the update's launches are kept under the forward's key and the gradient's layout."""
-    weight, momentum, seed, lr, ids, offsets, table_sizes, row_offsets, *params = ctx.update_args
+    weight, state, seed, lr, ids, offsets, table_sizes, row_offsets, *params = ctx.update_args
     key = getattr(ctx, "key", None)
     if key is not None:
         key = ("update", key, layout(grad))
-    UPDATE.run_in_backward(ctx, (weight, momentum, seed, lr, grad, ids, offsets, table_sizes, row_offsets, *params),
+    UPDATE.run_in_backward(ctx, (weight, state, seed, lr, grad, ids, offsets, table_sizes, row_offsets, *params),
                            key)
     return _NO_GRADS
 
@@ -163,14 +176,14 @@ def _lookup_key(weight: Tensor, ids: Tensor, offsets: Tensor | None, table_sizes
             operand(row_offsets), pooling, config)
 
 
-def _update_key(lookup_key: tuple | None, momentum: Tensor, seed: Tensor | None, lr: Tensor, optimizer: str,
-                eps: float, deterministic: bool, grad: Tensor | None = None) -> tuple | None:
-    """:func:`_lookup_key` plus what an update's checks and launches depend on (eps by type and value: its check
-    reads the value; ``grad`` None: the backward's, keyed there by its layout)."""
+def _update_key(lookup_key: tuple | None, state: Tensor, seed: Tensor | None, lr: Tensor,
+                optimizer: EmbeddingOptimizer, deterministic: bool, grad: Tensor | None = None) -> tuple | None:
+    """:func:`_lookup_key` plus what an update's checks and launches depend on (the optimizer: kind and
+    hyper-parameters; ``grad`` None: the backward's, keyed there by its layout)."""
     if lookup_key is None:
         return None
-    return (lookup_key, operand(momentum), None if seed is None else operand(seed), operand(lr), optimizer, type(eps),
-            eps, deterministic, None if grad is None else operand(grad))
+    return (lookup_key, operand(state), None if seed is None else operand(seed), operand(lr), optimizer,
+            deterministic, None if grad is None else operand(grad))
 
 
 def _kept(op: RecordOp, make_key, *args) -> tuple:
@@ -189,7 +202,8 @@ def embedding_bag_lookup(weight: Tensor, ids: Tensor, table_sizes: Tensor, row_o
     """Pooled embeddings of all F features in one launch: ``(B, F, D)``.
 
     Args:
-        weight: ``(R, D)`` all tables stacked (float32 on the Triton path; any float on the reference path).
+        weight: ``(R, D)`` all tables stacked (float32, float16 or bfloat16 on the Triton path, read as fp32; any
+            float on the reference path). The output is float32 for half-precision tables, else weight's dtype.
         ids: one id per feature ``(B, F)`` int64/int32 raw ids, or with ``offsets`` ``(N,)`` flat bag values.
             Feature ``f`` reads row ``row_offsets[f] + (id mod table_sizes[f])`` (non-negative modulus), so every
             id is in range by construction (already-hashed ids pass unchanged).
@@ -212,54 +226,56 @@ def embedding_bag_lookup(weight: Tensor, ids: Tensor, table_sizes: Tensor, row_o
     return LOOKUP.run((weight, ids, offsets, table_sizes, row_offsets, pooling, _knobs(config)), key, prepared, False)
 
 
-def embedding_bag_update_(weight: Tensor, momentum: Tensor, lr: Tensor, grad: Tensor, ids: Tensor,
+def embedding_bag_update_(weight: Tensor, state: Tensor, lr: Tensor, grad: Tensor, ids: Tensor,
                           table_sizes: Tensor, row_offsets: Tensor, offsets: Tensor | None = None, *,
-                          pooling: str = "sum", optimizer: str = "rowwise_adagrad", eps: float = 1e-8,
+                          pooling: str = "sum", optimizer: EmbeddingOptimizer = ROWWISE_ADAGRAD,
                           deterministic: bool = True, config: EmbeddingConfig | None = None,
                           seed: Tensor | None = None) -> None:
-    """Apply one optimizer step for the output gradient ``grad`` ``(B, F, D)`` of a lookup with these ids, in place
-    on ``weight`` and ``momentum``; duplicate rows are summed first (deterministically unless ``deterministic=False``
-    with ``sgd`` and an fp32 weight, which uses atomics). ``momentum``: ``(R,)`` rowwise_adagrad, ``(R, D)`` adagrad,
-    ignored for sgd; float32 for a half-precision weight. ``lr``: a 0-dim float tensor (read on the device: changing
-    it needs no recompilation or graph capture).
+    """Apply one ``optimizer`` step for the output gradient ``grad`` ``(B, F, D)`` of a lookup with these ids, in
+    place on ``weight`` and ``state``; duplicate rows are summed first (deterministically unless
+    ``deterministic=False`` with SGD, which uses atomics). ``state``: ``optimizer.state_shape(R, D)`` (``(R,)``
+    row-wise Adagrad, ``(R, D)`` Adagrad; ignored for SGD). ``lr``: a 0-dim float tensor (read on the device:
+    changing it needs no recompilation or graph capture).
 
-    Half-precision weights (float16, bfloat16): the update's math is fp32 and the new weight is rounded
-    stochastically (unbiased) from ``seed``, a 0-dim int64 tensor on the weight's device that every update advances
-    by one (on the reference path, CPU tensors, the new weight is rounded to nearest and ``seed`` is not read).
+    Half-precision weights (float16, bfloat16): the update's math is fp32 (``state`` float32) and the new weight is
+    rounded stochastically (unbiased) from ``seed``, a 0-dim int64 tensor on the weight's device that every update
+    advances by one (on the reference path, CPU tensors, the new weight is rounded to nearest and ``seed`` is not
+    read). SGD with ``deterministic=False`` uses atomics only on fp32 weights.
 
-    Raises: as :func:`embedding_bag_lookup`, and for ``momentum``/``lr``/``grad``/``seed`` of the wrong shape or
-    dtype, an unknown optimizer, a negative eps.
+    Raises: as :func:`embedding_bag_lookup`, and for ``state``/``lr``/``grad``/``seed`` of the wrong shape or dtype, an
+    ``optimizer`` that is no :class:`~fuselab.core.embedding_optimizer.EmbeddingOptimizer` (TypeError), or, on the
+    Triton path, one the kernels do not implement (ValueError).
     """
     key, prepared = _kept(UPDATE, lambda: _update_key(
-        _lookup_key(weight, ids, offsets, table_sizes, row_offsets, pooling, config), momentum, seed, lr, optimizer,
-        eps, deterministic, grad))
+        _lookup_key(weight, ids, offsets, table_sizes, row_offsets, pooling, config), state, seed, lr, optimizer,
+        deterministic, grad))
     if prepared is None or not triton_for(weight):
         batch, f_count, _ = check(weight, ids, table_sizes, row_offsets, offsets, pooling)
-        check_update(weight, momentum, lr, grad, optimizer, eps, batch, f_count, seed)
+        check_update(weight, state, lr, grad, optimizer, batch, f_count, seed)
         prepared = None
-    UPDATE.run((weight, momentum, seed, lr, grad, ids, offsets, table_sizes, row_offsets, pooling, optimizer,
-                float(eps), bool(deterministic), _knobs(config)), key, prepared, False)
+    UPDATE.run((weight, state, seed, lr, grad, ids, offsets, table_sizes, row_offsets, pooling, *_as_schema(optimizer),
+                bool(deterministic), _knobs(config)), key, prepared, False)
 
 
-def embedding_bag_collection(weight: Tensor, momentum: Tensor, lr: Tensor, ids: Tensor, table_sizes: Tensor,
+def embedding_bag_collection(weight: Tensor, state: Tensor, lr: Tensor, ids: Tensor, table_sizes: Tensor,
                              row_offsets: Tensor, offsets: Tensor | None = None, *, anchor: Tensor | None = None,
-                             pooling: str = "sum", optimizer: str = "rowwise_adagrad", eps: float = 1e-8,
+                             pooling: str = "sum", optimizer: EmbeddingOptimizer = ROWWISE_ADAGRAD,
                              deterministic: bool = True, config: EmbeddingConfig | None = None,
                              seed: Tensor | None = None) -> Tensor:
     """:func:`embedding_bag_lookup` whose backward is :func:`embedding_bag_update_` (``seed``: as there).
 
     When ``anchor`` (any tensor, e.g. an empty parameter) requires grad and grad mode is on, the output is attached
-    to autograd through it: the backward of the output's gradient updates ``weight`` and ``momentum`` in place and
+    to autograd through it: the backward of the output's gradient updates ``weight`` and ``state`` in place and
     gives ``anchor`` no gradient. Otherwise a plain lookup. Raises: as :func:`embedding_bag_update_`.
     """
     if not (anchor is not None and anchor.requires_grad and torch.is_grad_enabled()):
         return embedding_bag_lookup(weight, ids, table_sizes, row_offsets, offsets, pooling=pooling, config=config)
     key, prepared = _kept(TRAIN, lambda: _update_key(
-        _lookup_key(weight, ids, offsets, table_sizes, row_offsets, pooling, config), momentum, seed, lr, optimizer,
-        eps, deterministic))
+        _lookup_key(weight, ids, offsets, table_sizes, row_offsets, pooling, config), state, seed, lr, optimizer,
+        deterministic))
     if prepared is None or not triton_for(weight):
         batch, f_count, _ = check(weight, ids, table_sizes, row_offsets, offsets, pooling)
-        check_update(weight, momentum, lr, None, optimizer, eps, batch, f_count, seed)
+        check_update(weight, state, lr, None, optimizer, batch, f_count, seed)
         prepared = None
-    return TRAIN.run((anchor, weight, momentum, seed, lr, ids, offsets, table_sizes, row_offsets, pooling, optimizer,
-                      float(eps), bool(deterministic), _knobs(config)), key, prepared, True)
+    return TRAIN.run((anchor, weight, state, seed, lr, ids, offsets, table_sizes, row_offsets, pooling,
+                      *_as_schema(optimizer), bool(deterministic), _knobs(config)), key, prepared, True)

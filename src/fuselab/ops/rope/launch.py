@@ -31,8 +31,8 @@ class RopeTuning:
     ``tile_elements``: tile of one loop iteration, in elements (both halves of the rotary dims).
     ``fast_memory_tile_elements``: the tile on devices with :func:`~fuselab.core.device.fast_memory`, whose higher
     bandwidth per multiprocessor favours smaller tiles (the measurements: ``benchmarks/notes/rope.md#planner-knobs``).
-    ``max_block_t``: most tokens per program. ``load_eviction``/``store_eviction``: eviction hints of the q/k loads and the output stores ("" is
-    Triton's default).
+    ``max_block_t``: most tokens per program. ``load_eviction``/``store_eviction``: eviction hints of the q/k loads
+    and the output stores ("" is Triton's default).
     """
 
     tile_elements: int = 4096

@@ -1,4 +1,4 @@
-"""DCNv2 cross-network interaction (MLPerf DLRM-DCNv2), low-rank as torchrec's ``LowRankCrossNet``.
+"""The DCNv2 cross-network interaction (MLPerf DLRM-DCNv2), low-rank as torchrec's ``LowRankCrossNet``.
 
 Shapes: ``B`` batch, ``F`` sparse features, ``D`` embedding dim (= the dense arch's output width),
 ``N = (F + 1) * D`` the width of the cross network.
@@ -9,15 +9,35 @@ The interaction flattens ``x_0 = [dense, emb_1, ..., emb_F]`` to ``(B, N)`` and 
 
 with ``V_l`` ``(r, N)``, ``W_l`` ``(N, r)`` (rank ``r = low_rank``) and ``b_l`` ``(N,)``; the output ``(B, N)`` goes
 to the over arch. Initialisation as the reference: ``V_l``, ``W_l`` Xavier-normal, ``b_l`` zero.
-MLPerf DLRM-DCNv2: ``num_layers=3``, ``low_rank=512``, D = 128, F = 26 (N = 3456).
+MLPerf DLRM-DCNv2: ``{"kind": "dcn", "layers": 3, "low_rank": 512}``, D = 128, F = 26 (N = 3456).
 """
 
 from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import ClassVar
 
 import torch
 from torch import Tensor, nn
 
 from fuselab.core.seeded import seeded_fill_
+
+from .base import InteractionConfig, positive_int
+
+__all__ = ["DCNConfig", "DCNInteraction", "LowRankCrossNet"]
+
+
+@dataclass(frozen=True)
+class DCNConfig(InteractionConfig):
+    """``{"kind": "dcn", "layers": 3, "low_rank": 512}``: cross layers and their rank (positive ints)."""
+
+    kind: ClassVar[str] = "dcn"
+    layers: int = 3
+    low_rank: int = 512
+
+    def __post_init__(self) -> None:
+        positive_int("layers", self.layers)
+        positive_int("low_rank", self.low_rank)
 
 
 class LowRankCrossNet(nn.Module):
@@ -50,17 +70,23 @@ class LowRankCrossNet(nn.Module):
         return x
 
 
-class InteractionDCNArch(nn.Module):
-    """DCNv2 interaction: dense ``(B, D)``, emb ``(B, F, D)`` -> ``(B, (F + 1) * D)`` (``out_features``).
+class DCNInteraction(nn.Module):
+    """DCNv2 interaction: dense ``(B, D)``, emb ``(B, F, D)`` -> ``(B, (F + 1) * D)`` (``out_features``). One
+    implementation for both kernel paths (``fused`` is accepted and changes nothing); the cross layers' initial
+    values come from ``generator``.
 
-    Raises ``ValueError`` when the dense width differs from D or the shapes do not match F and D."""
+    Raises ``ValueError`` when the dense width differs from D, or in :meth:`forward` when the shapes do not match F
+    and D."""
 
-    def __init__(self, num_sparse: int, dim: int, num_layers: int = 3, low_rank: int = 512,
+    config_class = DCNConfig
+
+    def __init__(self, config: DCNConfig, *, num_sparse: int, dim: int, dense_dim: int, fused: bool = False,
                  generator: torch.Generator | None = None):
         super().__init__()
+        config.check_widths(dense_dim, dim)
         self.num_sparse, self.dim = num_sparse, dim
         self.out_features = (num_sparse + 1) * dim
-        self.crossnet = LowRankCrossNet(self.out_features, num_layers, low_rank, generator)
+        self.crossnet = LowRankCrossNet(self.out_features, config.layers, config.low_rank, generator)
 
     def forward(self, dense: Tensor, emb: Tensor) -> Tensor:
         """dense (B, D), emb (B, F, D) -> (B, (F + 1) * D)"""
