@@ -24,6 +24,7 @@ from fuselab.bench.steps.stock import StockDLRM, StockStep
 from fuselab.bench.suites import dlrm as suite
 from fuselab.dlrm.config import load_config
 from fuselab.dlrm.data.random import random_batches
+from fuselab.dlrm.interaction.dcn import DCNConfig
 from fuselab.dlrm.optim import Optimizers
 from fuselab.dlrm.step import TrainStep
 
@@ -34,7 +35,7 @@ CEILINGS = Ceilings(device_type="cpu", copy_gbps=10.0, copy_bytes=2**25, copy_me
 def _dcn_setup() -> suite.Setup:
     """A small MLPerf-v2-shaped model: multi-hot bags of MLPerf's sizes, two cross layers of rank 4, D 8."""
     config = dataclasses.replace(load_config("mlperf-v2"), embedding_dim=8, bottom_mlp=[16, 8], top_mlp=[16, 1],
-                                 dcn_num_layers=2, dcn_low_rank=4, max_rows_per_table=None,
+                                 interaction=DCNConfig(layers=2, low_rank=4), max_rows_per_table=None,
                                  cardinalities=[3 + 7 * t for t in range(26)])
     return suite.setup_of(config, 1.0)
 
@@ -78,7 +79,7 @@ def test_stock_adagrad_step_trains_as_fuselab_dlrm_adagrad(which):
     shared = suite.setup("tiny", suite.CPU_SCALE) if which == "tiny" else _dcn_setup()
     adagrad = dataclasses.replace(shared, config=dataclasses.replace(shared.config, optimizer="adagrad"))
     model = suite.build_dlrm(adagrad, "torch", CPU)
-    theirs = TrainStep(model, Optimizers(model, optimizer="adagrad", lr_dense=0.05, lr_sparse=0.1, eps=1e-8))
+    theirs = TrainStep(model, Optimizers(model, lr_dense=0.05, lr_sparse=0.1))
     stock = StockStep(StockDLRM(shared.weights, CPU), sparse_optimizer="adagrad", lr_sparse=0.1, lr_dense=0.05,
                       eps=1e-8, compile=False)
     batches = [_batch(shared.shape, 16, seed) for seed in (1, 2, 3, 4)]

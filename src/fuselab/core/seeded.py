@@ -22,9 +22,22 @@ def seeded_fill_(t: torch.Tensor, generator: torch.Generator | None, fill: Calla
         t.copy_(drawn)
 
 
+#: tables of more elements than this draw on their own device: a CPU draw of MLPerf DCNv2's 26G elements would take
+#: many minutes and a host copy of every table
+DEVICE_DRAW_ELEMENTS = 1 << 28
+
+
 def uniform_tables_(weight: torch.Tensor, table_sizes: Sequence[int], generator: torch.Generator | None) -> None:
     """Rows of table ``t`` (the ``table_sizes[t]`` rows after the tables before it) drawn U(-1/sqrt(n_t),
-    1/sqrt(n_t)), in table order (facebookresearch/dlrm's and torchrec's initialisation), by :func:`seeded_fill_`."""
+    1/sqrt(n_t)), in table order (facebookresearch/dlrm's and torchrec's initialisation), by :func:`seeded_fill_`.
+
+    A weight of more than :data:`DEVICE_DRAW_ELEMENTS` elements on another device than ``generator``'s draws on
+    its own device, from a generator there seeded by ``generator`` (the same values for the same seed and device;
+    other values than a draw on ``generator``'s device)."""
+    if (generator is not None and weight.numel() > DEVICE_DRAW_ELEMENTS and weight.device != generator.device
+            and weight.device.type != "meta"):
+        seed = int(torch.randint(0, 2**62, (1,), generator=generator, device=generator.device))
+        generator = torch.Generator(device=weight.device).manual_seed(seed)
     start = 0
     for n in table_sizes:
         bound = 1.0 / math.sqrt(n)

@@ -43,6 +43,7 @@ from typing import TYPE_CHECKING, Any
 
 from fuselab.core.embedding_optimizer import EMBEDDING_OPTIMIZERS, EmbeddingOptimizer, embedding_optimizer
 from fuselab.core.flags import DEVICE, Number, OneOf
+from fuselab.core.reductions import REDUCTIONS
 
 if TYPE_CHECKING:
     from .interaction import InteractionConfig
@@ -194,7 +195,7 @@ FIELD_RULES: dict[str, Any] = {
     "steps": _COUNT, "eval_every": _COUNT, "eval_batches": _COUNT, "seed": Number(int, 0, 2**63 - 1),
     "prefetch": _COUNT, "checkpoint_every": _COUNT, "row_wise_share": _ABOVE_ZERO, "device": DEVICE,
     "hashing": OneOf(("modulus", "vocab")),
-    "optimizer": OneOf(OPTIMIZERS), "pooling": OneOf(("sum", "mean")), "shuffle": OneOf(("batch", "row", "none")),
+    "optimizer": OneOf(OPTIMIZERS), "pooling": OneOf(REDUCTIONS), "shuffle": OneOf(("batch", "row", "none")),
     "kernels": OneOf(("auto", *KERNELS)), "precision": OneOf(("fp32", "tf32", "bf16")),
     "embedding_dtype": OneOf(("fp32", "fp16", "bf16")),
 }

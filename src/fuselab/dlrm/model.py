@@ -113,7 +113,7 @@ class DLRM(nn.Module):
         sparse_arch = None
         if embeddings:
             bags = None if cfg.multi_hot_sizes is None else tuple(cfg.multi_hot_sizes)
-            spec = TableSpec(tuple(table_sizes), cfg.embedding_dim, cfg.pooling, bags)
+            spec = TableSpec(tuple(table_sizes), cfg.embedding_dim, cfg.pooling, bags, cfg.embedding_dtype)
             options = dict(optimizer=cfg.embedding_optimizer, lr=cfg.lr_sparse, generator=gen)
             sparse_arch = (FusedEmbeddingCollection(spec, **options) if fused else
                            TorchEmbeddingCollection(spec, sparse_grad=cfg.sparse_grad, **options))

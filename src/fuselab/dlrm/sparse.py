@@ -33,6 +33,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from fuselab.core.embedding_optimizer import ROWWISE_ADAGRAD, EmbeddingOptimizer
+from fuselab.core.reductions import REDUCTIONS
 from fuselab.core.seeded import uniform_tables_
 from fuselab.ops.embedding import EmbeddingBagCollection, EmbeddingConfig
 
@@ -40,19 +41,23 @@ from .bags import FixedBags, check_sizes
 
 __all__ = ["POOLINGS", "FusedEmbeddingCollection", "TableSpec", "TorchEmbeddingCollection"]
 
-POOLINGS = ("sum", "mean")
+POOLINGS = REDUCTIONS  # a bag is pooled by a reduction
+#: the tables' dtypes by the config's names (``embedding_dtype``)
+TABLE_DTYPES = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
 
 
 @dataclass(frozen=True)
 class TableSpec:
     """The tables of a sparse arch: ``sizes`` the rows of each of the F tables, ``dim`` D, ``pooling`` of a bag
     (``sum`` or ``mean``), ``multi_hot_sizes`` the ids per sample of each table for fixed-size bags (None: one id per
-    table). Raises ValueError naming a bad field."""
+    table), ``dtype`` the weights' (``fp32``; ``fp16`` or ``bf16`` on fuselab's collection only). Raises ValueError
+    naming a bad field."""
 
     sizes: tuple[int, ...]
     dim: int
     pooling: str = "sum"
     multi_hot_sizes: tuple[int, ...] | None = None
+    dtype: str = "fp32"
 
     def __post_init__(self) -> None:
         sizes = tuple(int(n) for n in self.sizes)
@@ -63,12 +68,18 @@ class TableSpec:
         if self.pooling not in POOLINGS:
             raise ValueError(f"pooling must be one of {POOLINGS}, got {self.pooling!r}")
         object.__setattr__(self, "sizes", sizes)
+        if self.dtype not in TABLE_DTYPES:
+            raise ValueError(f"dtype must be one of {', '.join(TABLE_DTYPES)}, got {self.dtype!r}")
         if self.multi_hot_sizes is not None:
             object.__setattr__(self, "multi_hot_sizes", tuple(check_sizes(self.multi_hot_sizes, len(sizes))))
 
     @property
     def num_features(self) -> int:
         return len(self.sizes)
+
+    @property
+    def torch_dtype(self) -> torch.dtype:
+        return TABLE_DTYPES[self.dtype]
 
 
 class _Lookup(torch.autograd.Function):
@@ -141,6 +152,9 @@ class TorchEmbeddingCollection(nn.Module):
                  device: torch.device | str | None = None):
         super().__init__()
         _check_optimizer(optimizer)
+        if spec.dtype != "fp32":
+            raise ValueError(f"the torch embedding collection keeps fp32 tables; {spec.dtype} tables need fuselab's "
+                             "(kernels fuselab)")
         if not lr >= 0:
             raise ValueError(f"lr must be >= 0, got {lr!r}")
         self.spec, self.optimizer, self.sparse_grad = spec, optimizer, bool(sparse_grad)
@@ -213,7 +227,8 @@ class FusedEmbeddingCollection(EmbeddingBagCollection):
                  deterministic: bool = True, generator: torch.Generator | None = None,
                  device: torch.device | str | None = None, config: EmbeddingConfig | None = None):
         super().__init__(list(spec.sizes), spec.dim, optimizer=optimizer, lr=lr, pooling=spec.pooling,
-                         deterministic=deterministic, device=device, generator=generator, config=config)
+                         deterministic=deterministic, device=device, generator=generator, config=config,
+                         weight_dtype=spec.torch_dtype)
         self.spec = spec
         self.bags = None if spec.multi_hot_sizes is None else FixedBags(spec.multi_hot_sizes).to(self.weight.device)
 

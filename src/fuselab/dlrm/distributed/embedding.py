@@ -31,6 +31,7 @@ import torch.distributed as dist
 from torch import Tensor, nn
 
 from fuselab.core.embedding_optimizer import ROWWISE_ADAGRAD, EmbeddingOptimizer
+from fuselab.core.reductions import REDUCTIONS
 
 from ..bags import FixedBags, check_sizes
 from .local import LocalFactory, fused_factory, init_rows
@@ -131,8 +132,8 @@ class ShardedEmbeddingCollection(nn.Module):
             raise ValueError(f"rank {rank} is outside the plan's {plan.world_size} ranks")
         if plan.world_size > 1 and dist.is_initialized() and dist.get_world_size(group) != plan.world_size:
             raise ValueError(f"plan is for {plan.world_size} ranks, process group has {dist.get_world_size(group)}")
-        if pooling not in ("sum", "mean"):
-            raise ValueError(f"pooling must be 'sum' or 'mean', got {pooling!r}")
+        if pooling not in REDUCTIONS:
+            raise ValueError(f"pooling must be one of {', '.join(REDUCTIONS)}, got {pooling!r}")
         if comm_dtype not in (None, torch.float32, torch.bfloat16, torch.float16):
             raise ValueError(f"comm_dtype must be None, float32, bfloat16 or float16, got {comm_dtype}")
         self.comm_dtype, self.optimizer = comm_dtype, optimizer
