@@ -216,7 +216,7 @@ def test_bad_options_are_named():
         DLRM.from_config(cfg, SIZES)
     with pytest.raises(ValueError, match="mlp"):
         DLRM.from_config(cfg, SIZES, kernels="torch", mlp="cublas")
-    with pytest.raises(ValueError, match="config field .optimizer.: expected one of sgd, adagrad, rowwise_adagrad"):
+    with pytest.raises(ValueError, match=r"config field 'optimizer': expected one of sgd, adagrad, rowwise_adagrad"):
         load_config("tiny", optimizer="adam")
     model = tiny_model(SIZES)
     with pytest.raises(ValueError, match="over arch takes 10 features, the interaction gives"):
