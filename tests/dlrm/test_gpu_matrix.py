@@ -69,3 +69,17 @@ def test_every_config_trains_through_the_cli(datasets, tmp_path, config, kernels
     else:
         assert done.returncode == 0, output[-3000:]
         assert "trained 20 steps" in done.stdout, output[-2000:]
+
+
+def test_a_run_that_does_not_fit_names_the_ways_out(tmp_path):
+    """The full-size MLPerf DCNv2 tables at D 512 (389 GiB) fit no GPU: the memory plan is printed and the run
+    stops before allocating, exit 2, naming the ways out; no traceback, no out-of-memory error."""
+    data = tmp_path / "full"
+    made = _fuselab("synth", "--config", "mlperf-v2", "--rows", "2000", "--out", str(data), "--quiet", timeout=600)
+    assert made.returncode == 0, made.stderr[-2000:]
+    done = _fuselab("train", "--config", "mlperf-v2", "--data", str(data), "--steps", "1",
+                    "--set", "embedding_dim=512", "--set", "bottom_mlp=[512,512]", "--run-dir", str(tmp_path / "run"),
+                    timeout=600)
+    output = done.stdout + done.stderr
+    assert done.returncode == 2 and "Traceback" not in output and "out of memory" not in output.lower(), output[-3000:]
+    assert "memory plan on" in output and "does NOT fit" in output and "--set embedding_dtype=fp16" in output

@@ -12,6 +12,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from itertools import pairwise
 
+import torch
+
 #: bytes per element of each embedding table dtype
 TABLE_DTYPE_BYTES = {"fp32": 4, "fp16": 2, "bf16": 2}
 #: the device memory a run cannot use: the CUDA context, cuBLAS and Triton workspaces, the allocator's slack
@@ -151,3 +153,19 @@ def ways_out(shape: RunShape) -> list[str]:
     if shape.data_bytes:
         out.append("without --data-on-device: the data streamed from disk")
     return out
+
+
+def check_device(cfg, table_rows: list[int], num_id_columns: int, train_rows: int, device, log) -> MemoryPlan | None:
+    """Before a single-process run allocates anything on a CUDA ``device``: log its plan (one line per item) and
+    raise :class:`DoesNotFit` naming the ways out when it needs more than the device has free. None on other
+    devices (nothing is counted there)."""
+    if torch.device(device).type != "cuda":
+        return None
+    free, _ = torch.cuda.mem_get_info(device)
+    data = train_rows * (13 * 4 + num_id_columns * 4 + 4) if cfg.data_on_device else 0  # ids held as int32
+    shape = run_shape(cfg, table_rows, cfg.batch_size, data)
+    result = plan(shape, free, f"{torch.cuda.get_device_name(device)} ({free / GIB:.1f} GiB free)")
+    for line in result.lines():
+        log(line)
+    result.check(ways_out(shape))
+    return result

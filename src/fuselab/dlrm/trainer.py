@@ -36,6 +36,7 @@ from .data.device import DeviceBatches
 from .data.loader import BatchLoader, CriteoDataset, Hasher, kaggle_split, load_vocabs, open_dataset
 from .evaluation import best_auc, evaluate
 from .interrupt import SignalCatcher, TrainingInterrupted
+from .memory import check_device
 from .model import DLRM
 from .optim import Optimizers
 from .runtime import (
@@ -150,6 +151,7 @@ class Trainer:
 
     def _build_model(self) -> None:
         cfg = self.cfg
+        check_device(cfg, self.sizes, self.ds.num_sparse, len(range(*self.split["train"])), self.device, self.log)
         self.model = DLRM.from_config(dataclasses.replace(cfg, kernels=self.kernels), self.sizes).to(self.device)
         self.optimizers = Optimizers(self.model, lr_dense=cfg.lr_dense, lr_sparse=cfg.lr_sparse)
         self.train_step = TrainStep(self.model, self.optimizers, precision=cfg.precision, mode=self.step_mode)
