@@ -21,9 +21,10 @@ pytestmark = pytest.mark.gpu
 CONFIGS = tuple(sorted(PRESETS))
 KERNELS = ("fuselab", "torch")
 OPTIMIZERS = ("sgd", "adagrad", "rowwise_adagrad")
-MODES = {"eager": [], "compile": ["--compile"], "graph": ["--cuda-graph", "--data-on-device"]}
+MODES = {"eager": [], "compile": ["--compile"], "graph": ["--cuda-graph", "--data-on-device"],
+         "compiled-graph": ["--compile", "--cuda-graph", "--data-on-device"]}
 #: the combinations the CLI refuses, with the words its message must hold
-REFUSED = {("torch", "graph"): "cuda_graph"}
+REFUSED = {("torch", "graph"): "cuda_graph", ("torch", "compiled-graph"): "cuda_graph"}
 #: tables of a few thousand rows each: the matrix tests that every path runs, not its speed
 SCALE = {"mlperf-v2": "0.0001", "mlperf-v1": "0.0001"}
 

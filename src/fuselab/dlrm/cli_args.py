@@ -88,7 +88,8 @@ def _add_model_args(p: argparse.ArgumentParser) -> None:
                    help="override any config field, e.g. --set lr_dense=0.05 --set bottom_mlp=[512,256,16]")
     p.add_argument("--device", type=DEVICE.parse, default=None,
                    help="cpu, cuda, cuda:1 (default: cuda when present, else cpu)")
-    p.add_argument("--compile", action="store_true", default=None, help="torch.compile the dense part")
+    p.add_argument("--compile", action="store_true", default=None,
+                   help="torch.compile the step (with --cuda-graph: the compiled step captured in the graph)")
     p.add_argument("--epochs", type=_field("epochs"), default=None,
                    help="epochs over the train split (> 0, fractions allowed)")
     p.add_argument("--steps", type=_field("steps"), default=None, help="optimizer steps (wins over --epochs)")
@@ -109,7 +110,7 @@ def _add_model_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--kernels", choices=("auto", "fuselab", "torch"), default=None,
                    help="fuselab's fused kernels or the PyTorch reference (auto: fuselab on CUDA, torch on CPU)")
     p.add_argument("--cuda-graph", action="store_true", default=None,
-                   help="capture the whole training step in a CUDA graph")
+                   help="capture the whole training step in a CUDA graph (with --compile: the compiled step)")
     p.add_argument("--data-on-device", action="store_true", default=None,
                    help="load the train split onto the device once; shuffle and batch there")
     p.add_argument("--hashing", choices=("modulus", "vocab"), default=None)

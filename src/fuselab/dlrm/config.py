@@ -106,7 +106,7 @@ class DLRMConfig:
     eval_batches: int = 0
     precision: str = "fp32"  # fp32 | tf32 (TF32 matmuls) | bf16 (bf16 autocast)
     compile: bool = False
-    cuda_graph: bool = False  # capture the whole step in a CUDA graph (exclusive with compile)
+    cuda_graph: bool = False  # capture the whole step in a CUDA graph (with compile: the compiled step)
     data_on_device: bool = False  # hold the train split on the device, shuffle and batch there
     seed: int = 0
     shuffle: str = "batch"  # batch (contiguous batches, order permuted) | row (full permutation) | none
@@ -153,8 +153,6 @@ class DLRMConfig:
         if self.embedding_dtype != "fp32" and self.kernels == "torch":
             raise bad(f"embedding_dtype={self.embedding_dtype} needs fuselab's embedding collection (kernels fuselab "
                       f"or auto), got kernels={self.kernels}")
-        if self.compile and self.cuda_graph:
-            raise bad("compile and cuda_graph are exclusive (the CUDA-graph step is captured eagerly)")
         return self
 
     def _validate_learning(self, bad) -> None:

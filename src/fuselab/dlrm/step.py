@@ -22,6 +22,8 @@ Modes:
   copies its batch into the static buffers (skipped for a tensor that *is* the static buffer: write into
   :attr:`TrainStep.static_inputs` directly to avoid the copy) and replays. Shapes and dtypes are fixed by the
   first call: another shape raises ValueError. Learning rates changed with ``optimizers.set_lr`` reach the graph.
+* ``"compile_graph"``: ``"compile"``'s compiled functions, warmed up (compiled) on the side stream, then captured
+  as ``"cuda_graph"`` captures the eager step: Inductor's fused element-wise kernels without the launches.
 
 ``grad_sync`` (optional): called after every backward, before the updates (in the captured graph too): the
 hybrid-parallel model's :meth:`~fuselab.dlrm.distributed.DistributedDLRM.reduce_gradients`.
@@ -46,7 +48,9 @@ from fuselab.core.compile import compile_quietly
 from .optim import Optimizers
 
 PRECISIONS = ("fp32", "tf32", "bf16")
-MODES = ("eager", "compile", "cuda_graph")
+MODES = ("eager", "compile", "cuda_graph", "compile_graph")
+#: the modes that capture the step in a CUDA graph
+GRAPH_MODES = ("cuda_graph", "compile_graph")
 
 
 class TrainStep:
@@ -63,11 +67,12 @@ class TrainStep:
         self.model, self.optimizers, self.precision, self.mode = model, optimizers, precision, mode
         self.capturable = bool(model.sparse_arch.capturable)
         self.device = next(model.parameters()).device
-        if mode == "cuda_graph":
+        self.graphed = mode in GRAPH_MODES
+        if self.graphed:
             if self.device.type != "cuda":
-                raise ValueError(f"mode='cuda_graph': cuda_graph needs a CUDA device, the model is on {self.device}")
+                raise ValueError(f"mode={mode!r}: cuda_graph needs a CUDA device, the model is on {self.device}")
             if not self.capturable:
-                raise ValueError("mode='cuda_graph' needs kernels='fuselab' (and, on several ranks, whole tables): "
+                raise ValueError(f"mode={mode!r} needs kernels='fuselab' (and, on several ranks, whole tables): "
                                  "this sparse arch's update synchronizes with the host and cannot be captured")
         if warmup_steps < 1:
             raise ValueError(f"warmup_steps must be >= 1, got {warmup_steps}")
@@ -76,7 +81,7 @@ class TrainStep:
         self._whole = self.capturable and compile_embedding  # forward + loss: one function of (dense, sparse, labels)
         self._loss_fn = self._forward_loss if self._whole else self._dense_loss
         self._dense_step = optimizers.dense_step
-        if mode == "compile":
+        if mode in ("compile", "compile_graph"):
             options = compile_options or {}
             self._loss_fn = compile_quietly(self._loss_fn, **options)
             if compile_optimizer:
@@ -127,7 +132,7 @@ class TrainStep:
     def __call__(self, dense: Tensor, sparse: Tensor, labels: Tensor) -> Tensor:
         """dense [B, 13] fp32, sparse [B, F] int64, labels [B] fp32 -> the batch's mean loss (0-dim fp32)."""
         with self._matmul_precision():
-            if self.mode != "cuda_graph":
+            if not self.graphed:
                 return self._eager(dense, sparse, labels)
             if self._graph is None:
                 self._capture(dense, sparse, labels)

@@ -158,7 +158,8 @@ class Trainer:
 
     @property
     def step_mode(self) -> str:
-        return "cuda_graph" if self.cfg.cuda_graph else "compile" if self.cfg.compile else "eager"
+        graph, compiled = self.cfg.cuda_graph, self.cfg.compile
+        return "compile_graph" if graph and compiled else "cuda_graph" if graph else "compile" if compiled else "eager"
 
     def _build_loaders(self, part: tuple[int, int] | None = None) -> None:
         """The train and evaluation loaders (``part``: this rank's part of each batch)."""

@@ -32,7 +32,7 @@ from ..config import DLRMConfig
 from ..model import DLRM
 from ..optim import Optimizers
 from ..runtime import resolve_kernels
-from ..step import TrainStep
+from ..step import GRAPH_MODES, TrainStep
 from ..trainer import RunOptions, Trainer
 from . import checkpoint as dckpt
 from .embedding import ShardedEmbeddingCollection
@@ -65,7 +65,7 @@ def build_hybrid(cfg: DLRMConfig, sizes: list[int], ctx: ParallelContext, *, ker
         uniform_batch=True, comm_dtype=torch.bfloat16 if cfg.precision == "bf16" else None,
         multi_hot_sizes=cfg.multi_hot_sizes, pooling=cfg.pooling)
     dense = DLRM.from_config(dataclasses.replace(cfg, kernels=kernels), sizes, embeddings=False)
-    model = DistributedDLRM(sparse, DenseParts(dense).to(ctx.device), device=ctx.device, ddp=mode != "cuda_graph")
+    model = DistributedDLRM(sparse, DenseParts(dense).to(ctx.device), device=ctx.device, ddp=mode not in GRAPH_MODES)
     optimizers = Optimizers(model, lr_dense=cfg.lr_dense, lr_sparse=cfg.lr_sparse)
     step = TrainStep(model, optimizers, precision=cfg.precision, mode=mode, compile_embedding=False,
                      grad_sync=model.reduce_gradients)
