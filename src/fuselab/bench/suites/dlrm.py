@@ -17,8 +17,9 @@ element-wise Adagrad for the dense parameters wherever the provider has them:
   synchronization), everything after the lookup compiled, a separate fused (or foreach) Adagrad for the dense part;
   ``stock-adagrad``: the same with ``torch.optim.Adagrad`` for the tables (element-wise; it synchronizes).
 * ``torch-eager``, ``torch-compile``: ``fuselab dlrm train --kernels torch`` (``fuselab.dlrm``'s reference path).
-* ``fuselab-eager``, ``fuselab-compile``, ``fuselab-graph``: ``--kernels fuselab``, eager, compiled, and the whole
-  step captured in one CUDA graph (``--cuda-graph``).
+* ``fuselab-eager``, ``fuselab-compile``, ``fuselab-graph``, ``fuselab-compile-graph``: ``--kernels fuselab``,
+  eager, compiled, the whole step captured in one CUDA graph (``--cuda-graph``), and the compiled step captured
+  (``--compile --cuda-graph``).
 * ``torchrec-dmp``, ``fbgemm-tbe``: TorchRec's ``DistributedModelParallel`` and FBGEMM's TBE with the dense part
   compiled (:mod:`fuselab.bench.steps.peers`), where ``torchrec`` and ``fbgemm_gpu`` import.
 
@@ -249,6 +250,8 @@ SPEC = OpSpec(
                  description="--kernels fuselab --compile"),
         Provider("fuselab-graph", _dlrm_step("fuselab", "cuda_graph"), triton=True, cuda_only=True,
                  description="--kernels fuselab --cuda-graph: the whole step in one CUDA graph"),
+        Provider("fuselab-compile-graph", _dlrm_step("fuselab", "compile_graph"), triton=True, cuda_only=True,
+                 description="--kernels fuselab --compile --cuda-graph: the compiled step in one CUDA graph"),
         Provider("torchrec-dmp", _peer_step(peers.DMPStep), requires=peers.REQUIRES, cuda_only=True,
                  description="TorchRec DistributedModelParallel, one GPU, fused TBE, row-wise Adagrad in backward"),
         Provider("fbgemm-tbe", _peer_step(peers.TBEStep), requires=peers.REQUIRES, cuda_only=True,
