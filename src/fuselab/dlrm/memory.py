@@ -14,6 +14,8 @@ from itertools import pairwise
 
 import torch
 
+from fuselab.core.device import device_index
+
 #: bytes per element of each embedding table dtype
 TABLE_DTYPE_BYTES = {"fp32": 4, "fp16": 2, "bf16": 2}
 #: the device memory a run cannot use: the CUDA context, cuBLAS and Triton workspaces, the allocator's slack
@@ -159,9 +161,10 @@ def check_device(cfg, table_rows: list[int], num_id_columns: int, train_rows: in
     """Before a single-process run allocates anything on a CUDA ``device``: log its plan (one line per item) and
     raise :class:`DoesNotFit` naming the ways out when it needs more than the device has free. None on other
     devices (nothing is counted there)."""
-    if torch.device(device).type != "cuda":
+    device = torch.device(device)
+    if device.type != "cuda":
         return None
-    free, _ = torch.cuda.mem_get_info(device)
+    free, _ = torch.cuda.mem_get_info(device_index(device))
     data = train_rows * (13 * 4 + num_id_columns * 4 + 4) if cfg.data_on_device else 0  # ids held as int32
     shape = run_shape(cfg, table_rows, cfg.batch_size, data)
     result = plan(shape, free, f"{torch.cuda.get_device_name(device)} ({free / GIB:.1f} GiB free)")

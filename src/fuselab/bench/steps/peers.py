@@ -28,6 +28,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from fuselab.core.compile import compile_quietly
+from fuselab.core.device import device_index
 
 from .model import NUM_DENSE, DLRMShape, DLRMWeights, JaggedIds
 from .stock import DenseParts, dense_adagrad
@@ -41,7 +42,7 @@ FP32_SHARE = 0.6
 def table_precision(shape: DLRMShape, device: torch.device) -> str:
     """``"fp32"`` when the tables and their row-wise state take under :data:`FP32_SHARE` of the free memory of
     ``device``, else ``"fp16"``."""
-    free, _ = torch.cuda.mem_get_info(device)
+    free, _ = torch.cuda.mem_get_info(device_index(device))
     return "fp32" if shape.rows * (4 * shape.dim + 4) < FP32_SHARE * free else "fp16"
 
 
