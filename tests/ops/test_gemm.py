@@ -33,6 +33,14 @@ def backend(request):
     return request.param
 
 
+@pytest.fixture(params=["cublas", "fused"])
+def plan(request):
+    """The backward's plans: dZ in one elementwise pass and cuBLAS products (the default), or every gradient GEMM in
+    the Triton kernel with dZ formed as dY is loaded."""
+    with override(GemmTuning(backward=request.param)):
+        yield request.param
+
+
 def _leaf(t: torch.Tensor | None, dtype: torch.dtype | None = None) -> torch.Tensor | None:
     if t is None:
         return None
@@ -160,21 +168,21 @@ CASES = [("relu", "auto"), ("relu", "mask"), ("relu", "pre"), ("gelu_tanh", "aut
 
 
 @pytest.mark.parametrize(("act", "keep"), CASES)
-def test_bf16_forward_backward(backend, act, keep):
+def test_bf16_forward_backward(backend, plan, act, keep):
     x, w, b, r = _inputs(37, 29, 45, torch.bfloat16, residual=True)
     _check_all(x, w, b, r, alpha=0.5, act=act, keep=keep)
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
 @pytest.mark.parametrize(("act", "keep"), [("relu", "mask"), ("gelu_tanh", "auto"), ("none", "auto")])
-def test_fp32_fp16_forward_backward(triton_backend, dtype, act, keep):
+def test_fp32_fp16_forward_backward(triton_backend, plan, dtype, act, keep):
     x, w, b, r = _inputs(21, 35, 19, dtype, residual=act == "none")
     _check_all(x, w, b, r, act=act, keep=keep)
 
 
 # ---------------------------------------------------------------------------------------------- shapes and layouts
 @pytest.mark.parametrize(("m", "k", "n"), [(5, 13, 7), (3, 367, 17), (9, 16, 1), (1, 1, 1), (33, 64, 20)])
-def test_odd_and_unaligned_shapes(triton_backend, m, k, n):
+def test_odd_and_unaligned_shapes(triton_backend, plan, m, k, n):
     x, w, b, r = _inputs(m, k, n, torch.bfloat16, residual=True)
     _check_all(x, w, b, r, act="relu", keep="mask")
 
@@ -199,7 +207,7 @@ def test_leading_dims_and_one_dim(triton_backend):
     _check_all(x.detach()[0].requires_grad_(), w, b, act="relu")
 
 
-def test_strided_and_transposed_operands(triton_backend):
+def test_strided_and_transposed_operands(triton_backend, plan):
     """x as a column slice of a padded buffer (row stride 48 for K = 37, the layout a producer writes so that rows
     stay 16-byte aligned), weight as a transposed view, bias strided, residual transposed, the gradient an expand."""
     m, k, n = 20, 37, 24
@@ -224,7 +232,7 @@ def test_out_dtype(triton_backend):
 
 # ---------------------------------------------------------------------------------------------- LoRA
 @pytest.mark.parametrize("rank", [4, 16])
-def test_lora(backend, rank):
+def test_lora(backend, plan, rank):
     x, w, b, _ = _inputs(19, 40, 24, torch.bfloat16)
     lora = LoRA((torch.randn(rank, 40) / 6).to(torch.bfloat16).requires_grad_(),
                 torch.randn(24, rank).to(torch.bfloat16).requires_grad_(), 0.5)
@@ -250,7 +258,8 @@ def test_split_reduction_and_determinism(triton_backend):
     to the reference, bit-identical across two runs, and within rounding of the unsplit result."""
     x, w, b, _ = _inputs(200, 24, 20, torch.float32)
     unsplit = _run(x, w, b, act="relu", keep="mask")[2]
-    tuning = GemmTuning(programs_per_sm=64, min_split_steps=1, weight_grad=TileConfig(32, 32, 16, 4, 2))
+    tuning = GemmTuning(programs_per_sm=64, min_split_steps=1, weight_grad=TileConfig(32, 32, 16, 4, 2),
+                        backward="fused")
     with override(tuning):
         _check_all(x, w, b, act="relu", keep="mask")
         first = _run(x, w, b, act="relu", keep="mask", grad=torch.ones(200, 20))[2]
@@ -276,11 +285,11 @@ def test_split_is_used(triton_backend):
 @pytest.mark.parametrize(("act", "keep"), [("relu", "mask"), ("gelu_tanh", "auto")])
 def test_materialized_dz(triton_backend, act, keep):
     x, w, b, _ = _inputs(33, 24, 40, torch.bfloat16)
-    with override(GemmTuning(materialize_dz=True)):
+    with override(GemmTuning(materialize_dz=True, backward="fused")):
         _check_all(x, w, b, act=act, keep=keep)
 
 
-def test_tma_descriptors_under_interpreter(triton_backend, monkeypatch):
+def test_tma_descriptors_under_interpreter(triton_backend, plan, monkeypatch):
     """The TMA variant (host descriptors, aligned operands) on the interpreter, forward and backward."""
     import fuselab.ops.gemm.launch as launch
 
@@ -306,7 +315,7 @@ def test_mask_bits_match_reference_packing(triton_backend):
     assert torch.equal(ref.unpack_bits(kept, 21), z > 0)
 
 
-def test_fp64_gradcheck(triton_backend):
+def test_fp64_gradcheck(triton_backend, plan):
     x = torch.randn(5, 7, dtype=torch.float64, requires_grad=True)
     w = torch.randn(6, 7, dtype=torch.float64, requires_grad=True)
     b = torch.randn(6, dtype=torch.float64, requires_grad=True)

@@ -12,11 +12,21 @@ import pytest
 import torch
 
 from fuselab.ops.gemm.dcn import dcn_cross
+from fuselab.ops.gemm.spec import GemmTuning
+from fuselab.ops.tuning import override
 from fuselab.reference import gemm as ref
 from fuselab.testing import assert_close, tolerances
 
 U32 = 2.0**-24
 UNIT = {torch.float64: 2.0**-52, torch.float32: 2.0**-23, torch.float16: 2.0**-10, torch.bfloat16: 2.0**-7}
+#: the plans under test: the Triton kernel everywhere, and the default (cuBLAS products around the elementwise pass)
+PLANS = {"fused": GemmTuning(backward="fused", qkv_forward="fused"), "cublas": GemmTuning()}
+
+
+@pytest.fixture(params=list(PLANS))
+def plan(request):
+    with override(PLANS[request.param]):
+        yield request.param
 
 
 @pytest.fixture(params=["triton", "torch"])
@@ -40,7 +50,7 @@ def _atol(mag, n, dtype, rounded=0.0):
 # ---------------------------------------------------------------------------------------------- DCN
 @pytest.mark.parametrize("rank", [None, 8])
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
-def test_dcn_cross(backend, rank, dtype):
+def test_dcn_cross(backend, plan, rank, dtype):
     m, n = 37, 24
     x0 = torch.randn(m, n).to(dtype)
     xl = torch.randn(m, n).to(dtype)
@@ -205,7 +215,7 @@ def _fused_rows(q, k, v, lay: str) -> torch.Tensor:
 
 
 @pytest.mark.parametrize("name", list(QKV_CASES))
-def test_qkv_rope(triton_backend, name):
+def test_qkv_rope(triton_backend, plan, name):
     import fuselab
     from fuselab.ops.gemm.qkv import qkv_rope
 
@@ -233,6 +243,8 @@ def test_qkv_rope(triton_backend, name):
                                                                             else 0.0))
     row = mag.amax(1, keepdim=True).expand_as(mag)
     atol = 3 * _atol(row, x.shape[-1], torch.float32) + 1e-5 * row  # rotation of two fp32 sums; fp32 angles
+    if plan == "cublas":  # the projection rounded to the dtype before the rotation
+        atol = atol + UNIT[dtype] * row
     assert_close(got, want, dtype, "qkv vs apply_rope", atol=atol)
     # (b) an independent rotation (complex numbers) of the plain projection
     indep = _complex_rotation(plain.detach().reshape(-1, w.shape[0]), pos, inv_freq, 1.0, hq + hkv, head_dim,
