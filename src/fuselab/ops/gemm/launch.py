@@ -89,7 +89,7 @@ def choose_tile(spec: GemmSpec, tuning: GemmTuning) -> TileConfig:
     only for operands read through TMA, pointer loads of 128x256 tiles spill; weight gradients with large outputs
     take the forward's tiles), fitted to the problem: blocks no
     larger than the next power of 2 of each size (16 at least), wide enough for a RoPE pair group, few warps for
-    small tiles, stages within :data:`SMEM_BUDGET`."""
+    tiles of fewer than 128 rows, stages within :data:`SMEM_BUDGET`."""
     if tuning.force is not None:
         cfg = tuning.force
     elif (spec.dtype == torch.float32 and not spec.tf32) or spec.dtype == torch.float64:
@@ -114,7 +114,7 @@ def choose_tile(spec: GemmSpec, tuning: GemmTuning) -> TileConfig:
         else:  # wide reduction steps: fewer rows, so that the rotation's layout conversions fit beside the stages
             br = max(br, 2 * spec.pro_rope.pair_stride)
             bp = min(bp, 64) if br >= 128 else bp
-    warps = cfg.warps if bp * bq >= 64 * 64 else min(cfg.warps, 4)
+    warps = cfg.warps if bp >= 128 else min(cfg.warps, 4)  # one warpgroup per 64 rows of the MMA
     item = 4 if spec.dtype in (torch.float32, torch.float64) else 2
     per_stage = (bp * br + br * bq) * item
     rotates = spec.rope is not None or spec.pro_rope is not None
