@@ -53,10 +53,10 @@ class LinearRules:
 
     dtypes: tuple[torch.dtype, ...] = (torch.bfloat16, torch.float16)
     min_rows: int = 2048
-    min_out: int = 32
+    min_out: int = 256
     min_in: int = 1
     max_lora_rank: int = 64
-    unaligned_max_in: int = 64
+    unaligned_max_in: int = 4096
     relu_keep: str = "mask"
 
     def fused(self, rows: int, out_features: int, in_features: int, dtype: torch.dtype, rank: int = 0,

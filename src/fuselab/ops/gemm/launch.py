@@ -48,9 +48,9 @@ __all__ = ["SMEM_BUDGET", "GemmOperands", "GemmPlan", "GemmSpec", "GemmTuning", 
 #: elements per program of :func:`cast_update`
 CAST_BLOCK = 2048
 #: programs per SM of the elementwise pass (its column sums: one partial row per program along M)
-PASS_PROGRAMS_PER_SM = 4
-#: elements of one tile of the elementwise pass (``block_m x block_n``)
-PASS_TILE = 8192
+PASS_PROGRAMS_PER_SM = 8
+#: elements of one tile of the elementwise pass (``block_m x block_n``: 32 per thread of 4 warps)
+PASS_TILE = 4096
 
 
 # ---------------------------------------------------------------------------------------------- specs
@@ -99,7 +99,8 @@ def choose_tile(spec: GemmSpec, tuning: GemmTuning) -> TileConfig:
     elif spec.q <= tuning.narrow_max_q:
         cfg = tuning.narrow
     elif (spec.q >= tuning.wide_min_q and spec.p >= tuning.wide_min_p and spec.a_tma and spec.b_tma
-          and not spec.lora_rank and not spec.x0 and not spec.residual and not register_operand(spec)):
+          and not spec.lora_rank and spec.rope is None and not spec.x0 and not spec.residual
+          and not register_operand(spec)):
         cfg = tuning.wide
     else:
         cfg = tuning.large
