@@ -3,7 +3,7 @@
 * :class:`FusedLinear` — ``act(x @ W.T + b)``, a drop-in for ``nn.Linear`` followed by an activation
   (functional form: :func:`fused_linear`). Two implementations, picked per call by the shape rules of
   :class:`LinearRules` (``benchmarks/notes/gemm.md``, section "Rules"): :func:`fuselab.gemm` (matmul, bias and
-  activation in one launch; the ReLU mask kept as bits for the backward) where it wins, else cuBLAS's matmul + one
+  activation in one launch; the ReLU mask kept as bits for the backward, whose dZ pass reads them) where it wins, else cuBLAS's matmul + one
   fused bias/activation pass. ``backend="cuda"`` runs the latter as one C++ autograd node
   (:func:`fuselab.cuda.fused_linear`): the least host time in eager training.
 * :class:`LoRALinear` — ``act(x @ W.T + b + (alpha/rank) · (x @ A.T) @ B.T)`` around a (frozen) ``nn.Linear``:
@@ -232,7 +232,7 @@ def fused_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | Non
     """Functional :class:`FusedLinear`: ``act(x @ weight.T + bias)``, matmul without bias + fused epilogue.
 
     ``x`` ``(..., in)``, ``weight`` ``(out, in)``, ``bias`` ``(out,)`` or None. Where :class:`LinearRules` pick it,
-    one :func:`fuselab.gemm` launch (forward and each backward GEMM). Otherwise: in inference (nothing requires
+    :func:`fuselab.gemm` (one forward launch; its backward plan: dZ in one pass, cuBLAS's products). Otherwise: in inference (nothing requires
     grad) the epilogue runs in place on the fresh matmul output; eager training on the Triton path with one
     dtype (x of 2+ dims, no autocast) runs :data:`LINEAR`; torch.compile traces the matmul and the custom ops.
     """
