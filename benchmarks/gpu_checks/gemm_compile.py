@@ -108,7 +108,7 @@ def hazards(ttgir: str) -> list[str]:
         return found
     loop = max(i for i, ln in enumerate(lines[:dots[0]]) if "scf.for" in ln)
     pendings = set(re.findall(r"pendings = (\d+)", "\n".join(lines[loop:])))
-    if any(re.search(r"warp_group_dot %[\w]+, [^:]*: tensor<[^>]*dot_op", lines[i]) for i in dots) and pendings - {"0"}:
+    if any(re.search(r"isAsync = true\} : tensor<[^*]*dot_op", lines[i]) for i in dots) and pendings - {"0"}:
         found.append("async register-operand wgmma left pending")
     operands = [re.search(r"warp_group_dot (%[\w]+), (%[\w]+),", lines[i]).groups() for i in dots]
     readers = {view_of.get(v) for pair in operands for v in pair}
