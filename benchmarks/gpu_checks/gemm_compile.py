@@ -107,8 +107,11 @@ def hazards(ttgir: str) -> list[str]:
     if not dots:
         return found
     loop = max(i for i, ln in enumerate(lines[:dots[0]]) if "scf.for" in ln)
-    pendings = set(re.findall(r"pendings = (\d+)", "\n".join(lines[loop:])))
-    if any(re.search(r"isAsync = true\} : tensor<[^*]*dot_op", lines[i]) for i in dots) and pendings - {"0"}:
+    indent = len(lines[loop]) - len(lines[loop].lstrip())
+    end = next(i for i in range(loop + 1, len(lines)) if lines[i].startswith(" " * indent + "}"))
+    in_loop = [i for i in dots if i < end]
+    pendings = set(re.findall(r"pendings = (\d+)", "\n".join(lines[loop:end])))
+    if any(re.search(r"isAsync = true\} : tensor<[^*]*dot_op", lines[i]) for i in in_loop) and pendings - {"0"}:
         found.append("async register-operand wgmma left pending")
     operands = [re.search(r"warp_group_dot (%[\w]+), (%[\w]+),", lines[i]).groups() for i in dots]
     readers = {view_of.get(v) for pair in operands for v in pair}

@@ -47,10 +47,11 @@ __all__ = ["SMEM_BUDGET", "GemmOperands", "GemmPlan", "GemmSpec", "GemmTuning", 
 
 #: elements per program of :func:`cast_update`
 CAST_BLOCK = 2048
-#: programs per SM of the elementwise pass (its column sums: one partial row per program along M)
-PASS_PROGRAMS_PER_SM = 8
-#: elements of one tile of the elementwise pass (``block_m x block_n``: 32 per thread of 4 warps)
-PASS_TILE = 4096
+#: programs per SM of the elementwise pass (its column sums: one partial row per program along M, which the last
+#: program of a column block adds in steps of 64 rows)
+PASS_PROGRAMS_PER_SM = 4
+#: elements of one tile of the elementwise pass (``block_m x block_n``: 32 per thread of its 8 warps)
+PASS_TILE = 8192
 
 
 # ---------------------------------------------------------------------------------------------- specs
@@ -273,7 +274,7 @@ def pass_plan(spec: PassSpec) -> PassPlan:
               PRO_X0=spec.pro_x0, ROPE=spec.rope is not None, CONJ=spec.conj, ROPE_PS=rope.pair_stride,
               ROPE_HALF=rope.half, HEAD_DIM=rope.head_dim, USE_TABLE=rope.use_table, POS_MODE=rope.pos_mode,
               SEARCH_STEPS=rope.search_steps, WRITE=spec.write, COL_SUM=spec.col_sum,
-              SUM_ROWS=final_sum_rows(along_m, bn), num_warps=4)
+              SUM_ROWS=final_sum_rows(along_m, bn), num_warps=8)
     return PassPlan(spec, rows, (along_m, col_blocks), tuple(cx.items()))
 
 

@@ -54,7 +54,7 @@ def _pass_kernel(
     m_lo = pid_m * rows_per_program
     m_hi = tl.minimum(m_lo + rows_per_program, M)
     total = tl.zeros([BM, BN], dtype=ACC)
-    for m0 in range(m_lo, m_hi, BM):
+    for m0 in tl.range(m_lo, m_hi, BM, num_stages=3):
         rows = m0 + tl.arange(0, BM)
         if INT64:
             rows = rows.to(tl.int64)
