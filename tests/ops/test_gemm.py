@@ -505,13 +505,23 @@ def test_bias_grad_deterministic_gpu(plan, keep):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize(("keep", "rank"), [("mask", 0), ("output", 0), ("output", 16)])
-def test_relu_gradients_at_size_gpu(plan, keep, rank):
-    """8192x1024x512 relu (with a rank-16 LoRA), every gradient at a size where the GEMM's steps pipeline: against
-    float64 products of the kernel's own ReLU mask (y > 0: a z within rounding of 0 cannot flip the reference) and,
-    with LoRA, of T = s·(x Aᵀ) rounded to bf16 as the kernel keeps it. On Triton 3.6 a pipelined MMA whose operand is
-    computed in registers read the next step's values (triton-lang/triton#9433): errors of 5-15% of the largest
-    gradient, which these bounds reject."""
+@pytest.mark.parametrize(("keep", "rank", "materialize"), [("mask", 0, False), ("output", 0, False),
+                                                           ("output", 16, False), ("mask", 0, True)])
+def test_relu_gradients_at_size_gpu(plan, keep, rank, materialize):
+    """8192x1024x512 relu (with a rank-16 LoRA; with dZ materialised), every gradient at a size where the GEMM's steps
+    pipeline: against float64 products of the kernel's own ReLU mask (y > 0: a z within rounding of 0 cannot flip the
+    reference) and, with LoRA, of T = s·(x Aᵀ) rounded to bf16 as the kernel keeps it. On Triton 3.6 a pipelined MMA
+    whose operand is computed in registers reads the next step's values (triton-lang/triton#9433), and a tile read
+    both by registers and by the MMA gets a buffer too few: errors of 5-15% of the largest gradient, which these
+    bounds reject."""
+    if materialize:
+        with override(GemmTuning(backward=plan, materialize_dz=True)):
+            _relu_gradients_at_size(keep, rank)
+    else:
+        _relu_gradients_at_size(keep, rank)
+
+
+def _relu_gradients_at_size(keep: str, rank: int) -> None:
     torch.manual_seed(3)
     m, k, n, dt = 8192, 1024, 512, torch.bfloat16
     x, w, b = (t.cuda().detach() for t in _inputs(m, k, n, dt)[:3])
