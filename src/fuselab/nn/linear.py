@@ -3,8 +3,8 @@
 * :class:`FusedLinear` — ``act(x @ W.T + b)``, a drop-in for ``nn.Linear`` followed by an activation
   (functional form: :func:`fused_linear`). Two implementations, picked per call by the shape rules of
   :class:`LinearRules` (``benchmarks/notes/gemm.md``, section "Rules"): :func:`fuselab.gemm` (matmul, bias and
-  activation in one launch; the ReLU mask kept as bits for the backward, whose dZ pass reads them) where it wins, else cuBLAS's matmul + one
-  fused bias/activation pass. ``backend="cuda"`` runs the latter as one C++ autograd node
+  activation in one launch; the ReLU mask kept as bits for the backward, whose dZ pass reads them) where it wins,
+  else cuBLAS's matmul + one fused bias/activation pass. ``backend="cuda"`` runs the latter as one C++ autograd node
   (:func:`fuselab.cuda.fused_linear`): the least host time in eager training.
 * :class:`LoRALinear` — ``act(x @ W.T + b + (alpha/rank) · (x @ A.T) @ B.T)`` around a (frozen) ``nn.Linear``:
   by the same rules, one :func:`fuselab.gemm` launch with the LoRA product beside the main loop, or cuBLAS matmuls
@@ -232,9 +232,10 @@ def fused_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | Non
     """Functional :class:`FusedLinear`: ``act(x @ weight.T + bias)``, matmul without bias + fused epilogue.
 
     ``x`` ``(..., in)``, ``weight`` ``(out, in)``, ``bias`` ``(out,)`` or None. Where :class:`LinearRules` pick it,
-    :func:`fuselab.gemm` (one forward launch; its backward plan: dZ in one pass, cuBLAS's products). Otherwise: in inference (nothing requires
-    grad) the epilogue runs in place on the fresh matmul output; eager training on the Triton path with one
-    dtype (x of 2+ dims, no autocast) runs :data:`LINEAR`; torch.compile traces the matmul and the custom ops.
+    :func:`fuselab.gemm` (one forward launch; its backward plan: dZ in one pass, cuBLAS's products). Otherwise: in
+    inference (nothing requires grad) the epilogue runs in place on the fresh matmul output; eager training on the
+    Triton path with one dtype (x of 2+ dims, no autocast) runs :data:`LINEAR`; torch.compile traces the matmul and
+    the custom ops.
     """
     if activation in ACTIVATIONS and _gemm_wins(x, weight):
         return gemm(x, weight, bias, activation=activation, keep=current(LinearRules).keep(activation))

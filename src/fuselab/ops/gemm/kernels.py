@@ -1,13 +1,16 @@
 """The Triton kernel of the GEMM family: ``C = epilogue(prologue(A) · B)`` in one persistent launch.
 
-Every GEMM of the family, forward and backward, is this one kernel with other ``tl.constexpr`` flags and operands
-read through other strides (``docs/gemm.md`` lists which launch computes what):
+Every Triton GEMM of the family is this one kernel with other ``tl.constexpr`` flags and operands read through other
+strides (``docs/gemm.md`` lists which launch computes what; the backward's default plan leaves its products to cuBLAS
+after the elementwise pass of :mod:`fuselab.ops.gemm.pass_kernel`):
 
 * ``A`` ``[P, R]`` and ``B`` ``[R, Q]``: any strides (a transposed operand is a pair of swapped strides), or host
   TMA descriptors (``A_DESC`` / ``B_DESC``; ``*_DESC_T`` when the descriptor holds the transposed matrix).
 * the prologue on ``A`` as it is loaded (the backward's ``dZ`` is never materialised unless ``WRITE_A``): times the
   activation's derivative from a kept tensor (the output or the pre-activation) or from a 1-bit ReLU mask, times a
-  DCN multiplier, rotated by the inverse RoPE; its row sums (``ROW_SUM``: the bias gradient when A = dZᵀ).
+  DCN multiplier, rotated by the inverse RoPE; its row sums (``ROW_SUM``: the bias gradient when A = dZᵀ), a
+  product with a block of ones. A computed in registers runs its MMA synchronously (``SYNC_DOT``, see
+  :func:`_k_step`).
 * the LoRA side product (``LORA``): ``T = s·(A·L1)`` accumulated beside the main loop, ``C += T·L2``.
 * the epilogue on the accumulator: ``act(x0 ⊙ (acc + bias) + alpha·res)``, rotated by RoPE, keeping the
   pre-activation or the ReLU bits, cast on the store.
