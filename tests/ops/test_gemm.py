@@ -33,6 +33,14 @@ def backend(request):
     return request.param
 
 
+@pytest.fixture(params=["cublas", "fused"])
+def plan(request):
+    """The backward's plans: dZ in one elementwise pass and cuBLAS products (the default), or every gradient GEMM in
+    the Triton kernel with dZ formed as dY is loaded."""
+    with override(GemmTuning(backward=request.param)):
+        yield request.param
+
+
 def _leaf(t: torch.Tensor | None, dtype: torch.dtype | None = None) -> torch.Tensor | None:
     if t is None:
         return None
@@ -160,21 +168,21 @@ CASES = [("relu", "auto"), ("relu", "mask"), ("relu", "pre"), ("gelu_tanh", "aut
 
 
 @pytest.mark.parametrize(("act", "keep"), CASES)
-def test_bf16_forward_backward(backend, act, keep):
+def test_bf16_forward_backward(backend, plan, act, keep):
     x, w, b, r = _inputs(37, 29, 45, torch.bfloat16, residual=True)
     _check_all(x, w, b, r, alpha=0.5, act=act, keep=keep)
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
 @pytest.mark.parametrize(("act", "keep"), [("relu", "mask"), ("gelu_tanh", "auto"), ("none", "auto")])
-def test_fp32_fp16_forward_backward(triton_backend, dtype, act, keep):
+def test_fp32_fp16_forward_backward(triton_backend, plan, dtype, act, keep):
     x, w, b, r = _inputs(21, 35, 19, dtype, residual=act == "none")
     _check_all(x, w, b, r, act=act, keep=keep)
 
 
 # ---------------------------------------------------------------------------------------------- shapes and layouts
 @pytest.mark.parametrize(("m", "k", "n"), [(5, 13, 7), (3, 367, 17), (9, 16, 1), (1, 1, 1), (33, 64, 20)])
-def test_odd_and_unaligned_shapes(triton_backend, m, k, n):
+def test_odd_and_unaligned_shapes(triton_backend, plan, m, k, n):
     x, w, b, r = _inputs(m, k, n, torch.bfloat16, residual=True)
     _check_all(x, w, b, r, act="relu", keep="mask")
 
@@ -199,7 +207,7 @@ def test_leading_dims_and_one_dim(triton_backend):
     _check_all(x.detach()[0].requires_grad_(), w, b, act="relu")
 
 
-def test_strided_and_transposed_operands(triton_backend):
+def test_strided_and_transposed_operands(triton_backend, plan):
     """x as a column slice of a padded buffer (row stride 48 for K = 37, the layout a producer writes so that rows
     stay 16-byte aligned), weight as a transposed view, bias strided, residual transposed, the gradient an expand."""
     m, k, n = 20, 37, 24
@@ -224,7 +232,7 @@ def test_out_dtype(triton_backend):
 
 # ---------------------------------------------------------------------------------------------- LoRA
 @pytest.mark.parametrize("rank", [4, 16])
-def test_lora(backend, rank):
+def test_lora(backend, plan, rank):
     x, w, b, _ = _inputs(19, 40, 24, torch.bfloat16)
     lora = LoRA((torch.randn(rank, 40) / 6).to(torch.bfloat16).requires_grad_(),
                 torch.randn(24, rank).to(torch.bfloat16).requires_grad_(), 0.5)
@@ -250,7 +258,8 @@ def test_split_reduction_and_determinism(triton_backend):
     to the reference, bit-identical across two runs, and within rounding of the unsplit result."""
     x, w, b, _ = _inputs(200, 24, 20, torch.float32)
     unsplit = _run(x, w, b, act="relu", keep="mask")[2]
-    tuning = GemmTuning(programs_per_sm=64, min_split_steps=1, weight_grad=TileConfig(32, 32, 16, 4, 2))
+    tuning = GemmTuning(programs_per_sm=64, min_split_steps=1, weight_grad=TileConfig(32, 32, 16, 4, 2),
+                        backward="fused")
     with override(tuning):
         _check_all(x, w, b, act="relu", keep="mask")
         first = _run(x, w, b, act="relu", keep="mask", grad=torch.ones(200, 20))[2]
@@ -273,14 +282,71 @@ def test_split_is_used(triton_backend):
     assert p.split > 1 and p.k_per_split * p.split >= 200 // p.tile.block_r
 
 
+@pytest.mark.parametrize("kind", ["mask", "output", "pre", "x0"])
+def test_elementwise_pass(triton_backend, kind):
+    """The backward's elementwise pass alone: dZ = dY ⊙ (kept bits, act'(y), act'(z)) or dY ⊙ x0 on strided dY, and
+    its column sums from several programs' partials (the last to arrive adds them in program order): dZ to one
+    rounding, the sums to fp32 accumulation, bit-identical over two runs."""
+    from fuselab.ops.gemm.steps import elementwise, prologue_flags
+
+    m, n = 203, 45
+    g = torch.randn(n, m).to(torch.bfloat16).t()  # a transposed view: strided rows
+    z = torch.randn(m, n)
+    act = "gelu_tanh" if kind == "pre" else "relu"
+    kept = {"mask": ref.pack_bits(z > 0), "output": torch.relu(z).to(torch.bfloat16), "pre": z.to(torch.bfloat16),
+            "x0": None}[kind]
+    x0 = torch.randn(m, n).to(torch.bfloat16) if kind == "x0" else None
+    factor = (x0.double() if kind == "x0" else
+              activation_grad(kept.double(), act) if kind in ("output", "pre") else (z > 0).double())
+    want = g.double() * factor
+    sums = []
+    for _ in range(2):
+        dz, db = torch.empty(m, n, dtype=torch.bfloat16), torch.empty(n)
+        elementwise(g, dz, s=kept, pro=prologue_flags(kind, act) if kind != "x0" else None, g0=x0, db=db)
+        sums.append(db)
+    assert_close(dz, want, torch.bfloat16, "dz", atol=4 * U32 * (1 + want.abs()))
+    assert_close(sums[0], want.sum(0), torch.float32, "db", atol=(m + 2) * U32 * want.abs().sum(0))
+    assert torch.equal(sums[0], sums[1])
+
+
+def test_elementwise_pass_uses_several_partials(triton_backend):
+    """The shapes above give the column sums more than one partial per column block (the tickets are exercised)."""
+    from fuselab.ops.gemm.launch import pass_plan
+    from fuselab.ops.gemm.spec import PassSpec
+
+    p = pass_plan(PassSpec(m=203, n=45, dtype=torch.bfloat16, device=torch.device("cpu"), pro_mask=True,
+                           col_sum=True))
+    assert p.grid[0] > 1 and p.grid[0] * p.rows_per_program >= 203
+
+
+def test_register_operand_plans_run_the_mma_synchronously():
+    """Launches whose A operand is computed in registers (a prologue) keep their MMA synchronous (SYNC_DOT: Triton 3.6
+    lets the next step overwrite the registers of an asynchronous wgmma, triton-lang/triton#9433); a plain operand
+    or the row sums alone do not."""
+    from fuselab.ops.gemm.launch import GemmSpec, plan
+
+    base = dict(p=256, q=256, r=256, dtype=torch.bfloat16, device=torch.device("cpu"))
+    for flags, sync in ((dict(pro_mask=True), True), (dict(pro_act=1), True), (dict(pro_x0=True), True),
+                        (dict(pro_mask=True, write_a=True), True), (dict(row_sum=True, n_along_p=True), False),
+                        ({}, False)):
+        assert dict(plan(GemmSpec(**base, **flags)).constexprs)["SYNC_DOT"] is sync, flags
+
+
+def test_gemm_tuning_rejects_an_unknown_plan():
+    with pytest.raises(ValueError, match=r"GemmTuning\.backward must be one of cublas, fused"):
+        GemmTuning(backward="cuda")
+    with pytest.raises(ValueError, match=r"GemmTuning\.qkv_forward must be one of"):
+        GemmTuning(qkv_forward="triton")
+
+
 @pytest.mark.parametrize(("act", "keep"), [("relu", "mask"), ("gelu_tanh", "auto")])
 def test_materialized_dz(triton_backend, act, keep):
     x, w, b, _ = _inputs(33, 24, 40, torch.bfloat16)
-    with override(GemmTuning(materialize_dz=True)):
+    with override(GemmTuning(materialize_dz=True, backward="fused")):
         _check_all(x, w, b, act=act, keep=keep)
 
 
-def test_tma_descriptors_under_interpreter(triton_backend, monkeypatch):
+def test_tma_descriptors_under_interpreter(triton_backend, plan, monkeypatch):
     """The TMA variant (host descriptors, aligned operands) on the interpreter, forward and backward."""
     import fuselab.ops.gemm.launch as launch
 
@@ -306,7 +372,7 @@ def test_mask_bits_match_reference_packing(triton_backend):
     assert torch.equal(ref.unpack_bits(kept, 21), z > 0)
 
 
-def test_fp64_gradcheck(triton_backend):
+def test_fp64_gradcheck(triton_backend, plan):
     x = torch.randn(5, 7, dtype=torch.float64, requires_grad=True)
     w = torch.randn(6, 7, dtype=torch.float64, requires_grad=True)
     b = torch.randn(6, dtype=torch.float64, requires_grad=True)
@@ -412,7 +478,7 @@ def test_compile_fullgraph(triton_backend):
 # ---------------------------------------------------------------------------------------------- GPU
 @pytest.mark.gpu
 @pytest.mark.parametrize(("m", "k", "n"), [(65536, 512, 256), (4096, 367, 512), (8192, 1024, 1), (2048, 4096, 4096)])
-def test_large_shapes_gpu(m, k, n):
+def test_large_shapes_gpu(plan, m, k, n):
     torch.manual_seed(1)
     x, w, b, _ = (t.cuda().detach().requires_grad_() if t is not None else None
                   for t in _inputs(m, k, n, torch.bfloat16))
@@ -421,7 +487,7 @@ def test_large_shapes_gpu(m, k, n):
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("keep", ["mask", "output"])
-def test_bias_grad_deterministic_gpu(keep):
+def test_bias_grad_deterministic_gpu(plan, keep):
     """The weight and bias gradients of a split reduction are bit-identical across runs on the GPU (the partials
     summed in a fixed order; no float atomics)."""
     torch.manual_seed(2)
@@ -436,3 +502,51 @@ def test_bias_grad_deterministic_gpu(keep):
         results.append((w.grad.clone(), b.grad.clone()))
     for dw, db in results[1:]:
         assert torch.equal(dw, results[0][0]) and torch.equal(db, results[0][1])
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize(("keep", "rank", "materialize"), [("mask", 0, False), ("output", 0, False),
+                                                           ("output", 16, False), ("mask", 0, True)])
+def test_relu_gradients_at_size_gpu(plan, keep, rank, materialize):
+    """8192x1024x512 relu (with a rank-16 LoRA; with dZ materialised), every gradient at a size where the GEMM's steps
+    pipeline: against float64 products of the kernel's own ReLU mask (y > 0: a z within rounding of 0 cannot flip the
+    reference) and, with LoRA, of T = s·(x Aᵀ) rounded to bf16 as the kernel keeps it. On Triton 3.6 a pipelined MMA
+    whose operand is computed in registers reads the next step's values (triton-lang/triton#9433), and a tile read
+    both by registers and by the MMA gets a buffer too few: errors of 5-15% of the largest gradient, which these
+    bounds reject."""
+    if materialize:
+        with override(GemmTuning(backward=plan, materialize_dz=True)):
+            _relu_gradients_at_size(keep, rank)
+    else:
+        _relu_gradients_at_size(keep, rank)
+
+
+def _relu_gradients_at_size(keep: str, rank: int) -> None:
+    torch.manual_seed(3)
+    m, k, n, dt = 8192, 1024, 512, torch.bfloat16
+    x, w, b = (t.cuda().detach() for t in _inputs(m, k, n, dt)[:3])
+    a, bb = ((torch.randn(rank, k) / k**0.5).to(dt).cuda(), (torch.randn(n, rank) / rank**0.5).to(dt).cuda()) \
+        if rank else (None, None)
+    leaves = [t.clone().requires_grad_() for t in (x, w, b, *((a, bb) if rank else ()))]
+    y = gemm(*leaves[:3], activation="relu", keep=keep, lora=LoRA(leaves[3], leaves[4], 0.5) if rank else None)
+    g = torch.randn_like(y)
+    y.backward(g)
+    x6, w6, b6 = (t.double() for t in (x, w, b))
+    z6, mag = x6 @ w6.t() + b6, _mm(x6, w6.t()) + b6.abs()
+    if rank:
+        t6 = (0.5 * (x6 @ a.double().t())).to(dt).double()
+        z6, mag = z6 + t6 @ bb.double().t(), mag + _mm(t6, bb.double().t()) + 0.5 * _mm(_mm(x6, a.double().t()),
+                                                                                       bb.double().t())
+    assert_close(y, torch.relu(z6), dt, "y", atol=_bound(mag, k + rank, dt, mag))
+    dz6 = g.double() * (y > 0).double()
+    dzm = dz6.abs()
+    checks = [("dx", leaves[0].grad, dz6 @ w6, _mm(dzm, w6)), ("dw", leaves[1].grad, dz6.t() @ x6, _mm(dzm.t(), x6)),
+              ("db", leaves[2].grad, dz6.sum(0), dzm.sum(0))]
+    if rank:
+        u6 = 0.5 * (dz6 @ bb.double())
+        checks[0] = ("dx", leaves[0].grad, dz6 @ w6 + u6 @ a.double(),
+                     _mm(dzm, w6) + 3 * 0.5 * _mm(_mm(dzm, bb.double()), a.double()))
+        checks += [("dA", leaves[3].grad, u6.t() @ x6, 3 * _mm(u6.t().abs(), x6)),
+                   ("dB", leaves[4].grad, dz6.t() @ t6, 3 * _mm(dzm.t(), t6))]
+    for name, got, want, magnitude in checks:
+        assert_close(got, want, dt, name, atol=_bound(magnitude, m, dt, magnitude))

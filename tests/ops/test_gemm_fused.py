@@ -12,11 +12,21 @@ import pytest
 import torch
 
 from fuselab.ops.gemm.dcn import dcn_cross
+from fuselab.ops.gemm.spec import GemmTuning
+from fuselab.ops.tuning import override
 from fuselab.reference import gemm as ref
 from fuselab.testing import assert_close, tolerances
 
 U32 = 2.0**-24
 UNIT = {torch.float64: 2.0**-52, torch.float32: 2.0**-23, torch.float16: 2.0**-10, torch.bfloat16: 2.0**-7}
+#: the plans under test: the Triton kernel everywhere, and the default (cuBLAS products around the elementwise pass)
+PLANS = {"fused": GemmTuning(backward="fused", qkv_forward="fused"), "cublas": GemmTuning()}
+
+
+@pytest.fixture(params=list(PLANS))
+def plan(request):
+    with override(PLANS[request.param]):
+        yield request.param
 
 
 @pytest.fixture(params=["triton", "torch"])
@@ -40,7 +50,7 @@ def _atol(mag, n, dtype, rounded=0.0):
 # ---------------------------------------------------------------------------------------------- DCN
 @pytest.mark.parametrize("rank", [None, 8])
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
-def test_dcn_cross(backend, rank, dtype):
+def test_dcn_cross(backend, plan, rank, dtype):
     m, n = 37, 24
     x0 = torch.randn(m, n).to(dtype)
     xl = torch.randn(m, n).to(dtype)
@@ -205,7 +215,7 @@ def _fused_rows(q, k, v, lay: str) -> torch.Tensor:
 
 
 @pytest.mark.parametrize("name", list(QKV_CASES))
-def test_qkv_rope(triton_backend, name):
+def test_qkv_rope(triton_backend, plan, name):
     import fuselab
     from fuselab.ops.gemm.qkv import qkv_rope
 
@@ -233,6 +243,8 @@ def test_qkv_rope(triton_backend, name):
                                                                             else 0.0))
     row = mag.amax(1, keepdim=True).expand_as(mag)
     atol = 3 * _atol(row, x.shape[-1], torch.float32) + 1e-5 * row  # rotation of two fp32 sums; fp32 angles
+    if plan == "cublas":  # the projection rounded to the dtype before the rotation
+        atol = atol + UNIT[dtype] * row
     assert_close(got, want, dtype, "qkv vs apply_rope", atol=atol)
     # (b) an independent rotation (complex numbers) of the plain projection
     indep = _complex_rotation(plain.detach().reshape(-1, w.shape[0]), pos, inv_freq, 1.0, hq + hkv, head_dim,
@@ -254,6 +266,45 @@ def test_qkv_rope(triton_backend, name):
     assert_close(ws.grad, w64.grad, dtype, "dw", atol=_atol(dw_mag, x2.shape[0], dtype, dw_mag), rtol=rtol)
     if b is not None:
         assert_close(bs.grad, b64.grad, dtype, "db", atol=_atol(dzm.sum(0), x2.shape[0], dtype), rtol=rtol)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("interleaved", [False, True])
+def test_qkv_rope_at_size_gpu(plan, interleaved):
+    """QKV + RoPE (GQA 16/4 heads of 64, 2x512 tokens of 1024, the neox rotation from tables or interleaved pairs from
+    in-kernel angles) at a size where the GEMM's steps pipeline: q, k, v and every gradient against the float64
+    reference, with the bounds of test_qkv_rope."""
+    from fuselab.ops.gemm.qkv import qkv_rope
+
+    torch.manual_seed(4)
+    batch, seq, hidden, hq, hkv, d, dt = 2, 512, 1024, 16, 4, 64, torch.bfloat16
+    x = torch.randn(batch, seq, hidden, device="cuda").to(dt)
+    w = (torch.randn((hq + 2 * hkv) * d, hidden, device="cuda") / hidden**0.5).to(dt)
+    b = torch.randn(w.shape[0], device="cuda").to(dt)
+    angles = torch.arange(seq, device="cuda", dtype=torch.float64)[:, None] / (
+        10000.0 ** (torch.arange(0, d, 2, device="cuda", dtype=torch.float64) / d))
+    rope = {} if interleaved else dict(cos=angles.cos().float(), sin=angles.sin().float())
+    xs, ws, bs = _leaves(x, w, b)
+    q, k, v = qkv_rope(xs, ws, bs, num_heads=hq, num_kv_heads=hkv, interleaved=interleaved, **rope)
+    x6, w6, b6 = _leaves(x, w, b, dtype=torch.float64)
+    q6, k6, v6 = ref.qkv_rope(x6, w6, b6, hq, hkv, dict(interleaved=interleaved,
+                                                          **{key: t.double() for key, t in rope.items()}))
+    got, want = _fused_rows(q, k, v, "bshd"), _fused_rows(q6, k6, v6, "bshd")
+    x2 = x6.detach().reshape(-1, hidden)
+    row = (_mm(x2, w6.detach().t()) + b6.detach().abs()).amax(1, keepdim=True).expand_as(want)
+    atol = 3 * _atol(row, hidden, torch.float32) + 1e-5 * row + (UNIT[dt] * row if plan == "cublas" else 0.0)
+    assert_close(got, want, dt, "qkv", atol=atol)
+    gq, gk, gv = (torch.randn_like(t, dtype=torch.float64).to(dt).double() for t in (q6, k6, v6))
+    torch.autograd.backward((q, k, v), (gq.to(dt), gk.to(dt), gv.to(dt)))
+    torch.autograd.backward((q6, k6, v6), (gq, gk, gv))
+    gm = _fused_rows(gq, gk, gv, "bshd")
+    dzm = 2 * gm.abs().amax(1, keepdim=True).expand_as(gm)
+    rtol = tolerances(dt).rtol
+    dx_mag, dw_mag = _mm(dzm, w6.detach()), _mm(dzm.t(), x2)
+    assert_close(xs.grad.reshape(x2.shape), x6.grad.reshape(x2.shape), dt, "dx",
+                 atol=_atol(dx_mag, w.shape[0], dt, dx_mag), rtol=rtol)
+    assert_close(ws.grad, w6.grad, dt, "dw", atol=_atol(dw_mag, x2.shape[0], dt, dw_mag), rtol=rtol)
+    assert_close(bs.grad, b6.grad, dt, "db", atol=_atol(dzm.sum(0), x2.shape[0], dt), rtol=rtol)
 
 
 def test_qkv_rope_torch_path_matches(torch_backend):

@@ -30,8 +30,9 @@ def test_rules():
     assert not rules.fused(65536, 512, 256, torch.float32)  # fp32: cuBLAS
     assert not rules.fused(64, 512, 256, torch.bfloat16)  # few rows: launch-bound, cuBLAS
     assert not rules.fused(65536, 512, 256, torch.bfloat16, rank=128)
-    assert not rules.fused(65536, 1024, 479, torch.bfloat16, aligned=False)  # no TMA, no async copies: cuBLAS
-    assert rules.fused(65536, 512, 13, torch.bfloat16, aligned=False)  # one reduction step: nothing to pipeline
+    assert not rules.fused(65536, 128, 256, torch.bfloat16)  # 128 outputs: cuBLAS (notes, section "Rules")
+    assert rules.fused(65536, 1024, 479, torch.bfloat16, aligned=False)  # unaligned rows: ahead of cuBLAS still
+    assert rules.fused(65536, 512, 13, torch.bfloat16, aligned=False)
     assert rules.keep("relu") == "mask" and rules.keep("gelu") == "auto"
 
 

@@ -3,8 +3,8 @@
 * :class:`FusedLinear` — ``act(x @ W.T + b)``, a drop-in for ``nn.Linear`` followed by an activation
   (functional form: :func:`fused_linear`). Two implementations, picked per call by the shape rules of
   :class:`LinearRules` (``benchmarks/notes/gemm.md``, section "Rules"): :func:`fuselab.gemm` (matmul, bias and
-  activation in one launch; the ReLU mask kept as bits for the backward) where it wins, else cuBLAS's matmul + one
-  fused bias/activation pass. ``backend="cuda"`` runs the latter as one C++ autograd node
+  activation in one launch; the ReLU mask kept as bits for the backward, whose dZ pass reads them) where it wins,
+  else cuBLAS's matmul + one fused bias/activation pass. ``backend="cuda"`` runs the latter as one C++ autograd node
   (:func:`fuselab.cuda.fused_linear`): the least host time in eager training.
 * :class:`LoRALinear` — ``act(x @ W.T + b + (alpha/rank) · (x @ A.T) @ B.T)`` around a (frozen) ``nn.Linear``:
   by the same rules, one :func:`fuselab.gemm` launch with the LoRA product beside the main loop, or cuBLAS matmuls
@@ -53,10 +53,10 @@ class LinearRules:
 
     dtypes: tuple[torch.dtype, ...] = (torch.bfloat16, torch.float16)
     min_rows: int = 2048
-    min_out: int = 32
+    min_out: int = 256
     min_in: int = 1
     max_lora_rank: int = 64
-    unaligned_max_in: int = 64
+    unaligned_max_in: int = 4096
     relu_keep: str = "mask"
 
     def fused(self, rows: int, out_features: int, in_features: int, dtype: torch.dtype, rank: int = 0,
@@ -232,9 +232,10 @@ def fused_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | Non
     """Functional :class:`FusedLinear`: ``act(x @ weight.T + bias)``, matmul without bias + fused epilogue.
 
     ``x`` ``(..., in)``, ``weight`` ``(out, in)``, ``bias`` ``(out,)`` or None. Where :class:`LinearRules` pick it,
-    one :func:`fuselab.gemm` launch (forward and each backward GEMM). Otherwise: in inference (nothing requires
-    grad) the epilogue runs in place on the fresh matmul output; eager training on the Triton path with one
-    dtype (x of 2+ dims, no autocast) runs :data:`LINEAR`; torch.compile traces the matmul and the custom ops.
+    :func:`fuselab.gemm` (one forward launch; its backward plan: dZ in one pass, cuBLAS's products). Otherwise: in
+    inference (nothing requires grad) the epilogue runs in place on the fresh matmul output; eager training on the
+    Triton path with one dtype (x of 2+ dims, no autocast) runs :data:`LINEAR`; torch.compile traces the matmul and
+    the custom ops.
     """
     if activation in ACTIVATIONS and _gemm_wins(x, weight):
         return gemm(x, weight, bias, activation=activation, keep=current(LinearRules).keep(activation))

@@ -1,13 +1,16 @@
 """The Triton kernel of the GEMM family: ``C = epilogue(prologue(A) · B)`` in one persistent launch.
 
-Every GEMM of the family, forward and backward, is this one kernel with other ``tl.constexpr`` flags and operands
-read through other strides (``docs/gemm.md`` lists which launch computes what):
+Every Triton GEMM of the family is this one kernel with other ``tl.constexpr`` flags and operands read through other
+strides (``docs/gemm.md`` lists which launch computes what; the backward's default plan leaves its products to cuBLAS
+after the elementwise pass of :mod:`fuselab.ops.gemm.pass_kernel`):
 
 * ``A`` ``[P, R]`` and ``B`` ``[R, Q]``: any strides (a transposed operand is a pair of swapped strides), or host
   TMA descriptors (``A_DESC`` / ``B_DESC``; ``*_DESC_T`` when the descriptor holds the transposed matrix).
 * the prologue on ``A`` as it is loaded (the backward's ``dZ`` is never materialised unless ``WRITE_A``): times the
   activation's derivative from a kept tensor (the output or the pre-activation) or from a 1-bit ReLU mask, times a
-  DCN multiplier, rotated by the inverse RoPE; its row sums (``ROW_SUM``: the bias gradient when A = dZᵀ).
+  DCN multiplier, rotated by the inverse RoPE; its row sums (``ROW_SUM``: the bias gradient when A = dZᵀ), a
+  product with a block of ones. A computed in registers runs its MMA synchronously (``SYNC_DOT``, see
+  :func:`_k_step`).
 * the LoRA side product (``LORA``): ``T = s·(A·L1)`` accumulated beside the main loop, ``C += T·L2``.
 * the epilogue on the accumulator: ``act(x0 ⊙ (acc + bias) + alpha·res)``, rotated by RoPE, keeping the
   pre-activation or the ReLU bits, cast on the store.
@@ -29,7 +32,9 @@ import triton.language as tl
 
 from fuselab.ops._rounding import rounded
 from fuselab.ops._tickets import last_to_arrive
-from fuselab.ops.bias_act.kernels import _act, _act_grad
+from fuselab.ops.bias_act.kernels import _act
+
+from .tiles import _load, _positions, _prologue, _rope_cols
 
 
 # ---------------------------------------------------------------------------------------------- tile walk
@@ -45,110 +50,6 @@ def _tile_coords(unit, n_tiles, tiles_p, tiles_q, GROUP: tl.constexpr):
     pid_p = first_p + (tile % per_group) % size
     pid_q = (tile % per_group) // size
     return tile, split, pid_p, pid_q
-
-
-# ---------------------------------------------------------------------------------------------- RoPE
-@triton.jit
-def _positions(rows, OFF, POS, CU, offset, div_b, mod_b, div_s, mod_s, s_pb, s_ps, n_seq,
-               POS_MODE: tl.constexpr, SEARCH_STEPS: tl.constexpr):
-    """Table row of each token ``rows`` ([BM] int): token m is (batch b, index s) = ((m // div_b) % mod_b,
-    (m // div_s) % mod_s). POS_MODE 0: s + offset; 1: s + OFF[b]; 2: POS[b * s_pb + s * s_ps]; packed sequences
-    (thd), seq found by a binary search over CU: 3: m - CU[seq] + offset; 4: m - CU[seq] + OFF[seq]."""
-    b = (rows // div_b) % mod_b
-    s = (rows // div_s) % mod_s
-    if POS_MODE == 0:
-        pos = s + offset
-    elif POS_MODE == 1:
-        pos = s + tl.load(OFF + b)
-    elif POS_MODE == 2:
-        pos = tl.load(POS + b * s_pb + s * s_ps)
-    else:
-        lo = tl.zeros_like(rows)
-        hi = tl.zeros_like(rows) + n_seq
-        for _ in tl.static_range(SEARCH_STEPS):
-            mid = (lo + hi) // 2
-            below = tl.load(CU + mid) <= rows
-            lo = tl.where(below, mid, lo)
-            hi = tl.where(below, hi, mid)
-        pos = rows - tl.load(CU + lo)
-        if POS_MODE == 3:
-            pos = pos + offset
-        else:
-            pos = pos + tl.load(OFF + lo)
-    return pos
-
-
-@triton.jit
-def _rope_cols(v, pos, n0, COS, SIN, FREQ, n_table, s_ct, s_cf, s_st, s_sf, rot_cols, mscale,
-               BM: tl.constexpr, BN: tl.constexpr, PS: tl.constexpr, HALF: tl.constexpr, HEAD_DIM: tl.constexpr,
-               USE_TABLE: tl.constexpr, CONJ: tl.constexpr):
-    """``v`` [BM, BN] (compute dtype, columns n0.. of a fused q|k|v row) with the columns below ``rot_cols`` (q and k)
-    rotated by the angles of their row's position ``pos`` [BM]: pairs (i, i + PS) inside each group of 2·PS
-    columns (PS = HALF: neox half-split; PS = 1: interleaved pairs); frequency index f of a pair = its rank inside
-    the head, f >= HALF passes (partial rotary). CONJ: the inverse rotation (the backward)."""
-    G: tl.constexpr = BN // (2 * PS)
-    x1, x2 = tl.split(tl.permute(tl.reshape(v, (BM, G, 2, PS)), (0, 1, 3, 2)))
-    g = tl.arange(0, G)
-    j = tl.arange(0, PS)
-    col = n0 + g[:, None] * (2 * PS) + j[None, :]  # [G, PS] column of x1
-    f = ((col % HEAD_DIM) // (2 * PS)) * PS + j[None, :]
-    rot = (f < HALF) & (col < rot_cols)
-    f = tl.where(rot, f, 0)
-    m3 = rot[None, :, :] & (pos >= 0)[:, None, None]
-    if USE_TABLE:  # rows clamped to the table: never an out-of-bounds read
-        p = tl.minimum(tl.maximum(pos, 0), n_table - 1)[:, None, None]
-        c = tl.load(COS + p * s_ct + f[None, :, :] * s_cf, mask=m3, other=1.0).to(v.dtype)
-        s = tl.load(SIN + p * s_st + f[None, :, :] * s_sf, mask=m3, other=0.0).to(v.dtype)
-    else:  # the angle as fuselab.apply_rope computes it: position times the fp32 frequency, in the compute dtype
-        angle = pos.to(v.dtype)[:, None, None] * tl.load(FREQ + f).to(v.dtype)[None, :, :]
-        c = tl.where(m3, tl.cos(angle) * mscale, 1.0)
-        s = tl.where(m3, tl.sin(angle) * mscale, 0.0)
-    if CONJ:
-        s = -s
-    out = tl.join(x1 * c - x2 * s, x2 * c + x1 * s)  # [BM, G, PS, 2]
-    return tl.reshape(tl.permute(out, (0, 1, 3, 2)), (BM, BN))
-
-
-# ---------------------------------------------------------------------------------------------- prologue
-@triton.jit
-def _load(ptr, mask, MASKED: tl.constexpr):
-    """``tl.load`` with ``other=0`` where MASKED, unmasked otherwise (Triton 3.6 refuses ``other`` without a mask)."""
-    if MASKED:
-        v = tl.load(ptr, mask=mask, other=0.0)
-    else:
-        v = tl.load(ptr)
-    return v
-
-
-@triton.jit
-def _mask_bits(MSK, p, r, s_mt, P, R, N_ALONG_P: tl.constexpr):
-    """The kept ReLU bits of the tile at rows p, columns r as 0/1 int32; MSK is [rows, cdiv(n, 8)] uint8 (bit j of
-    word w is column 8w + j) with row stride s_mt; the column (n) axis is r, or p when N_ALONG_P. Each element loads
-    its byte (eight neighbours share one: L1 hits) and shifts: no reshape of the tile."""
-    if N_ALONG_P:  # p = n, r = token
-        words = tl.load(MSK + r[None, :] * s_mt + (p // 8)[:, None], mask=(p < P)[:, None] & (r < R)[None, :],
-                        other=0)
-        bits = (words.to(tl.int32) >> (p % 8)[:, None]) & 1
-    else:
-        words = tl.load(MSK + p[:, None] * s_mt + (r // 8)[None, :], mask=(r < R)[None, :], other=0)
-        bits = (words.to(tl.int32) >> (r % 8)[None, :]) & 1
-    return bits
-
-
-@triton.jit
-def _prologue(a, p, r, rmask, S, G0, s_sp, s_sr, s_gp, s_gr, P, R, PRO_ACT: tl.constexpr,
-              PRO_MASK: tl.constexpr, PRO_X0: tl.constexpr, N_ALONG_P: tl.constexpr, BP: tl.constexpr,
-              BR: tl.constexpr, MASKED: tl.constexpr):
-    """``a`` (a tile of dY in the compute dtype) times act'(kept S) or the kept ReLU bits, times the DCN
-    multiplier G0."""
-    if PRO_MASK:
-        a = tl.where(_mask_bits(S, p, r, s_sp, P, R, N_ALONG_P) != 0, a, 0.0)
-    elif PRO_ACT != 0:
-        s = _load(S + p[:, None] * s_sp + r[None, :] * s_sr, rmask, MASKED).to(a.dtype)
-        a = a * _act_grad(s, PRO_ACT)
-    if PRO_X0:
-        a = a * _load(G0 + p[:, None] * s_gp + r[None, :] * s_gr, rmask, MASKED).to(a.dtype)
-    return a
 
 
 # ---------------------------------------------------------------------------------------------- epilogue
@@ -234,11 +135,11 @@ def _k_step(acc, acc_l, rs, r0, p, pa, qb, pid_p, pid_q, pos_p, A, B, S, G0, AOU
             PRO_MASK: tl.constexpr, PRO_X0: tl.constexpr, PRO_ROPE: tl.constexpr, N_ALONG_P: tl.constexpr,
             ROW_SUM: tl.constexpr, WRITE_A: tl.constexpr, LORA: tl.constexpr, RANK_B: tl.constexpr,
             ROPE_PS: tl.constexpr, ROPE_HALF: tl.constexpr, HEAD_DIM: tl.constexpr, USE_TABLE: tl.constexpr,
-            POS_MODE: tl.constexpr, SEARCH_STEPS: tl.constexpr):
+            POS_MODE: tl.constexpr, SEARCH_STEPS: tl.constexpr, SYNC_DOT: tl.constexpr):
     """One BR-wide step of the reduction from column r0: acc += prologue(A)·B (and the LoRA side product, the row
-    sums, the materialised A). MASKED: the step that reaches past R (the one tail step; others are unmasked, so
-    that their loads vectorize and pipeline)."""
-    PROLOGUE: tl.constexpr = PRO_ACT != 0 or PRO_MASK or PRO_X0 or PRO_ROPE or ROW_SUM or WRITE_A
+    sums rs [BP, 16] in column 0, the materialised A). MASKED: the step that reaches past R (the one tail step;
+    others are unmasked, so that their loads vectorize and pipeline)."""
+    PROLOGUE: tl.constexpr = PRO_ACT != 0 or PRO_MASK or PRO_X0 or PRO_ROPE or WRITE_A
     r = r0 + tl.arange(0, BR)
     if INT64:
         r = r.to(tl.int64)
@@ -257,20 +158,31 @@ def _k_step(acc, acc_l, rs, r0, p, pa, qb, pid_p, pid_q, pos_p, A, B, S, G0, AOU
             else:
                 af = _rope_cols(af, pos_p, r0, COS, SIN, FREQ, n_table, s_ct, s_cf, s_st, s_sf, rot_cols, mscale, BP,
                                 BR, ROPE_PS, ROPE_HALF, HEAD_DIM, USE_TABLE, True)
-        if ROW_SUM:
-            rs += tl.sum(af, axis=1)
         if WRITE_A and pid_q == 0:
             tl.store(AOUT + p[:, None] * R + r[None, :], rounded(af, AOUT.dtype.element_ty),
                      mask=(p < P)[:, None] & (r < R)[None, :])
         a = af
     a = a.to(DOT)
     b = _load_tile(B, r, qb, s_br, s_bq, mask_b, r0, pid_q * BQ, B_DESC, B_DESC_T, MASKED).to(DOT)
+    if ROW_SUM:  # through the MMA, A times a block of ones in column 0: A keeps MMA readers only (Triton 3.6 gives a
+        # pipelined tile that registers also read one buffer too few for the wgmma still reading it); first, so
+        # that its wait leaves the main product in flight
+        ones = tl.where(tl.arange(0, 16)[None, :] == 0, 1.0, 0.0) + tl.zeros([BR, 16], dtype=tl.float32)
+        rs = tl.dot(a, ones.to(DOT), rs, input_precision=PRECISION, out_dtype=ACC)
     acc = tl.dot(a, b, acc, input_precision=PRECISION, out_dtype=ACC)
     if LORA:
         j = tl.arange(0, RANK_B)
         l1 = tl.load(L1 + r[:, None] * s_l1r + j[None, :] * s_l1j,
                      mask=(r < R)[:, None] & (j < rank)[None, :], other=0.0)
         acc_l = tl.dot(a, l1.to(DOT), acc_l, input_precision=PRECISION, out_dtype=ACC)
+    if SYNC_DOT:  # A computed in registers: a use of the accumulators in the loop keeps the MMA synchronous (Triton
+        # 3.6 lets the next step's prologue overwrite the registers an asynchronous wgmma still reads,
+        # triton-lang/triton#9433); R > 0 always, unknown to the compiler
+        acc = tl.where(R > 0, acc, 0.0)
+        if ROW_SUM:
+            rs = tl.where(R > 0, rs, 0.0)
+        if LORA:
+            acc_l = tl.where(R > 0, acc_l, 0.0)
     return acc, acc_l, rs
 
 
@@ -315,7 +227,7 @@ def _gemm_kernel(
     KEEP: tl.constexpr, ACT: tl.constexpr,
     ROPE_PS: tl.constexpr, ROPE_HALF: tl.constexpr, HEAD_DIM: tl.constexpr, USE_TABLE: tl.constexpr,
     POS_MODE: tl.constexpr, SEARCH_STEPS: tl.constexpr,
-    NUM_STAGES: tl.constexpr, FLATTEN: tl.constexpr, WARP_SPEC: tl.constexpr,
+    NUM_STAGES: tl.constexpr, FLATTEN: tl.constexpr, WARP_SPEC: tl.constexpr, SYNC_DOT: tl.constexpr,
 ):
     # flops 2·P·Q·R (+ 2·P·RANK·(R + Q) with LORA); bytes: A and B once per tile row/column (L2 reuse across the
     # group), C (+ kept z or bits) once, the epilogue operands once, the partials 2·SPLIT·P·Q·4 when split
@@ -345,7 +257,7 @@ def _gemm_kernel(
                                SEARCH_STEPS)
         acc = tl.zeros([BP, BQ], dtype=ACC)
         acc_l = tl.zeros([BP, RANK_B], dtype=ACC)
-        rs = tl.zeros([BP], dtype=ACC)
+        rs = tl.zeros([BP, 16], dtype=ACC)
         k_lo = split * k_per_split
         for kk in tl.range(k_lo, tl.minimum(k_lo + k_per_split, k_full), num_stages=NUM_STAGES):
             acc, acc_l, rs = _k_step(
@@ -354,7 +266,7 @@ def _gemm_kernel(
                 s_pb, s_ps, n_seq, COS, SIN, FREQ, n_table, s_ct, s_cf, s_st, s_sf, rot_cols, mscale, False, BP, BQ, BR,
                 DOT, ACC, PRECISION, INT64, A_DESC, A_DESC_T, B_DESC, B_DESC_T, PRO_ACT, PRO_MASK, PRO_X0, PRO_ROPE,
                 N_ALONG_P, ROW_SUM, WRITE_A, LORA, RANK_B, ROPE_PS, ROPE_HALF, HEAD_DIM, USE_TABLE, POS_MODE,
-                SEARCH_STEPS)
+                SEARCH_STEPS, SYNC_DOT)
         if not EVEN_R and split == SPLIT - 1:  # the tail step, masked, in the last split
             acc, acc_l, rs = _k_step(
                 acc, acc_l, rs, k_full * BR, p, pa, qb, pid_p, pid_q, pos_p, A, B, S, G0, AOUT, L1, P, R, s_ap,
@@ -362,7 +274,7 @@ def _gemm_kernel(
                 div_s, mod_s, s_pb, s_ps, n_seq, COS, SIN, FREQ, n_table, s_ct, s_cf, s_st, s_sf, rot_cols, mscale,
                 True, BP, BQ, BR, DOT, ACC, PRECISION, INT64, A_DESC, A_DESC_T, B_DESC, B_DESC_T, PRO_ACT,
                 PRO_MASK, PRO_X0, PRO_ROPE, N_ALONG_P, ROW_SUM, WRITE_A, LORA, RANK_B, ROPE_PS, ROPE_HALF,
-                HEAD_DIM, USE_TABLE, POS_MODE, SEARCH_STEPS)
+                HEAD_DIM, USE_TABLE, POS_MODE, SEARCH_STEPS, SYNC_DOT)
         if LORA:
             j = tl.arange(0, RANK_B)
             t = acc_l * lora_scale
@@ -371,12 +283,14 @@ def _gemm_kernel(
                          mask=(p < P)[:, None] & (j < rank)[None, :])
             l2 = tl.load(L2 + j[:, None] * s_l2j + qb[None, :] * s_l2q, mask=(j < rank)[:, None], other=0.0)
             acc = tl.dot(t.to(DOT), l2.to(DOT), acc, input_precision=PRECISION, out_dtype=ACC)
+        row_sums = tl.sum(rs, axis=1)  # column 0 of rs: the others are zero
         done = True
         if SPLIT > 1:
-            done, acc, rs = _split_sum(acc, rs, p, q, P, Q, split, tile, pid_q, WS, DBS, COUNT, SPLIT, ROW_SUM)
+            done, acc, row_sums = _split_sum(acc, row_sums, p, q, P, Q, split, tile, pid_q, WS, DBS, COUNT, SPLIT,
+                                             ROW_SUM)
         if done:
             if ROW_SUM and pid_q == 0:
-                tl.store(DB + p, rounded(rs, DB.dtype.element_ty), mask=p < P)
+                tl.store(DB + p, rounded(row_sums, DB.dtype.element_ty), mask=p < P)
             rope_pos = pa
             if EPI_ROPE:
                 rope_pos = _positions(pa, OFF, POS, CU, offset, div_b, mod_b, div_s, mod_s, s_pb, s_ps, n_seq,

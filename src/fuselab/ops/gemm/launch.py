@@ -21,18 +21,37 @@ import triton.language as tl
 from fuselab.core.device import cdiv, next_power_of_2, sm_count, tma_capable
 from fuselab.ops._launch import TensorDescriptor
 from fuselab.ops._launch import launch as launch_kernel
-from fuselab.ops._tickets import scratch, ticket_counters
+from fuselab.ops._tickets import final_sum_rows, scratch, ticket_counters
 from fuselab.ops.opdef import memo
 from fuselab.ops.tuning import current
 
 from .kernels import _cast_update_kernel, _gemm_kernel
-from .spec import SMEM_BUDGET, CastStep, GemmOperands, GemmPlan, GemmSpec, GemmTuning, RopeArgs, RopeSpec, TileConfig
+from .pass_kernel import _pass_kernel
+from .spec import (
+    SMEM_BUDGET,
+    CastStep,
+    GemmOperands,
+    GemmPlan,
+    GemmSpec,
+    GemmTuning,
+    PassPlan,
+    PassSpec,
+    RopeArgs,
+    RopeSpec,
+    TileConfig,
+)
 
-__all__ = ["SMEM_BUDGET", "GemmOperands", "GemmPlan", "GemmSpec", "GemmTuning", "RopeArgs", "RopeSpec", "TileConfig",
-           "cast_update", "choose_tile", "gemm_", "plan", "spec_of", "tma_mode", "with_flags"]
+__all__ = ["SMEM_BUDGET", "GemmOperands", "GemmPlan", "GemmSpec", "GemmTuning", "PassPlan", "PassSpec", "RopeArgs",
+           "RopeSpec", "TileConfig", "cast_update", "choose_tile", "gemm_", "pass_", "pass_plan", "plan", "spec_of",
+           "tma_mode", "with_flags"]
 
 #: elements per program of :func:`cast_update`
 CAST_BLOCK = 2048
+#: programs per SM of the elementwise pass (its column sums: one partial row per program along M, which the last
+#: program of a column block adds in steps of 64 rows)
+PASS_PROGRAMS_PER_SM = 4
+#: elements of one tile of the elementwise pass (``block_m x block_n``: 32 per thread of its 8 warps)
+PASS_TILE = 8192
 
 
 # ---------------------------------------------------------------------------------------------- specs
@@ -68,20 +87,21 @@ def _reach(t: torch.Tensor) -> int:
 # ---------------------------------------------------------------------------------------------- plans
 def choose_tile(spec: GemmSpec, tuning: GemmTuning) -> TileConfig:
     """The tile config of ``spec`` by the shape rules (see :class:`~fuselab.ops.gemm.spec.GemmTuning`; the wide tile
-    only for operands read through TMA: pointer loads of 128x256 tiles spill), fitted to the problem: blocks no
+    only for operands read through TMA, pointer loads of 128x256 tiles spill; weight gradients with large outputs
+    take the forward's tiles), fitted to the problem: blocks no
     larger than the next power of 2 of each size (16 at least), wide enough for a RoPE pair group, few warps for
-    small tiles, stages within :data:`SMEM_BUDGET`."""
+    tiles of fewer than 128 rows, stages within :data:`SMEM_BUDGET`."""
     if tuning.force is not None:
         cfg = tuning.force
     elif (spec.dtype == torch.float32 and not spec.tf32) or spec.dtype == torch.float64:
         cfg = tuning.fp32
-    elif spec.n_along_p:
+    elif spec.n_along_p and spec.p * spec.q < tuning.wide_min_p * tuning.wide_min_q:
         cfg = tuning.weight_grad
     elif spec.q <= tuning.narrow_max_q:
         cfg = tuning.narrow
     elif (spec.q >= tuning.wide_min_q and spec.p >= tuning.wide_min_p and spec.a_tma and spec.b_tma
-          and not spec.lora_rank and spec.rope is None and not spec.x0 and not spec.residual and spec.pro_act == 0
-          and not spec.pro_mask and not spec.pro_x0 and spec.pro_rope is None):
+          and not spec.lora_rank and spec.rope is None and not spec.x0 and not spec.residual
+          and not register_operand(spec)):
         cfg = tuning.wide
     else:
         cfg = tuning.large
@@ -96,7 +116,7 @@ def choose_tile(spec: GemmSpec, tuning: GemmTuning) -> TileConfig:
         else:  # wide reduction steps: fewer rows, so that the rotation's layout conversions fit beside the stages
             br = max(br, 2 * spec.pro_rope.pair_stride)
             bp = min(bp, 64) if br >= 128 else bp
-    warps = cfg.warps if bp * bq >= 64 * 64 else min(cfg.warps, 4)
+    warps = cfg.warps if bp >= 128 else min(cfg.warps, 4)  # one warpgroup per 64 rows of the MMA
     item = 4 if spec.dtype in (torch.float32, torch.float64) else 2
     per_stage = (bp * br + br * bq) * item
     rotates = spec.rope is not None or spec.pro_rope is not None
@@ -113,6 +133,12 @@ def _dot_types(spec: GemmSpec) -> tuple:
     if spec.device.type != "cuda" or spec.dtype == torch.float32:
         return tl.float32, tl.float32, "tf32" if spec.tf32 and spec.device.type == "cuda" else "ieee"
     return (tl.bfloat16 if spec.dtype == torch.bfloat16 else tl.float16), tl.float32, None
+
+
+def register_operand(spec: GemmSpec) -> bool:
+    """Whether the launch's A operand is computed in registers (a prologue) before the MMA: its MMA then runs
+    synchronously (``SYNC_DOT``; see :func:`fuselab.ops.gemm.kernels._k_step`)."""
+    return bool(spec.pro_act or spec.pro_mask or spec.pro_x0 or spec.pro_rope is not None or spec.write_a)
 
 
 def _split(spec: GemmSpec, tile: TileConfig, tuning: GemmTuning, programs: int) -> tuple[int, int]:
@@ -147,7 +173,7 @@ def _plan(spec: GemmSpec, tuning: GemmTuning) -> GemmPlan:
         EPI_ROPE=spec.rope is not None, KEEP=spec.keep, ACT=spec.act, ROPE_PS=rope.pair_stride, ROPE_HALF=rope.half,
         HEAD_DIM=rope.head_dim, USE_TABLE=rope.use_table, POS_MODE=rope.pos_mode, SEARCH_STEPS=rope.search_steps,
         NUM_STAGES=tile.stages, FLATTEN=tuning.flatten, WARP_SPEC=tuning.warp_specialize and spec.a_tma > 0,
-        num_warps=tile.warps, num_stages=tile.stages)
+        SYNC_DOT=register_operand(spec), num_warps=tile.warps, num_stages=tile.stages)
     return GemmPlan(spec, tile, split, k_per_split, (max(1, min(n_units, programs)),), tuple(cx.items()))
 
 
@@ -176,9 +202,8 @@ def _strides(t: torch.Tensor | None, n: int = 2) -> tuple[int, ...]:
     return tuple(t.stride()) if n == 2 else (t.stride(0),)
 
 
-def _rope_scalars(rope: RopeArgs | None, spec: GemmSpec) -> tuple:
-    """(n_table, s_ct, s_cf, s_st, s_sf, rot_cols, div_b, mod_b, div_s, mod_s, s_pb, s_ps, n_seq)."""
-    r = spec.rope or spec.pro_rope
+def _rope_scalars(rope: RopeArgs | None, r: RopeSpec | None) -> tuple:
+    """(n_table, s_ct, s_cf, s_st, s_sf, rot_cols, div_b, mod_b, div_s, mod_s, s_pb, s_ps, n_seq) of a rotation."""
     if rope is None or r is None:
         return (1, 0, 0, 0, 0, 0, 1, 1, 1, 1, 0, 0, 1)
     cos, sin, pos = rope.cos, rope.sin, rope.positions
@@ -214,7 +239,7 @@ def gemm_(p: GemmPlan, ops: GemmOperands) -> None:
                spec.p, spec.q, spec.r, p.k_per_split, *c.stride(), *ops.a.stride(), *ops.b.stride(),
                *_strides(ops.bias, 1), *_strides(ops.x0), *_strides(ops.res), *_strides(ops.kept, 1),
                *_strides(ops.l1), *_strides(ops.l2), s_sp, s_sr, *_strides(ops.g0), spec.lora_rank,
-               *_rope_scalars(ops.rope, spec))
+               *_rope_scalars(ops.rope, spec.rope or spec.pro_rope))
     launch_kernel(_gemm_kernel, p.constexprs, p.grid, tensors, scalars, dict(p.constexprs), dynamic=4)
 
 
@@ -228,3 +253,51 @@ def cast_update(master: torch.Tensor, grad: torch.Tensor, low: torch.Tensor, sta
     tensors = (master, grad, low, master if state is None else state, master if lr_tensor is None else lr_tensor)
     launch_kernel(_cast_update_kernel, tuple(cx.items()), (cdiv(n, CAST_BLOCK),), tensors,
                   (float(step.lr), float(step.eps), float(step.weight_decay), n), cx, dynamic=3)
+
+
+# ---------------------------------------------------------------------------------------------- elementwise pass
+@memo(maxsize=256)
+def pass_plan(spec: PassSpec) -> PassPlan:
+    """The launch plan of the elementwise pass: column blocks of up to 128 (a RoPE pair group at least), ``block_m``
+    rows per step, :data:`PASS_PROGRAMS_PER_SM` programs per SM in all."""
+    bn = min(128, max(16, next_power_of_2(spec.n)))
+    if spec.rope is not None:
+        bn = max(bn, 2 * spec.rope.pair_stride)
+    bm = max(16, min(64, PASS_TILE // bn))
+    col_blocks = cdiv(spec.n, bn)
+    along_m = max(1, min(cdiv(spec.m, bm), cdiv(PASS_PROGRAMS_PER_SM * sm_count(spec.device), col_blocks)))
+    rows = cdiv(cdiv(spec.m, along_m), bm) * bm
+    along_m = cdiv(spec.m, rows)
+    rope = spec.rope or RopeSpec(1, 1, 2, 0, False)
+    acc = tl.float64 if spec.dtype == torch.float64 else tl.float32
+    cx = dict(BM=bm, BN=bn, ACC=acc, INT64=spec.int64, PRO_ACT=spec.pro_act, PRO_MASK=spec.pro_mask,
+              PRO_X0=spec.pro_x0, ROPE=spec.rope is not None, CONJ=spec.conj, ROPE_PS=rope.pair_stride,
+              ROPE_HALF=rope.half, HEAD_DIM=rope.head_dim, USE_TABLE=rope.use_table, POS_MODE=rope.pos_mode,
+              SEARCH_STEPS=rope.search_steps, WRITE=spec.write, COL_SUM=spec.col_sum,
+              SUM_ROWS=final_sum_rows(along_m, bn), num_warps=8)
+    return PassPlan(spec, rows, (along_m, col_blocks), tuple(cx.items()))
+
+
+def pass_(p: PassPlan, a: torch.Tensor, out: torch.Tensor | None = None, *, s: torch.Tensor | None = None,
+          g0: torch.Tensor | None = None, db: torch.Tensor | None = None, rope: RopeArgs | None = None) -> None:
+    """Launch plan ``p`` of the elementwise pass on ``a`` ``[M, N]``: ``out`` (unit column stride; None: in place, in
+    ``a`` of unit column stride) gets the operand after the prologue (kept ``s``: y / z ``[M, N]`` or ReLU bits;
+    DCN multiplier ``g0``; the rotation of ``rope``), ``db`` ``[N]`` its column sums."""
+    spec = p.spec
+    dev = a.device
+    arg = a if out is None else out
+    if spec.col_sum:
+        ws = scratch(dev, (p.grid[0], spec.n), db.dtype)
+        count = ticket_counters(dev, p.grid[1])
+    else:
+        ws = count = arg
+    rope = rope or RopeArgs()
+    s_sm, s_sn = (s.stride(0), 0) if spec.pro_mask else _strides(s)
+    tensors = (arg, a, a if s is None else s, a if g0 is None else g0, ws, arg if db is None else db, count,
+               *(a if t is None else t for t in (rope.cos, rope.sin, rope.freq, rope.positions, rope.offsets,
+                                                  rope.cu_seqlens)))
+    scalars = (int(rope.offset), float(rope.mscale), spec.m, spec.n, p.rows_per_program,
+               arg.stride(0), *a.stride(), s_sm, s_sn, *_strides(g0),
+               *_rope_scalars(rope, spec.rope))
+    launch_kernel(_pass_kernel, p.constexprs, p.grid, tensors, scalars, dict(p.constexprs), dynamic=2)
+

@@ -12,6 +12,8 @@ import torch
 
 from fuselab.core.device import cdiv
 
+#: the plans of :attr:`GemmTuning.backward` and :attr:`GemmTuning.qkv_forward`
+PLAN_CHOICES: tuple[str, ...] = ("cublas", "fused")
 #: bytes of shared memory a plan's pipelined A and B tiles and its epilogue/prologue layout conversions may take
 #: (an H100/H200 SM gives a block 227 KiB)
 SMEM_BUDGET = 200 * 1024
@@ -42,7 +44,12 @@ class GemmTuning:
     (``programs_per_sm`` per SM). ``tma``: read A and B through host TMA descriptors where Hopper, alignment and
     layout allow. ``flatten`` / ``warp_specialize``: Triton's options of the persistent loop.
     ``materialize_dz``: the backward writes dZ once in the operand dtype (while computing dX) and the weight
-    gradients read it, instead of applying act' again as they load dY."""
+    gradients read it, instead of applying act' again as they load dY.
+    ``backward``: ``"cublas"`` forms dZ (and the bias gradient) in one elementwise pass over dY and leaves dX and dW
+    to cuBLAS; ``"fused"`` computes each gradient GEMM in the Triton kernel with dZ formed as dY is loaded.
+    ``qkv_forward``: ``"cublas"`` projects with cuBLAS and rotates q and k in place in one elementwise pass;
+    ``"fused"`` rotates them in the GEMM's epilogue. The defaults and the measurements behind them:
+    ``benchmarks/notes/gemm.md``, section "Rules". Raises ValueError for another ``backward`` / ``qkv_forward``."""
 
     large: TileConfig = TileConfig(128, 128, 64, 8, 3)
     wide: TileConfig = TileConfig(128, 256, 64, 8, 3)
@@ -59,7 +66,15 @@ class GemmTuning:
     flatten: bool = False
     warp_specialize: bool = False
     materialize_dz: bool = False
+    backward: str = "cublas"
+    qkv_forward: str = "cublas"
     force: TileConfig | None = None
+
+    def __post_init__(self) -> None:
+        for name in ("backward", "qkv_forward"):
+            if getattr(self, name) not in PLAN_CHOICES:
+                raise ValueError(f"GemmTuning.{name} must be one of {', '.join(PLAN_CHOICES)}, "
+                                 f"got {getattr(self, name)!r}")
 
 
 @dataclass(frozen=True)
@@ -125,6 +140,37 @@ class GemmPlan:
     @property
     def n_tiles(self) -> int:
         return cdiv(self.spec.p, self.tile.block_p) * cdiv(self.spec.q, self.tile.block_q)
+
+
+@dataclass(frozen=True)
+class PassSpec:
+    """What a launch of the elementwise pass (:mod:`fuselab.ops.gemm.pass_kernel`) is planned from: the ``[m, n]``
+    operand's sizes, dtype and device, its prologue (act' id ``pro_act``, ReLU bits, DCN multiplier, a RoPE
+    rotation, inverse when ``conj``), whether the result is written and its column sums reduced, 64-bit offsets."""
+
+    m: int
+    n: int
+    dtype: torch.dtype
+    device: torch.device
+    pro_act: int = 0
+    pro_mask: bool = False
+    pro_x0: bool = False
+    rope: RopeSpec | None = None
+    conj: bool = True
+    write: bool = True
+    col_sum: bool = False
+    int64: bool = False
+
+
+@dataclass(frozen=True)
+class PassPlan:
+    """A launch of the elementwise pass: ``programs`` along M (``rows_per_program`` rows each, ``[block_m, block_n]``
+    tiles) times the column blocks, and the constexprs (hashable (name, value) pairs: the launch cache's key)."""
+
+    spec: PassSpec
+    rows_per_program: int
+    grid: tuple[int, int]
+    constexprs: tuple[tuple[str, Any], ...]
 
 
 @dataclass

@@ -1,5 +1,7 @@
 """The launch sequences of the GEMM ops on the Triton path: which launches of :func:`~fuselab.ops.gemm.launch.gemm_`
-each forward and backward makes, on which operand views (imports Triton: loaded through :mod:`.lazy`)."""
+and of the elementwise pass (:func:`~fuselab.ops.gemm.launch.pass_`) each forward and backward makes, on which operand
+views, and which products go to cuBLAS (``torch.mm``) under :class:`~fuselab.ops.gemm.spec.GemmTuning`'s
+``backward`` / ``qkv_forward`` plans (imports Triton: loaded through :mod:`.lazy`)."""
 
 from __future__ import annotations
 
@@ -10,8 +12,8 @@ from fuselab.reference.bias_act import activation_grad
 from fuselab.reference.gemm import unpack_bits
 
 from .checks import GemmCall, LinearBackward, activation_id, rows, tf32_enabled
-from .launch import gemm_, plan, spec_of
-from .spec import GemmOperands, GemmPlan, GemmTuning, RopeArgs, RopeSpec
+from .launch import gemm_, pass_, pass_plan, plan, spec_of
+from .spec import GemmOperands, GemmPlan, GemmTuning, PassSpec, RopeArgs, RopeSpec
 
 #: kept-tensor kinds -> the kernels' KEEP ids
 KEEP_IDS = {"nothing": 0, "output": 0, "pre": 1, "mask": 2}
@@ -31,6 +33,20 @@ def prologue_flags(keep: str, activation: str) -> dict:
     if keep in ("output", "pre"):
         return {"pro_act": activation_id(activation)}
     return {}
+
+
+def elementwise(a: torch.Tensor, out: torch.Tensor | None, *, s: torch.Tensor | None = None, pro: dict | None = None,
+                g0: torch.Tensor | None = None, rope: tuple[RopeSpec, RopeArgs] | None = None, conj: bool = True,
+                db: torch.Tensor | None = None, write: bool = True) -> None:
+    """One elementwise pass over ``a`` ``[M, N]``: the prologue (``pro``: :func:`prologue_flags` with the kept ``s``;
+    the DCN multiplier ``g0``; the rotation ``rope``, inverse when ``conj``) into ``out`` (None: in place) where
+    ``write``, its column sums into ``db``."""
+    m, n = a.shape
+    reach = max((r - 1) * abs(st) for t in (a, out, s, g0) if t is not None for r, st in zip(t.shape, t.stride()))
+    spec = PassSpec(m=m, n=n, dtype=a.dtype, device=a.device, **(pro or {}), pro_x0=g0 is not None,
+                    rope=None if rope is None else rope[0], conj=conj, write=write, col_sum=db is not None,
+                    int64=reach > 2**31 - 1)
+    pass_(pass_plan(spec), a, out, s=s, g0=g0, db=db, rope=None if rope is None else rope[1])
 
 
 # ---------------------------------------------------------------------------------------------- linear
@@ -62,19 +78,59 @@ def _dz_torch(g: torch.Tensor, saved: torch.Tensor | None, keep: str, activation
 
 def linear_backward(grad: torch.Tensor, saved_for: LinearBackward) -> tuple:
     """(dx [M, K], dw [N, K], db [N] in the accumulator dtype, dz [M, N], da, dlb): those in ``want`` (x, weight,
-    bias, dZ for the residual, lora_a, lora_b), empty tensors for the others. dZ is asked only where it differs
-    from dY (an activation): the outputs never alias the inputs or each other (a custom op's rule)."""
+    bias, dZ for the residual, lora_a, lora_b), empty tensors for the others, by the ``backward`` plan in force. dZ
+    is asked only where it differs from dY (an activation): the outputs never alias the inputs or each other (a
+    custom op's rule)."""
     bw = saved_for
+    dtype = bw.dtype
+    g = rows(grad if grad.dtype == dtype else grad.to(dtype))
+    k = (bw.x if bw.x is not None else bw.weight).shape[-1]
+    acc = torch.float64 if dtype == torch.float64 else torch.float32
+    if g.numel() == 0 or k == 0:
+        return _empty_grads(g, k, bw.lora_a, acc, bw.want, _dz_torch(g, bw.saved, bw.keep, bw.activation))
+    if current(GemmTuning).backward == "cublas":
+        return _linear_backward_cublas(g, bw, acc)
+    return _linear_backward_fused(g, bw, acc)
+
+
+def _linear_backward_cublas(g: torch.Tensor, bw: LinearBackward, acc: torch.dtype) -> tuple:
+    """dZ (and the bias gradient, its column sums) in one elementwise pass over dY, then cuBLAS: dX = dZ·W (+ U·A,
+    U = s·dZ·B), dW = dZᵀ·x, dB = dZᵀ·T, dA = Uᵀ·x."""
+    want_x, want_w, want_b, want_r, want_a, want_lb = bw.want
+    m, n = g.shape
+    pro = prologue_flags(bw.keep, bw.activation)
+    db = g.new_empty(n, dtype=acc) if want_b else g.new_empty(0)
+    if pro:
+        dz = g.new_empty((m, n))
+        elementwise(g, dz, s=bw.saved if bw.keep == "mask" else rows(bw.saved), pro=pro,
+                    db=db if want_b else None)
+    else:
+        dz = g
+        if want_b:
+            db = g.sum(0, dtype=acc)
+    u = None
+    if bw.lora_a is not None and (want_x or want_a):
+        u = torch.mm(dz, bw.lora_b).mul_(bw.lora_scale)
+    dx = g.new_empty(0)
+    if want_x:
+        dx = torch.mm(dz, bw.weight)
+        if u is not None:
+            dx.addmm_(u, bw.lora_a)
+    x2 = rows(bw.x) if bw.x is not None else None
+    dw = torch.mm(dz.t(), x2) if want_w else g.new_empty(0)
+    da = torch.mm(u.t(), x2) if want_a else g.new_empty(0)
+    dlb = torch.mm(dz.t(), bw.t) if want_lb else g.new_empty(0)
+    return dx, dw, db, dz if want_r else g.new_empty(0), da, dlb
+
+
+def _linear_backward_fused(g: torch.Tensor, bw: LinearBackward, acc: torch.dtype) -> tuple:
+    """Each gradient GEMM in the Triton kernel, dZ formed as dY is loaded (or written once beside dX where
+    :attr:`~fuselab.ops.gemm.spec.GemmTuning.materialize_dz` or the residual asks for it)."""
     x, weight, saved, lora_a, lora_b, t = bw.x, bw.weight, bw.saved, bw.lora_a, bw.lora_b, bw.t
     keep, activation, lora_scale, want = bw.keep, bw.activation, bw.lora_scale, bw.want
     want_x, want_w, want_b, want_r, want_a, want_lb = want
-    dtype = bw.dtype
-    g = rows(grad if grad.dtype == dtype else grad.to(dtype))
     m, n = g.shape
     k = (x if x is not None else weight).shape[-1]
-    acc = torch.float64 if dtype == torch.float64 else torch.float32
-    if g.numel() == 0 or k == 0:
-        return _empty_grads(g, k, lora_a, acc, want, _dz_torch(g, saved, keep, activation))
     pro = prologue_flags(keep, activation)
     s = None if not pro else saved if keep == "mask" else rows(saved)
     tuning = current(GemmTuning)
@@ -137,19 +193,55 @@ def dcn_forward(x0: torch.Tensor, xl: torch.Tensor, weight: torch.Tensor, bias: 
 
 def dcn_backward(grad, x0, xl, weight, bias, weight_v, h, want: list[bool]) -> tuple:
     """(dx0, dxl, dw, db [acc dtype], dv) of :func:`dcn_forward` (empty where not in ``want``): dx0 = g ⊙ (h Wᵀ + b)
-    recomputed by the forward's epilogue with g as the multiplier; dT = (g ⊙ x0)·W with the product formed as g is
-    loaded; dW = (g ⊙ x0)ᵀ·h with the bias gradient as its row sums; dxl = g + dT·V (low rank) or g + (g ⊙ x0)·W,
-    the g added in the epilogue; dV = dTᵀ·xl."""
+    recomputed by the forward's epilogue with g as the multiplier; gx = g ⊙ x0; dW = gxᵀ·h with the bias gradient the
+    column sums of gx; dxl = g + gx·W (full rank) or g + dT·V with dT = gx·W (low rank); dV = dTᵀ·xl. The ``backward``
+    plan ``"cublas"`` forms gx and the bias gradient in one elementwise pass and leaves the other products to cuBLAS;
+    ``"fused"`` forms gx as the Triton kernel loads g."""
     want_x0, want_xl, want_w, want_b, want_v = want
     g = rows(grad)
-    x02, xl2 = rows(x0), rows(xl)
-    hh = xl2 if h is None else h
     m, n = g.shape
     acc = torch.float64 if g.dtype == torch.float64 else torch.float32
+    x02, xl2 = rows(x0), rows(xl)
     out = [g.new_empty(0) for _ in range(5)]
     if want_x0:
         out[0] = g.new_empty((m, n))
-        run(GemmOperands(a=hh, b=weight.t(), c=out[0], bias=bias, x0=g), bias=bias is not None, x0=True)
+        run(GemmOperands(a=xl2 if h is None else h, b=weight.t(), c=out[0], bias=bias, x0=g), bias=bias is not None,
+            x0=True)
+    if want_b:
+        out[3] = g.new_empty(n, dtype=acc)
+    if not (want_xl or want_w or want_b or want_v):
+        return tuple(out)
+    if current(GemmTuning).backward == "cublas":
+        _dcn_cublas(g, x02, xl2, weight, weight_v, h, want, out)
+    else:
+        _dcn_fused(g, x02, xl2, weight, weight_v, h, want, out)
+    return tuple(out)
+
+
+def _dcn_cublas(g, x02, xl2, weight, weight_v, h, want, out) -> None:
+    """gx = g ⊙ x0 and its column sums in one pass; dW, dT, dxl (an addmm onto g) and dV by cuBLAS."""
+    _, want_xl, want_w, want_b, want_v = want
+    gx = g.new_empty(g.shape)
+    elementwise(g, gx, g0=x02, db=out[3] if want_b else None)
+    if want_w:
+        out[2] = torch.mm(gx.t(), xl2 if h is None else h)
+    if weight_v is None:
+        if want_xl:
+            out[1] = torch.addmm(g, gx, weight)
+        return
+    if want_xl or want_v:
+        dt = torch.mm(gx, weight)
+        if want_xl:
+            out[1] = torch.addmm(g, dt, weight_v)
+        if want_v:
+            out[4] = torch.mm(dt.t(), xl2)
+
+
+def _dcn_fused(g, x02, xl2, weight, weight_v, h, want, out) -> None:
+    """The Triton kernel forms gx = g ⊙ x0 as it loads g, in the dT / dxl and dW launches."""
+    _, want_xl, want_w, want_b, want_v = want
+    m, n = g.shape
+    hh = xl2 if h is None else h
     if weight_v is None and want_xl:
         out[1] = g.new_empty((m, n))
         run(GemmOperands(a=g, b=weight, c=out[1], g0=x02, res=g), pro_x0=True, residual=True)
@@ -157,41 +249,55 @@ def dcn_backward(grad, x0, xl, weight, bias, weight_v, h, want: list[bool]) -> t
     if weight_v is not None and (want_xl or want_v):
         dt = g.new_empty((m, weight.shape[1]))
         run(GemmOperands(a=g, b=weight, c=dt, g0=x02), pro_x0=True)
-    if want_b:
-        out[3] = g.new_empty(n, dtype=acc)
     if want_w:
         out[2] = g.new_empty(weight.shape)
         run(GemmOperands(a=g.t(), b=hh, c=out[2], g0=x02.t(), db=out[3] if want_b else None), pro_x0=True,
             n_along_p=True, row_sum=want_b)
     elif want_b:
-        out[3] = (g.to(acc) * x02.to(acc)).sum(0)
+        out[3] = (g.to(out[3].dtype) * x02.to(out[3].dtype)).sum(0)
     if dt is not None and want_xl:
         out[1] = g.new_empty((m, n))
         run(GemmOperands(a=dt, b=weight_v, c=out[1], res=g), residual=True)
     if dt is not None and want_v:
         out[4] = g.new_empty(weight_v.shape)
         run(GemmOperands(a=dt.t(), b=xl2, c=out[4]), n_along_p=True)
-    return tuple(out)
 
 
 # ---------------------------------------------------------------------------------------------- QKV + RoPE
 def qkv_forward(x2: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, out: torch.Tensor,
                 rope: RopeSpec, args: RopeArgs) -> None:
-    """out = rope(x Wᵀ + b) on the q and k columns of the fused projection: one launch."""
-    run(GemmOperands(a=x2, b=weight.t(), c=out, bias=bias, rope=args), bias=bias is not None, rope=rope)
+    """out = rope(x Wᵀ + b) on the q and k columns of the fused projection (``out`` contiguous ``[M, N]``), by the
+    ``qkv_forward`` plan: ``"fused"``, one launch with the rotation in the epilogue; ``"cublas"``, cuBLAS's
+    projection (a bias of another dtype rounded to x's first), then q and k rotated in place in one pass."""
+    if current(GemmTuning).qkv_forward == "fused":
+        run(GemmOperands(a=x2, b=weight.t(), c=out, bias=bias, rope=args), bias=bias is not None, rope=rope)
+        return
+    if bias is None:
+        torch.mm(x2, weight.t(), out=out)
+    else:
+        torch.addmm(bias.to(out.dtype), x2, weight.t(), out=out)
+    elementwise(out, None, rope=(rope, args), conj=False)
 
 
 def qkv_backward(grad: torch.Tensor, x2: torch.Tensor, weight: torch.Tensor, rope: RopeSpec, args: RopeArgs,
                  want: list[bool]) -> tuple:
-    """(dx [M, K], dw, db [acc dtype]) with dZ = R⁻¹(dY) formed as dY is loaded (the inverse rotation of the q and
-    k columns): dX = dZ·W and dW = dZᵀ·x, the bias gradient the row sums of the latter."""
+    """(dx [M, K], dw, db [acc dtype]) with dZ = R⁻¹(dY), the inverse rotation of the q and k columns: dX = dZ·W,
+    dW = dZᵀ·x, the bias gradient the column sums of dZ. The ``backward`` plan ``"cublas"`` forms dZ and the bias
+    gradient in one elementwise pass and leaves dX and dW to cuBLAS; ``"fused"`` rotates dY back as the Triton
+    kernel loads it (the bias gradient the row sums of the dW launch)."""
     want_x, want_w, want_b = want
     g = grad
     m, n = g.shape
     k = weight.shape[1]
     acc = torch.float64 if g.dtype == torch.float64 else torch.float32
-    dx, dw, db = (g.new_empty((m, k)) if want_x else g.new_empty(0), g.new_empty((n, k)) if want_w else g.new_empty(0),
-                  g.new_empty(n, dtype=acc) if want_b else g.new_empty(0))
+    db = g.new_empty(n, dtype=acc) if want_b else g.new_empty(0)
+    if current(GemmTuning).backward == "cublas":
+        dz = g.new_empty((m, n)) if want_x or want_w else None
+        if dz is not None or want_b:
+            elementwise(g, dz, rope=(rope, args), db=db if want_b else None, write=dz is not None)
+        return (torch.mm(dz, weight) if want_x else g.new_empty(0), torch.mm(dz.t(), x2) if want_w else g.new_empty(0),
+                db)
+    dx, dw = g.new_empty((m, k)) if want_x else g.new_empty(0), g.new_empty((n, k)) if want_w else g.new_empty(0)
     if want_x:
         run(GemmOperands(a=g, b=weight, c=dx, rope=args), pro_rope=rope)
     if want_w or want_b:

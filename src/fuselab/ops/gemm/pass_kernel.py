@@ -1,0 +1,80 @@
+"""The elementwise pass of the GEMM family: a ``[M, N]`` operand through the GEMM's prologue, written out once, with
+its column sums.
+
+The backward's default plan (:attr:`fuselab.ops.gemm.spec.GemmTuning.backward` ``"cublas"``) forms dZ here in one
+pass over dY (times act' of the kept output or pre-activation, or the kept ReLU bits; times the DCN multiplier;
+rotated back by the inverse RoPE) and reduces the bias gradient in the same pass; cuBLAS then computes dX and dW
+from dZ. The QKV projection's cuBLAS plan rotates q and k here in place. Each program walks ``rows_per_program`` rows
+of one column block and keeps a ``[BM, BN]`` running sum; the last program of a column block to arrive (int32
+tickets) sums the programs' partials in program order: the column sums are bit-identical from run to run.
+"""
+
+from __future__ import annotations
+
+import triton
+import triton.language as tl
+
+from fuselab.ops._rounding import rounded
+from fuselab.ops._tickets import last_to_arrive, sum_partials
+
+from .tiles import _positions, _prologue, _rope_cols
+
+
+@triton.jit
+def _pass_kernel(
+    OUT,  # [M, N] the operand after the prologue (dZ), row stride s_om, unit column stride; written if WRITE
+    A,  # [M, N] the operand (dY; the projection itself when rotated in place); s_am, s_an
+    S,  # [M, N] kept output / pre-activation (s_sm, s_sn) or [M, cdiv(N, 8)] uint8 ReLU bits (row stride s_sm);
+        # read if PRO_ACT or PRO_MASK
+    G0,  # [M, N] DCN multiplier; s_gm, s_gn; read if PRO_X0
+    WS,  # [programs along M, N] fp32 (fp64) partial column sums; if COL_SUM
+    DB,  # [N] fp32 (fp64) column sums of the operand after the prologue; written if COL_SUM
+    COUNT,  # [cdiv(N, BN)] int32 ticket counters, zero before and after the launch; if COL_SUM
+    COS,  # [n_table, HALF] RoPE cos table; s_ct, s_cf; read if ROPE and USE_TABLE
+    SIN,  # [n_table, HALF] RoPE sin table; s_st, s_sf; read if ROPE and USE_TABLE
+    FREQ,  # [HALF] fp32 inverse frequencies (in-kernel angles); read if ROPE and not USE_TABLE
+    POS,  # [B, S] int positions (thd: [1, T]); strides s_pb, s_ps; read if POS_MODE == 2
+    OFF,  # [B] (POS_MODE 1) or [n_seq] (POS_MODE 4) int offsets
+    CU,  # [n_seq + 1] int cu_seqlens; read if POS_MODE >= 3
+    offset, mscale,  # per-call values: everything after them is part of the launch plan
+    M, N, rows_per_program,
+    s_om, s_am, s_an, s_sm, s_sn, s_gm, s_gn,
+    n_table, s_ct, s_cf, s_st, s_sf, rot_cols, div_b, mod_b, div_s, mod_s, s_pb, s_ps, n_seq,
+    BM: tl.constexpr, BN: tl.constexpr, ACC: tl.constexpr, INT64: tl.constexpr,
+    PRO_ACT: tl.constexpr, PRO_MASK: tl.constexpr, PRO_X0: tl.constexpr,
+    ROPE: tl.constexpr, CONJ: tl.constexpr, ROPE_PS: tl.constexpr, ROPE_HALF: tl.constexpr, HEAD_DIM: tl.constexpr,
+    USE_TABLE: tl.constexpr, POS_MODE: tl.constexpr, SEARCH_STEPS: tl.constexpr,
+    WRITE: tl.constexpr, COL_SUM: tl.constexpr, SUM_ROWS: tl.constexpr,
+):
+    # bytes: A (and S, G0) read once, OUT written once, the partial sums 2·programs·N·4
+    pid_m = tl.program_id(0)
+    pid_n = tl.program_id(1)
+    cols = pid_n * BN + tl.arange(0, BN)
+    cmask = cols < N
+    m_lo = pid_m * rows_per_program
+    m_hi = tl.minimum(m_lo + rows_per_program, M)
+    total = tl.zeros([BM, BN], dtype=ACC)
+    for m0 in tl.range(m_lo, m_hi, BM, num_stages=3):
+        rows = m0 + tl.arange(0, BM)
+        if INT64:
+            rows = rows.to(tl.int64)
+        inside = rows < m_hi
+        rc = tl.where(inside, rows, 0)  # rows past the block read row 0 (their values are masked to zero)
+        mask = inside[:, None] & cmask[None, :]
+        a = tl.load(A + rc[:, None] * s_am + cols[None, :] * s_an, mask=mask, other=0.0).to(ACC)
+        a = _prologue(a, rc, cols, cmask[None, :], S, G0, s_sm, s_sn, s_gm, s_gn, M, N, PRO_ACT, PRO_MASK, PRO_X0,
+                      False, BM, BN, True)
+        if ROPE:
+            pos = _positions(rc, OFF, POS, CU, offset, div_b, mod_b, div_s, mod_s, s_pb, s_ps, n_seq, POS_MODE,
+                             SEARCH_STEPS)
+            a = _rope_cols(a, pos, pid_n * BN, COS, SIN, FREQ, n_table, s_ct, s_cf, s_st, s_sf, rot_cols, mscale,
+                           BM, BN, ROPE_PS, ROPE_HALF, HEAD_DIM, USE_TABLE, CONJ)
+        if WRITE:
+            tl.store(OUT + rows[:, None] * s_om + cols[None, :], rounded(a, OUT.dtype.element_ty), mask=mask)
+        if COL_SUM:
+            total += tl.where(mask, a, 0.0)
+    if COL_SUM:
+        tl.store(WS + pid_m * N + cols, tl.sum(total, axis=0), mask=cmask)
+        if last_to_arrive(COUNT + pid_n, tl.num_programs(0)):
+            sums = sum_partials(WS, N, cols, cmask, tl.num_programs(0), SUM_ROWS, BN, ACC)
+            tl.store(DB + cols, sums.to(DB.dtype.element_ty), mask=cmask)
