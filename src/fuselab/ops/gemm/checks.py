@@ -14,7 +14,6 @@ import torch
 
 from fuselab.core.activations import ACTIVATIONS, SAVED
 from fuselab.core.checks import require_float, require_same_device, require_tensor
-from fuselab.core.rope_math import inv_freq_on, rope_frequencies
 from fuselab.ops._recordop import operand
 from fuselab.ops.bias_act.checks import check_activation
 from fuselab.reference.gemm import LoRA
@@ -342,7 +341,8 @@ def _q_like(x: torch.Tensor, lay: str, heads: int, head_dim: int) -> torch.Tenso
 def validate_qkv(x, weight, bias, num_heads: int, num_kv_heads: int, rope: Mapping[str, Any]) -> QkvCall:
     """TypeError/ValueError naming the argument -> :class:`QkvCall` (the RoPE options checked by
     :func:`fuselab.apply_rope`'s own checks)."""
-    from fuselab.ops.rope.checks import validate as rope_validate  # imports Triton: on first use only
+    from fuselab.ops.rope.checks import RopeArgs, split_offsets  # imports Triton: on first use only
+    from fuselab.ops.rope.checks import validate as rope_validate
 
     require_float("x", x)
     require_float("weight", weight)
@@ -369,17 +369,18 @@ def validate_qkv(x, weight, bias, num_heads: int, num_kv_heads: int, rope: Mappi
     require_same_device(x=x, weight=weight, bias=bias)
     cos, sin = rope.get("cos"), rope.get("sin")
     q, k = _q_like(x, lay, num_heads, head_dim), _q_like(x, lay, num_kv_heads, head_dim)
-    half, offsets, offset = rope_validate(q, k, cos, sin, lay, rope.get("positions"), rope.get("seqlen_offsets", 0),
-                                          rope.get("cu_seqlens"), rope.get("max_seqlen"), rope.get("rotary_dim"),
-                                          False)
     interleaved = bool(rope.get("interleaved", False))
+    args = RopeArgs(q, k, cos, sin, interleaved=interleaved, positions=rope.get("positions"),
+                    seqlen_offsets=rope.get("seqlen_offsets", 0), cu_seqlens=rope.get("cu_seqlens"),
+                    max_seqlen=rope.get("max_seqlen"), base=rope.get("base", 10000.0), scaling=rope.get("scaling"),
+                    rotary_dim=rope.get("rotary_dim"))
+    checked = rope_validate(args, lay)
+    half = checked.half
+    offsets, offset = split_offsets(args.seqlen_offsets, args.positions)
     if not interleaved and (half & (half - 1) or head_dim % (2 * half)):
         raise ValueError(f"rotary_dim ({2 * half}) must be a power of 2 dividing head_dim ({head_dim}) for the "
                          f"half-split (neox) rotation in the epilogue; rotate with fuselab.apply_rope after "
                          f"fuselab.gemm otherwise")
-    freq, mscale = None, 1.0
-    if cos is None:
-        _, mscale = rope_frequencies(2 * half, rope.get("base", 10000.0), rope.get("scaling"))
-        freq = inv_freq_on(x.device, 2 * half, rope.get("base", 10000.0), rope.get("scaling"))
-    return QkvCall(x, weight, bias, num_heads, num_kv_heads, head_dim, lay, interleaved, half, cos, sin, freq,
-                   float(mscale), rope.get("positions"), offsets, offset, rope.get("cu_seqlens"))
+    return QkvCall(x, weight, bias, num_heads, num_kv_heads, head_dim, lay, interleaved, half, cos, sin,
+                   checked.inv_freq, float(checked.mscale), rope.get("positions"), offsets, offset,
+                   rope.get("cu_seqlens"))

@@ -146,7 +146,7 @@ def _rotary_half(cos, sin, rotary_dim, head_dim: int) -> int:
     return half
 
 
-def _split_offsets(seqlen_offsets, positions) -> tuple[torch.Tensor | None, int]:
+def split_offsets(seqlen_offsets, positions) -> tuple[torch.Tensor | None, int]:
     """``seqlen_offsets`` as (tensor or None, scalar offset); positions and a non-zero offset exclude each other."""
     offsets = seqlen_offsets if isinstance(seqlen_offsets, torch.Tensor) else None
     if offsets is None and (isinstance(seqlen_offsets, bool) or not isinstance(seqlen_offsets, int)):
@@ -244,7 +244,7 @@ def validate(args: RopeArgs, layout: object, signature: Hashable | None = None) 
     half = _rotary_half(cos, args.sin, args.rotary_dim, head_dim)
     if 2 * half > head_dim:
         raise ValueError(f"rotary_dim ({2 * half}) must be <= head_dim ({head_dim}) for q of shape {tuple(q.shape)}")
-    offsets, offset = _split_offsets(args.seqlen_offsets, args.positions)
+    offsets, offset = split_offsets(args.seqlen_offsets, args.positions)
     _check_index_tensors(args, view, (batch, seqlen), offsets)
     require_same_device(q=q, k=k, cos=cos, sin=args.sin, positions=args.positions, seqlen_offsets=offsets,
                         cu_seqlens=args.cu_seqlens)
