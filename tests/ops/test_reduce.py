@@ -212,7 +212,7 @@ def test_planned_calls_and_shared_scratch(triton_backend, device, monkeypatch):
             _check(x, dim, False, op)
     assert len(plans) == 2 and len(validated) == 2  # one per (dim, op): later calls skipped checks and planning
     with pytest.raises(ValueError, match="dim"):
-        fuselab.sum(xs[0], 2)  # a new key: validated, and rejected
+        fuselab.sum(xs[0], 2)  # a new signature: validated, and rejected
 
 
 def test_split_plans_are_exercised(device):

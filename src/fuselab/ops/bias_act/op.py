@@ -97,7 +97,7 @@ class BiasActForward(Op):
         signature = None
         if getattr(ctx, "eager", False) and ctx.call.signature is not None:
             signature = ("grad", ctx.call.signature, want_x, want_residual, want_bias, tensor_signature(grad_y))
-        plan = BACKWARD.plans.get(signature)  # a signature is hashable or None (the forward's was a key)
+        plan = BACKWARD.plans.get(signature)  # hashable or None: the forward's signature was looked up
         if plan is not None:
             call = plan.call
         else:
