@@ -125,17 +125,19 @@ def test_fused_linear_fast_path_matches_linear(triton_backend, device, activatio
 
 @pytest.mark.parametrize("has_bias", [True, False], ids=["bias", "no_bias"])
 @pytest.mark.parametrize("activation", ["none", "relu", "gelu_tanh"])
-def test_fused_linear_prepared_backward(triton_backend, device, monkeypatch, activation, has_bias):
-    """Repeated 2-D steps go through the backward launch an earlier step prepared; a strided upstream gradient
-    takes the general path. Both match float64."""
+def test_fused_linear_cached_epilogue(triton_backend, device, monkeypatch, activation, has_bias):
+    """Repeated 2-D steps reuse the epilogue's forward plan and its backward plan of the first step; a strided
+    upstream gradient gets a backward plan of its own; a 3-D x its own forward plan, and a backward planned anew on
+    every step (2-D x only are cached). All match float64."""
     from fuselab.ops.bias_act import launch
+    from fuselab.ops.bias_act import op as bias_act_op
 
-    fuselab.ops.clear()  # launches kept by earlier tests
+    fuselab.ops.clear()  # plans cached by earlier tests
     calls, forwards = [], []
-    again = launch.bias_act_bwd_again
-    monkeypatch.setattr(launch, "bias_act_bwd_again", lambda *args: calls.append(1) or again(*args))
-    forward_again = launch.bias_act_fwd_again
-    monkeypatch.setattr(launch, "bias_act_fwd_again", lambda *args: forwards.append(1) or forward_again(*args))
+    real_grad, real_plan = launch.plan_grad, launch.plan
+    monkeypatch.setattr(bias_act_op.BiasActBackward, "plan",
+                        staticmethod(lambda *args: calls.append(1) or real_grad(*args)))
+    monkeypatch.setattr(launch, "plan", lambda *args: forwards.append(1) or real_plan(*args))
 
     def step(make_grad=torch.randn_like, x_shape=(7, 13)):
         w = (torch.randn(33, 13, device=device) / 13**0.5).requires_grad_(True)
@@ -145,16 +147,15 @@ def test_fused_linear_prepared_backward(triton_backend, device, monkeypatch, act
 
     for _ in range(3):
         step()
-    launches = activation != "none" or has_bias  # "none" without bias has nothing to launch, nothing to prepare
-    assert (len(calls) >= 2) == launches
-    assert len(forwards) == 2 * launches  # the first step kept its epilogue launch, the next two repeated it
-    before = len(calls)
+    launches = activation != "none" or has_bias  # "none" without bias has nothing to launch, nothing to plan
+    assert len(calls) == launches  # the first step planned the backward, the next two reused it
+    assert len(forwards) == launches  # and the epilogue of the forward
     step(lambda y: torch.randn(y.shape[1], y.shape[0], device=y.device).t())
     step()
-    assert len(calls) == before + launches
-    step(x_shape=(2, 3, 13))  # 3-D x: its own key, kept, then repeated; no prepared backward (2-D x only)
+    assert len(calls) == 2 * launches
+    step(x_shape=(2, 3, 13))  # 3-D x: its own forward plan, cached, then reused; backwards planned on every step
     step(x_shape=(2, 3, 13))
-    assert len(forwards) == 5 * launches and len(calls) == before + launches
+    assert len(forwards) == 2 * launches and len(calls) == 4 * launches
 
 
 @pytest.mark.parametrize("activation", ["none", "relu", "silu"])

@@ -18,7 +18,8 @@ from fuselab.reference import embedding as ref_embedding
 from fuselab.reference import interaction as ref_interaction
 from fuselab.reference import rope as ref_rope
 
-OPS = ("rope", "bias_act", "reduce", "interaction", "embedding", "fused_linear", "toy_scale")
+OPS = ("rope", "bias_act", "bias_act_shift", "reduce", "reduce_mean_cols", "interaction", "embedding", "fused_linear",
+       "toy_scale")
 
 _SMALL = EmbeddingConfig(lookup_elements=64, update_elements=64, rows_block=64, carry_elements=8, num_warps=1)
 _SIZES = [1, 7, 30]
@@ -36,7 +37,9 @@ def _inputs(name: str, device) -> list[torch.Tensor]:
         return [randn(2, 3, 2, 8), randn(2, 3, 1, 8)]
     if name == "bias_act":
         return [randn(5, 24), randn(24), randn(5, 24)]
-    if name == "reduce":
+    if name == "bias_act_shift":  # no residual: the backward rebuilds z from the saved x and the bias
+        return [randn(5, 24), randn(24)]
+    if name in ("reduce", "reduce_mean_cols"):
         return [randn(6, 9)]
     if name == "interaction":
         return [randn(4, 8), randn(4, 3, 8)]
@@ -56,8 +59,14 @@ def _forward(name: str, leaves: list[torch.Tensor], f64: bool) -> tuple[torch.Te
         if f64:
             return (ref_bias_act.bias_act(leaves[0], leaves[1], leaves[2], 0.5, "gelu_tanh"),)
         return (fuselab.bias_act(leaves[0], leaves[1], residual=leaves[2], alpha=0.5, activation="gelu_tanh"),)
-    if name == "reduce":
+    if name == "bias_act_shift":
+        if f64:
+            return (ref_bias_act.bias_act(leaves[0], leaves[1], None, 1.0, "silu"),)
+        return (fuselab.bias_act(leaves[0], leaves[1], activation="silu"),)
+    if name == "reduce":  # the rows kernel
         return (leaves[0].sum(1) if f64 else fuselab.sum(leaves[0], 1),)
+    if name == "reduce_mean_cols":  # the cols kernel
+        return (leaves[0].mean(0) if f64 else fuselab.mean(leaves[0], 0),)
     if name == "interaction":
         if f64:
             return (ref_interaction.dot_interaction(leaves[0], leaves[1], False, 1),)

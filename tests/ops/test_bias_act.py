@@ -10,7 +10,10 @@ import torch
 
 import fuselab
 from fuselab.core.compile import compile_quietly
+from fuselab.ops.bias_act import checks as bias_act_checks
 from fuselab.ops.bias_act import launch as kernels
+from fuselab.ops.bias_act import op as bias_act_op
+from fuselab.ops.bias_act.checks import BiasActCall, BiasActGradCall
 from fuselab.ops.bias_act.launch import BiasActTuning
 from fuselab.ops.tuning import override
 from fuselab.reference import bias_act as ref
@@ -229,7 +232,8 @@ def test_launchers_write_every_element(triton_backend, device):
     b = torch.randn(n, dtype=torch.float32, device=device)
     y = poison_(torch.empty(m, n, dtype=torch.bfloat16, device=device))
     pre = poison_(torch.empty(m, n, dtype=torch.bfloat16, device=device))
-    kernels.bias_act_fwd_(x, b, r, y, pre, 0.75, "gelu_tanh")
+    operands = (x, b, r, 0.75)
+    kernels.write(kernels.plan(BiasActCall("gelu_tanh", save_pre=True), operands), operands, y, pre)
     z64 = x.double() + 0.75 * r.double() + b.double()
     assert_close(pre, z64, torch.bfloat16, "pre")
     assert_close(y, ref.activation(z64, "gelu_tanh"), torch.bfloat16, "y")
@@ -239,11 +243,14 @@ def test_launchers_write_every_element(triton_backend, device):
     gb = poison_(torch.empty(n, dtype=torch.float32, device=device))
     rows = kernels.bwd_partial_rows(m, n, torch.bfloat16, device)
     partial = poison_(torch.empty(rows, n, dtype=torch.float32, device=device))
-    kernels.bias_act_bwd_(g, pre, None, 0.75, "gelu_tanh", gx, gr, partial, gb)
-    dz = g.double() * ref.activation_grad(pre.double(), "gelu_tanh")
-    assert_close(gx, dz, torch.bfloat16, "grad_x", chained=True)
-    assert_close(gr, 0.75 * dz, torch.bfloat16, "grad_residual", chained=True)
-    assert_close(gb, dz.sum(0), torch.bfloat16, "grad_bias", chained=True)
+    call = BiasActGradCall("gelu_tanh", torch.bfloat16, torch.bfloat16, torch.float32, True, True, True)
+    operands = (g, pre, None, 0.75)
+    kernels.write_grad(kernels.plan_grad(call, operands), operands, gx, gr, gb, partial)
+    f64 = torch.float64  # the reference's backward formula from the saved pre-activation
+    want_x, want_r, want_b = ref.bias_act_backward(g.double(), pre.double(), 0.75, "gelu_tanh", f64, f64, f64)
+    assert_close(gx, want_x, torch.bfloat16, "grad_x", chained=True)
+    assert_close(gr, want_r, torch.bfloat16, "grad_residual", chained=True)
+    assert_close(gb, want_b, torch.bfloat16, "grad_bias", chained=True)
 
 
 @pytest.mark.parametrize("flat_knob", [True, False], ids=["flat", "tiles"])
@@ -259,9 +266,11 @@ def test_forward_paths(triton_backend, device, monkeypatch, flat_knob, int64, m,
     b = torch.randn(2 * n, device=device)[::2]  # a strided bias: the flat kernel reads column (offset mod N) * stride
     y, pre = (poison_(torch.empty(m, n, device=device)) for _ in range(2))
     # 64 fp32 per run: 256*4 divides, 37*3 does not
+    operands = (x, b, r, 0.75)
     with override(BiasActTuning(fwd_flat=flat_knob, fwd_flat_tile_bytes=64 * 4)):
-        record = kernels.bias_act_fwd_(x, b, r, y, pre, 0.75, "gelu_tanh")
-    flags = record[0].constexprs  # what the launch was given
+        plan = kernels.plan(BiasActCall("gelu_tanh", save_pre=True), operands)
+        kernels.write(plan, operands, y, pre)
+    flags = plan.launch.constexprs  # what the launch was given
     assert flags["FLAT"] is flat_knob and flags["INT64"] is int64
     assert flags["EVEN"] is (flat_knob and m * n % 64 == 0)
     z64 = x.double() + 0.75 * r.double() + b.double()
@@ -354,15 +363,25 @@ def test_no_grad_fast_path_matches_autograd_path(triton_backend, device):
     assert torch.equal(fast, slow.detach())
 
 
+@pytest.fixture
+def planned(monkeypatch):
+    """The forward's and the backward's planners spied on, on fresh caches: yields the lists of the calls each
+    planned (``{"forward": [...], "backward": [...]}``; the in-place op's plans are the forward's)."""
+    fuselab.ops.clear()  # plans cached by earlier tests
+    made = {"forward": [], "backward": []}
+    for name, cls, real in (("forward", bias_act_op.BiasActForward, kernels.plan),
+                            ("backward", bias_act_op.BiasActBackward, kernels.plan_grad)):
+        spy = staticmethod(lambda call, operands, real=real, name=name: made[name].append(call) or real(call, operands))
+        monkeypatch.setattr(cls, "plan", spy)
+    yield made
+    fuselab.ops.clear()
+
+
 @pytest.mark.parametrize(("activation", "has_residual"), [("relu", True), ("gelu_tanh", False), ("gelu_tanh", True),
                                                         ("none", True)])
-def test_prepared_backward(triton_backend, device, monkeypatch, activation, has_residual):
-    """Repeated eager backwards of one layout go through the launch an earlier one prepared (``bias_act_bwd_again``);
-    a gradient of another layout, or a saved ``x`` at another alignment, takes the general path; all match
-    float64."""
-    calls = []
-    again = kernels.bias_act_bwd_again
-    monkeypatch.setattr(kernels, "bias_act_bwd_again", lambda *args: calls.append(1) or again(*args))
+def test_cached_backward(triton_backend, device, planned, activation, has_residual):
+    """Repeated eager backwards of one layout reuse the plan an earlier one made; a gradient of another layout, or a
+    forward of another signature (x at another alignment), gets its own plan; all match float64."""
     m, n = 6, 40
 
     def run(x, grad_fn=None):
@@ -371,27 +390,25 @@ def test_prepared_backward(triton_backend, device, monkeypatch, activation, has_
 
     for _ in range(3):
         run(torch.randn(m, n, device=device))
-    assert len(calls) >= 2  # the first backward of this layout may have prepared it
-    before = len(calls)
+    assert len(planned["backward"]) == 1  # the later backwards found the first one's plan
     run(torch.randn(m, n, device=device), grad_fn=lambda y: (y * torch.ones_like(y).t().contiguous().t()).sum())
-    run(torch.randn(m, n, device=device), grad_fn=lambda y: y[:, ::2].sum())  # a strided upstream gradient
+    assert len(planned["backward"]) == 2  # a transposed upstream gradient: its own plan
+    run(torch.randn(m, n, device=device), grad_fn=lambda y: y[:, ::2].sum())  # a gradient laid out as the first's
+    assert len(planned["backward"]) == 2
     run(torch.randn(m * n + 1, device=device)[1:].view(m, n))  # x at another 16-byte alignment
-    if activation == "gelu_tanh" and not has_residual:  # x itself is saved: its alignment is in the key
-        assert len(calls) == before + 1
     run(torch.randn(m, n, device=device))
-    assert len(calls) >= before + 1
+    assert len(planned["backward"]) == 3 and len(planned["forward"]) == 2
 
 
 @pytest.mark.parametrize("needs_grad", [False, True])
 @pytest.mark.parametrize(("activation", "has_residual"), [("relu", True), ("gelu_tanh", True), ("silu", False)])
-def test_prepared_forward(triton_backend, device, monkeypatch, activation, has_residual, needs_grad):
-    """Repeated eager calls of one layout go through the launch an earlier checked call kept
-    (``bias_act_fwd_again``), with and without autograd; every result and gradient matches float64; an operand at
-    another alignment, a 3-D x and a residual that must be copied into rows take the general path."""
-    fuselab.ops.clear()  # launches kept by earlier tests
-    calls = []
-    again = kernels.bias_act_fwd_again
-    monkeypatch.setattr(kernels, "bias_act_fwd_again", lambda *args: calls.append(1) or again(*args))
+def test_cached_forward(triton_backend, device, monkeypatch, planned, activation, has_residual, needs_grad):
+    """Repeated eager calls of one layout skip the checks and reuse the plan of the first, with and without
+    autograd; every result and gradient matches float64; an operand at another alignment, a 3-D x and a residual
+    that must be copied into rows (on every call) get their own plan. The backend switch is read on every call."""
+    validated = []
+    real_validate = bias_act_checks.validate
+    monkeypatch.setattr(bias_act_checks, "validate", lambda *args: validated.append(1) or real_validate(*args))
     m, n = 6, 40
 
     def run(x, residual=None):
@@ -408,23 +425,24 @@ def test_prepared_forward(triton_backend, device, monkeypatch, activation, has_r
 
     for _ in range(3):
         run(torch.randn(m, n, device=device))
-    assert len(calls) == 2  # the first call kept the launch
+    assert len(planned["forward"]) == 1 and len(validated) == 1  # the later calls were neither checked nor planned
     run(torch.randn(m * n + 1, device=device)[1:].view(m, n))  # x at another 16-byte alignment
-    run(torch.randn(2, 3, n, device=device))  # 3-D x: its own key
+    run(torch.randn(2, 3, n, device=device))  # 3-D x: its own signature
     run(torch.randn(2, 3, n, device=device))
-    assert len(calls) == 3
-    if has_residual:  # rows that cannot be viewed: copied, so never kept
+    assert len(planned["forward"]) == 3 and len(validated) == 3
+    if has_residual:  # rows that cannot be viewed: copied on every call, planned once
         for _ in range(2):
             run(torch.randn(2, 3, n, device=device), torch.randn(3, 2, n, device=device).transpose(0, 1))
-        assert len(calls) == 3
+        assert len(planned["forward"]) == 4 and len(validated) == 4
+    plans = len(planned["forward"])
     with fuselab.backend.forced("torch"):  # the backend switch is read on every call, cache or not
-        monkeypatch.setattr(kernels, "bias_act_fwd_", None)  # the Triton launcher must not run
+        monkeypatch.setattr(bias_act_op.BiasActForward, "forward", None)  # the Triton path must not run
         run(torch.randn(m, n, device=device))
-    assert len(calls) == 3
+    assert len(planned["forward"]) == plans
 
 
-def test_prepared_forward_still_checks(triton_backend, device):
-    """A call that differs from a kept one only in what the checks reject still raises, naming the argument."""
+def test_cached_forward_still_checks(triton_backend, device):
+    """A call that differs from a planned one only in what the checks reject still raises, naming the argument."""
     x = torch.randn(4, 8, device=device)
     fuselab.bias_act(x, torch.randn(8, device=device), residual=torch.randn(4, 8, device=device))
     fuselab.bias_act(x, torch.randn(8, device=device), residual=torch.randn(4, 8, device=device))
@@ -529,7 +547,8 @@ def test_over_2_31_elements_gpu():
     x = torch.randn(m, n, dtype=torch.bfloat16, device="cuda")
     b = torch.randn(n, dtype=torch.bfloat16, device="cuda")
     y = poison_(torch.empty_like(x))
-    kernels.bias_act_fwd_(x, b, None, y, None, 1.0, "relu")
+    operands = (x, b, None, 1.0)
+    kernels.write(kernels.plan(BiasActCall("relu"), operands), operands, y, None)
     assert not y.isnan().any()
     tail = slice(m - 3, m)
     assert_close(y[tail], ref.activation(x[tail].double() + b.double(), "relu"), torch.bfloat16, "y past 2^31")

@@ -1,7 +1,7 @@
 """Kernel variants that ordinary shapes never reach, forced on small shapes and checked against float64.
 
 - bias_act forward and backward in 64-bit index math (chosen by the launchers only past 2^31 elements): the
-  launchers' ``needs_int64`` is patched to say yes, and a spy on their ``launch`` confirms ``INT64=True`` ran.
+  planners' ``needs_int64`` is patched to say yes, and a spy on their ``Launch`` confirms ``INT64=True`` ran.
 - the reduction's rows kernel with two kept axis groups (``HAS_I``: kept axes whose strides do not merge).
 """
 
@@ -20,21 +20,20 @@ from fuselab.testing import assert_close
 
 @pytest.fixture
 def launches(monkeypatch):
-    """Every bias_act launch in 64-bit index math, on fresh launch caches; yields the list of (kernel name,
-    constexprs) of the launches made."""
+    """Every bias_act launch in 64-bit index math, on fresh plan caches; yields the list of (kernel name,
+    constexprs) of the launches planned."""
     seen: list[tuple[str, dict]] = []
-    real = bias_kernels.launch
+    real = bias_kernels.Launch
 
-    def spy(kernel, key, grid, tensors, scalars, constexprs, **kw):
-        seen.append((kernel.fn.__name__ if hasattr(kernel, "fn") else str(kernel),
-                     constexprs() if callable(constexprs) else dict(constexprs)))
-        return real(kernel, key, grid, tensors, scalars, constexprs, **kw)
+    def spy(kernel, grid, scalars, constexprs):
+        seen.append((kernel.fn.__name__ if hasattr(kernel, "fn") else str(kernel), dict(constexprs)))
+        return real(kernel, grid, scalars, constexprs)
 
     monkeypatch.setattr(bias_kernels, "needs_int64", lambda *tensors: True)
-    monkeypatch.setattr(bias_kernels, "launch", spy)
-    opdef.clear()  # no launch kept from an earlier test: every call plans (and so reaches the spy)
+    monkeypatch.setattr(bias_kernels, "Launch", spy)
+    opdef.clear()  # no plan cached by an earlier test: every call plans (and so reaches the spy)
     yield seen
-    opdef.clear()  # nor a kept 64-bit launch for later tests
+    opdef.clear()  # nor a cached 64-bit plan for later tests
 
 
 @pytest.mark.parametrize("activation", ["gelu_tanh", "sigmoid"])

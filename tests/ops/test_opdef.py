@@ -209,12 +209,15 @@ def test_override_sets_and_restores_tuning_and_empties_caches():
 def test_tuning_is_read_by_the_planner(triton_backend, device):
     """A knob changed by override reaches the launch (the forward's flat runs)."""
     from fuselab.ops.bias_act import launch
+    from fuselab.ops.bias_act.checks import BiasActCall
 
     x, y = torch.randn(4, 64, device=device), torch.empty(4, 64, device=device)
     for flat in (True, False):
         with override(BiasActTuning(fwd_flat=flat)):
-            record = launch.bias_act_fwd_(x, None, None, y, None, 1.0, "relu")
-        assert record[0].constexprs["FLAT"] is flat
+            plan = launch.plan(BiasActCall("relu"), (x, None, None, 1.0))
+        assert plan.launch.constexprs["FLAT"] is flat
+        launch.write(plan, (x, None, None, 1.0), y, None)
+        torch.testing.assert_close(y, x.relu())
 
 
 # ---------------------------------------------------------------------------------------------- opcheck, fuselab ops

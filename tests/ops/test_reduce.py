@@ -198,19 +198,21 @@ def test_run_to_run_bitwise(triton_backend, device, shape, dim):
 def test_planned_calls_and_shared_scratch(triton_backend, device, monkeypatch):
     """Repeated eager calls reuse their plan (no validation, no planning); split reductions of one workspace
     size share a per-stream scratch buffer, and each result still matches float64, interleaved."""
+    from fuselab.ops.reduce import checks as reduce_checks
     from fuselab.ops.reduce import op as module
 
-    fuselab.ops.clear()  # plans kept by earlier tests
-    plans = []
-    plan_call = module._plan_call
-    monkeypatch.setattr(module, "_plan_call", lambda *args: plans.append(1) or plan_call(*args))
+    fuselab.ops.clear()  # plans cached by earlier tests
+    plans, validated = [], []
+    real_plan, real_validate = kernels.plan, reduce_checks.validate
+    monkeypatch.setattr(module.Reduce, "plan", staticmethod(lambda *args: plans.append(1) or real_plan(*args)))
+    monkeypatch.setattr(reduce_checks, "validate", lambda *args: validated.append(1) or real_validate(*args))
     xs = [torch.randn(1023, 1023, device=device) for _ in range(3)]
     for x in xs:  # a split plan (its workspace comes from scratch) on fresh values each call
         for dim, op in ((0, "sum"), (None, "mean")):
             _check(x, dim, False, op)
-    assert len(plans) == 2  # one per (dim, op): later calls of the layout skipped planning
+    assert len(plans) == 2 and len(validated) == 2  # one per (dim, op): later calls skipped checks and planning
     with pytest.raises(ValueError, match="dim"):
-        fuselab.sum(xs[0], 2)  # a new key: validated, and rejected
+        fuselab.sum(xs[0], 2)  # a new signature: validated, and rejected
 
 
 def test_split_plans_are_exercised(device):
@@ -233,7 +235,7 @@ SPLIT_CASES = [((1000,), None, "dense"), ((3000,), 0, "dense"), ((63, 1001), Non
 
 @pytest.fixture
 def plans_anew():
-    """For tests that patch the planner's knobs: every plan and kept launch is emptied before and after the test."""
+    """For tests that patch the planner's knobs: every plan is emptied before and after the test."""
     fuselab.ops.clear()
     yield
     fuselab.ops.clear()
@@ -241,7 +243,7 @@ def plans_anew():
 
 def _tune(monkeypatch, **changes) -> None:
     """Plan under changed :class:`ReduceTuning` knobs for the rest of the test (what ``fuselab.ops.tuning.override``
-    does for a block), on top of those already changed; every kept plan is emptied."""
+    does for a block), on top of those already changed; every cached plan is emptied."""
     monkeypatch.setitem(tuning._ACTIVE, ReduceTuning, dataclasses.replace(current(ReduceTuning), **changes))
     fuselab.ops.clear()
 

@@ -31,7 +31,8 @@ from fuselab.backend import triton_for
 from fuselab.core.activations import ACTIVATIONS, SAVED
 from fuselab.ops._recordop import RecordOp, layout, operand
 from fuselab.ops.bias_act import bias_act, check_activation
-from fuselab.ops.bias_act.op import BACKWARD
+from fuselab.ops.bias_act.checks import BiasActCall
+from fuselab.ops.bias_act.op import gradients as bias_act_gradients
 from fuselab.ops.gemm import LoRA, gemm
 from fuselab.ops.tuning import current
 
@@ -146,9 +147,10 @@ def _forward(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, a
     y2 = y if y.dim() == 2 else y.view(h.shape)
     record = None
     if prepared is not None:
-        _launch().bias_act_fwd_again(prepared, h, bias, None, y2, None, 1.0)
+        _launch().write(prepared, (h, bias, None, 1.0), y2, None)
     elif bias is not None or kind != "nothing":
-        record = _launch().bias_act_fwd_(h, bias, None, y2, None, 1.0, activation)
+        record = _launch().plan(BiasActCall(activation), (h, bias, None, 1.0))
+        _launch().write(record, (h, bias, None, 1.0), y2, None)
     return (y, h if kind == "pre" else None), record
 
 
@@ -191,10 +193,9 @@ def _gradients(ctx, grad_y: torch.Tensor) -> tuple[torch.Tensor | None, ...]:
     if ctx.activation == "none":  # dz = grad_y: only the bias gradient (column sum) is left
         dz, grad_b = g, None
         if want_b:
-            grad_b = BACKWARD.run_in_backward(ctx, (g, None, None, 1.0, "none", dt, dt, dt, False, False, True),
-                                              key)[2]
+            grad_b = bias_act_gradients(ctx, (g, None, None, 1.0, "none", dt, dt, dt, False, False, True), key)[2]
     else:
-        dz, _, grad_b = BACKWARD.run_in_backward(
+        dz, _, grad_b = bias_act_gradients(
             ctx, (g, saved, shift, 1.0, ctx.activation, dt, dt, dt, True, False, want_b), key)
     grad_x = None
     if want_x:

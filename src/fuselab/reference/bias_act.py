@@ -7,7 +7,8 @@ float64 copies as the exact reference. Everything here is differentiable by auto
 
 ``activation_grad`` / ``bias_act_backward`` are the backward formulas written from the
 tensor the fused op saves (the output for relu/relu2/sigmoid, the pre-activation for
-silu/gelu/gelu_tanh, nothing for none): the custom op's backward on non-Triton devices.
+silu/gelu/gelu_tanh, nothing for none): the oracle of the backward kernel, which reads
+what the forward saved instead of differentiating the forward.
 """
 
 from __future__ import annotations

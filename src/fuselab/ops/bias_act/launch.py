@@ -1,10 +1,15 @@
-"""Plans and out-param launchers of the fused bias + scaled residual + activation (kernels:
-:mod:`fuselab.ops.bias_act.kernels`).
+"""Plans and launches of the fused bias + scaled residual + activation (kernels: :mod:`fuselab.ops.bias_act.kernels`)
+for validated calls (:mod:`fuselab.ops.bias_act.checks`): :func:`plan` and :func:`forward` (out of place),
+:func:`forward_inplace`, :func:`plan_grad` and :func:`forward_grad` (the backward); :func:`write` and
+:func:`write_grad` launch a plan into outputs the caller allocated (``FusedLinear`` runs the epilogue in place on
+its matmul output).
 
 Forward, one pass:  read x, residual (M·N each), bias (N) -> write y (M·N) [+ pre-activation z (M·N)].
 Backward, one pass: read grad_y + saved (M·N each) -> write grad_x, grad_residual (M·N each, those asked for) + fp32
 partial column sums of dz ([grid_m, N]) summed by the last program of each column block into the bias gradient.
-Tensors are 2-D ``[M, N]`` views with arbitrary strides; the caller allocates every output (out-params).
+Tensors are read as 2-D ``[M, N]`` rows with their own strides; a tensor whose leading dims cannot be merged into
+rows without a copy is copied by ``reshape`` on every call (planned so). The kernels take addresses, so a tensor of
+any number of dims is passed as it is.
 """
 
 from __future__ import annotations
@@ -16,11 +21,12 @@ import triton.language as tl
 
 from fuselab.core.activations import ACTIVATION_CODES
 from fuselab.core.device import INT32_MAX, cdiv, needs_int64, next_power_of_2, sm_count
-from fuselab.ops._launch import launch, relaunch
+from fuselab.ops._launch import Launch
 from fuselab.ops._tickets import final_sum_rows, scratch, ticket_counters
 from fuselab.ops.opdef import memo
 from fuselab.ops.tuning import current
 
+from .checks import BiasActCall, BiasActGradCall, rows
 from .kernels import _bias_act_bwd_kernel, _bias_act_fwd_kernel
 
 
@@ -51,6 +57,45 @@ class BiasActTuning:
     stream_eviction: str = ""
 
 
+@dataclass(frozen=True)
+class Tiles:
+    """The work split of one launch: grid, rows and columns per tile, warps; the backward's ``block_p``: partial rows
+    per step of its final column sum."""
+
+    grid: tuple[int, int]
+    block_m: int
+    block_n: int
+    warps: int
+    block_p: int = 1
+
+
+@dataclass(frozen=True, eq=False)
+class BiasActPlan:
+    """A planned forward (out of place or in place): its call, its launch (None: nothing to compute), and whether x
+    and the residual are copied into rows on every call (``copy_x``, ``copy_residual``: leading dims that do not
+    merge). Outputs: ``y`` contiguous of x's shape (and ``z`` when the call saves it), or x itself in place."""
+
+    call: BiasActCall
+    launch: Launch | None
+    copy_x: bool = False
+    copy_residual: bool = False
+
+
+@dataclass(frozen=True, eq=False)
+class BiasActGradPlan:
+    """A planned backward: its call, its launch (None: nothing to compute, the bias gradient is zeros), whether the
+    gradient and the saved tensor are copied into rows on every call, and the bias gradient's partial sums
+    (``partial_rows`` x N in ``partial_dtype``, scratch) and ticket counters (``column_blocks``)."""
+
+    call: BiasActGradCall
+    launch: Launch | None
+    copy_grad: bool = False
+    copy_saved: bool = False
+    partial_rows: int = 0
+    partial_dtype: torch.dtype = torch.float32
+    column_blocks: int = 0
+
+
 def _acc_dtype(dtype: torch.dtype):
     return tl.float64 if dtype == torch.float64 else tl.float32
 
@@ -77,28 +122,27 @@ def _grid(M: int, N: int, block_m: int, block_n: int, sms: int, per_sm: int) -> 
 
 
 @memo(maxsize=1024)
-def _fwd_plan(M: int, N: int, elem_size: int, sms: int, flat: bool,
-              tuning: BiasActTuning) -> tuple[tuple[int, int], int, int, int]:
-    """(grid, BLOCK_M, BLOCK_N, num_warps) of the forward kernel (cached: launch plans cost host time). ``flat``:
-    contiguous operands, one ``fwd_flat_tile_bytes`` run of the flat ``[M*N]`` per program (BLOCK_M 1)."""
+def forward_tiles(M: int, N: int, elem_size: int, sms: int, flat: bool, tuning: BiasActTuning) -> Tiles:
+    """The forward kernel's work split. ``flat``: contiguous operands, one ``fwd_flat_tile_bytes`` run of the flat
+    ``[M*N]`` per program (BLOCK_M 1)."""
     if flat:
         block = max(16, tuning.fwd_flat_tile_bytes // elem_size)
-        return ((cdiv(M * N, block), 1), 1, block,
-                _warps(block * elem_size, tuning.fwd_flat_vectors_per_thread, tuning.max_warps))
+        return Tiles((cdiv(M * N, block), 1), 1, block,
+                     _warps(block * elem_size, tuning.fwd_flat_vectors_per_thread, tuning.max_warps))
     block_m, block_n, num_warps = _tile(M, N, elem_size, tuning.fwd_tile_bytes, tuning.fwd_tile_bytes,
                                         tuning.fwd_vectors_per_thread, tuning.max_warps)
-    return _grid(M, N, block_m, block_n, sms, tuning.fwd_programs_per_sm), block_m, block_n, num_warps
+    return Tiles(_grid(M, N, block_m, block_n, sms, tuning.fwd_programs_per_sm), block_m, block_n, num_warps)
 
 
 @memo(maxsize=1024)
-def _bwd_plan(M: int, N: int, elem_size: int, sms: int, tuning: BiasActTuning) -> tuple:
-    """(grid, BLOCK_M, BLOCK_N, num_warps, BLOCK_P) of the backward kernel."""
+def backward_tiles(M: int, N: int, elem_size: int, sms: int, tuning: BiasActTuning) -> Tiles:
+    """The backward kernel's work split."""
     # narrow column blocks: the [grid_m, N] fp32 bias partials shrink with grid_m = programs / grid_n
     block_m, block_n, num_warps = _tile(M, N, elem_size, tuning.bwd_tile_bytes, tuning.bwd_col_bytes, 4,
                                         tuning.max_warps)
     grid = _grid(M, N, block_m, block_n, sms, tuning.bwd_programs_per_sm)
     # the last program of a column block sums its grid_m partial rows in [BLOCK_P, BLOCK_N] steps
-    return grid, block_m, block_n, num_warps, final_sum_rows(grid[0], block_n)
+    return Tiles(grid, block_m, block_n, num_warps, final_sum_rows(grid[0], block_n))
 
 
 def partial_dtype(dtype: torch.dtype) -> torch.dtype:
@@ -107,133 +151,136 @@ def partial_dtype(dtype: torch.dtype) -> torch.dtype:
 
 
 def bwd_partial_rows(M: int, N: int, dtype: torch.dtype, device: torch.device) -> int:
-    """Rows of the fp32 partial-sum buffer ``[rows, N]`` that :func:`bias_act_bwd_` needs for the bias grad."""
-    return _bwd_plan(M, N, dtype.itemsize, sm_count(device), current(BiasActTuning))[0][0]
+    """Rows of the partial-sum buffer ``[rows, N]`` of a backward of ``[M, N]`` gradients."""
+    return backward_tiles(M, N, dtype.itemsize, sm_count(device), current(BiasActTuning)).grid[0]
 
 
-def bias_grad_partials(M: int, N: int, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
-    """A ``partial`` buffer for one :func:`bias_act_bwd_` launch on the current stream: ``[bwd_partial_rows(...), N]``
-    in :func:`partial_dtype`, scratch that later launches on the stream reuse (:func:`fuselab.ops._tickets.scratch`)."""
-    return scratch(device, (bwd_partial_rows(M, N, dtype, device), N), partial_dtype(dtype))
+def _as_rows(t: torch.Tensor) -> tuple[torch.Tensor, bool]:
+    """``t`` as rows and whether that took a copy (see :func:`~fuselab.ops.bias_act.checks.rows`)."""
+    t2 = rows(t)
+    return t2, t2.data_ptr() != t.data_ptr()
 
 
-def bias_act_fwd_(
-    x: torch.Tensor,
-    bias: torch.Tensor | None,
-    residual: torch.Tensor | None,
-    out: torch.Tensor,
-    pre: torch.Tensor | None,
-    alpha: float,
-    activation: str,
-) -> tuple | None:
-    """``out = act(x + alpha*residual + bias)``; also ``pre = x + alpha*residual + bias`` when given.
-
-    x, residual, out: ``[M, N]`` (any strides; ``out`` may be ``x`` for in place); pre: contiguous ``[M, N]``.
-    Returns a record of the launch for :func:`bias_act_fwd_again` (None when there was nothing to launch).
-    """
-    M, N = x.shape
-    if M == 0 or N == 0:
-        return None
-    assert pre is None or pre.is_contiguous()
+# ---------------------------------------------------------------------------------------------- forward
+def plan(call: BiasActCall, operands: tuple) -> BiasActPlan:
+    """The forward launch of ``call`` on ``operands`` = (x, bias, residual, alpha): into a contiguous y (and z) of
+    x's shape, or into x in place (through a contiguous buffer when x's rows are a copy)."""
+    x, bias, residual = operands[0], operands[1], operands[2]
+    if x.numel() == 0:
+        return BiasActPlan(call, None)
+    x2, copy_x = _as_rows(x)
+    r2, copy_residual = _as_rows(residual) if residual is not None else (x2, False)
+    M, N = x2.shape
+    out_strides = x2.stride() if call.inplace and not copy_x else (N, 1)
     tuning = current(BiasActTuning)
-    flat = (tuning.fwd_flat and x.is_contiguous() and out.is_contiguous()
-            and (residual is None or residual.is_contiguous()))
-    grid, block_m, block_n, num_warps = _fwd_plan(M, N, x.element_size(), sm_count(x.device), flat, tuning)
-    r = residual if residual is not None else x
+    flat = (tuning.fwd_flat and x2.is_contiguous() and out_strides == (N, 1)
+            and (residual is None or r2.is_contiguous()))
+    tiles = forward_tiles(M, N, x.element_size(), sm_count(x.device), flat, tuning)
     # flat: the last block's offsets run up to grid * BLOCK_N - 1, past M*N
-    int64 = needs_int64(x, residual, out, pre) or M * N > INT32_MAX or (flat and grid[0] * block_n > INT32_MAX)
-    even = flat and (M * N) % block_n == 0
-    tensors = (x, r, bias if bias is not None else x, out, pre if pre is not None else out)
-    scalars = (float(alpha), M, N, *x.stride(), *r.stride(), bias.stride(0) if bias is not None else 0, *out.stride())
-    flags = (ACTIVATION_CODES[activation], residual is not None, bias is not None, pre is not None, x.dtype, int64,
-             flat, even)
-    evict = tuning.stream_eviction
-    entry = launch(_bias_act_fwd_kernel, (flags, block_m, block_n, num_warps, evict), grid, tensors,
-                   scalars, lambda: dict(ACTIVATION=flags[0], HAS_RESIDUAL=flags[1], HAS_BIAS=flags[2],
-                                         SAVE_PRE=flags[3], ACC=_acc_dtype(x.dtype), INT64=int64, BLOCK_M=block_m,
-                                         BLOCK_N=block_n, EVICT=evict, FLAT=flat, EVEN=even,
-                                         num_warps=num_warps), dynamic=1)
-    return entry, grid, scalars[1:]
+    int64 = (needs_int64(x2, None if residual is None else r2) or M * N > INT32_MAX
+             or (flat and tiles.grid[0] * tiles.block_n > INT32_MAX))
+    scalars = (M, N, *x2.stride(), *r2.stride(), bias.stride(0) if bias is not None else 0, *out_strides)
+    constexprs = dict(ACTIVATION=ACTIVATION_CODES[call.activation], HAS_RESIDUAL=residual is not None,
+                      HAS_BIAS=bias is not None, SAVE_PRE=call.save_pre, ACC=_acc_dtype(x.dtype), INT64=int64,
+                      BLOCK_M=tiles.block_m, BLOCK_N=tiles.block_n, EVICT=tuning.stream_eviction, FLAT=flat,
+                      EVEN=flat and (M * N) % tiles.block_n == 0, num_warps=tiles.warps)
+    return BiasActPlan(call, Launch(_bias_act_fwd_kernel, tiles.grid, scalars, constexprs), copy_x, copy_residual)
 
 
-def bias_act_fwd_again(record: tuple, x: torch.Tensor, bias: torch.Tensor | None, residual: torch.Tensor | None,
-                       out: torch.Tensor, pre: torch.Tensor | None, alpha: float) -> None:
-    """The launch that :func:`bias_act_fwd_` returned ``record`` for, with new tensors and ``alpha``: no plan, no
-    checks. The caller guarantees the same dtypes, 16-byte alignment, memory layout (sizes, strides, storage
-    offsets) and operands (bias, residual, pre given or not) as that launch's; tensors may have any number of
-    dims with that layout (only their addresses are passed)."""
-    entry, grid, rest = record
-    relaunch(entry, grid, (x, residual if residual is not None else x, bias if bias is not None else x, out,
-                           pre if pre is not None else out), (alpha, *rest))
+def forward(plan: BiasActPlan, operands: tuple) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """``(y, z or None)`` of ``operands`` as planned: fresh tensors of x's shape, contiguous."""
+    x = operands[0]
+    y = x.new_empty(x.shape)
+    pre = x.new_empty(x.shape) if plan.call.save_pre else None
+    write(plan, operands, y, pre)
+    return y, pre
 
 
-def bias_act_bwd_(
-    grad: torch.Tensor,
-    saved: torch.Tensor | None,
-    shift: torch.Tensor | None,
-    alpha: float,
-    activation: str,
-    grad_x: torch.Tensor | None,
-    grad_residual: torch.Tensor | None,
-    partial: torch.Tensor | None,
-    grad_bias: torch.Tensor | None,
-) -> tuple | None:
-    """dz = grad * act'(saved [+ shift]); grad_x = dz, grad_residual = alpha*dz, grad_bias = dz summed over rows.
+def forward_inplace(plan: BiasActPlan, operands: tuple) -> torch.Tensor:
+    """x of ``operands`` overwritten with the result as planned (x's rows that are a copy: computed into a buffer,
+    copied back); returns x."""
+    x = operands[0]
+    if plan.copy_x:
+        out = torch.empty(x.shape, dtype=x.dtype, device=x.device)
+        write(plan, operands, out, None)
+        x.copy_(out)
+    else:
+        write(plan, operands, x, None)
+    return x
 
-    grad, saved: ``[M, N]`` any strides; grad_x, grad_residual: contiguous ``[M, N]`` or None (not wanted);
-    partial: contiguous fp32 ``[bwd_partial_rows(M, N, grad.dtype, device), N]`` and grad_bias ``[N]``, both
-    or neither. ``saved`` is unused (may be None) for activation "none". ``shift`` ``[N]`` (or None) is added
-    to ``saved`` to rebuild the pre-activation ``x + bias`` when ``x`` was saved instead of ``z``.
 
-    Returns a record of the launch for :func:`bias_act_bwd_again` (None when there was nothing to launch).
-    """
-    M, N = grad.shape
-    if (partial is None) != (grad_bias is None):
-        raise ValueError("partial and grad_bias must be given together")
-    if M == 0 or N == 0:
-        if grad_bias is not None:
-            grad_bias.zero_()
-        return None
-    for t in (grad_x, grad_residual):
-        assert t is None or t.is_contiguous()
+def write(plan: BiasActPlan, operands: tuple, y: torch.Tensor, pre: torch.Tensor | None) -> None:
+    """``y = act(x + alpha * residual + bias)`` (and ``pre = x + alpha * residual + bias``) of ``operands`` = (x,
+    bias, residual, alpha), launched as planned: ``y`` and ``pre`` laid out as the plan's outputs (contiguous of x's
+    shape; ``y`` may be x itself where the plan is in place, or a contiguous x)."""
+    launch = plan.launch
+    if launch is None:
+        return
+    x, bias, residual, alpha = operands
+    if plan.copy_x:
+        x = rows(x)
+    if plan.copy_residual:
+        residual = rows(residual)
+    launch((x, x if residual is None else residual, x if bias is None else bias, y, y if pre is None else pre),
+           (alpha,))
+
+
+# ---------------------------------------------------------------------------------------------- backward
+def plan_grad(call: BiasActGradCall, operands: tuple) -> BiasActGradPlan:
+    """The backward launch of ``call`` on ``operands`` = (grad, saved, shift, alpha): gradients of x and the
+    residual contiguous of grad's shape, the bias gradient ``(N,)``."""
+    grad, saved, shift = operands[0], operands[1], operands[2]
+    if grad.numel() == 0:  # no rows (the bias gradient sums none: zeros) or an empty last dim
+        return BiasActGradPlan(call, None)
+    g2, copy_grad = _as_rows(grad)
+    s2, copy_saved = _as_rows(saved) if saved is not None else (g2, False)
+    M, N = g2.shape
     tuning = current(BiasActTuning)
-    grid, block_m, block_n, num_warps, block_p = _bwd_plan(M, N, grad.element_size(), sm_count(grad.device), tuning)
-    want = partial_dtype(grad.dtype)
-    if partial is not None and (tuple(partial.shape) != (grid[0], N) or partial.dtype != want
-                                or not partial.is_contiguous()):
-        raise ValueError(f"partial must be a contiguous {want} tensor of shape {(grid[0], N)}")
-    s = saved if saved is not None else grad
-    int64 = needs_int64(grad, s) or M * N > INT32_MAX
-    has_bias = grad_bias is not None
-    tensors = (grad, s, shift if shift is not None else grad, grad_x if grad_x is not None else grad,
-               grad_residual if grad_residual is not None else grad, partial if has_bias else grad,
-               grad_bias if has_bias else grad, ticket_counters(grad.device, grid[1]) if has_bias else grad)
-    scalars = (float(alpha), M, N, *grad.stride(), *s.stride(), shift.stride(0) if shift is not None else 0,
-               grad_bias.stride(0) if has_bias else 0)
-    flags = (ACTIVATION_CODES[activation], shift is not None, grad_x is not None, grad_residual is not None,
-             has_bias, grad.dtype, int64)
-    evict = tuning.stream_eviction
-    entry = launch(_bias_act_bwd_kernel, (flags, block_m, block_n, num_warps, block_p, evict), grid,
-                   tensors, scalars, lambda: dict(ACTIVATION=flags[0], HAS_SHIFT=flags[1], WRITE_DX=flags[2],
-                                                  WRITE_DR=flags[3], HAS_BIAS=has_bias, ACC=_acc_dtype(grad.dtype),
-                                                  INT64=int64, BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_P=block_p,
-                                                  EVICT=evict, num_warps=num_warps), dynamic=1)
-    return entry, grid, scalars[1:], (grid[0], N), partial_dtype(grad.dtype) if has_bias else None
+    tiles = backward_tiles(M, N, grad.element_size(), sm_count(grad.device), tuning)
+    int64 = needs_int64(g2, s2) or M * N > INT32_MAX
+    scalars = (M, N, *g2.stride(), *s2.stride(), shift.stride(0) if shift is not None else 0, 1)
+    constexprs = dict(ACTIVATION=ACTIVATION_CODES[call.activation], HAS_SHIFT=shift is not None,
+                      WRITE_DX=call.want_x, WRITE_DR=call.want_residual, HAS_BIAS=call.want_bias,
+                      ACC=_acc_dtype(grad.dtype), INT64=int64, BLOCK_M=tiles.block_m, BLOCK_N=tiles.block_n,
+                      BLOCK_P=tiles.block_p, EVICT=tuning.stream_eviction, num_warps=tiles.warps)
+    return BiasActGradPlan(call, Launch(_bias_act_bwd_kernel, tiles.grid, scalars, constexprs), copy_grad,
+                           copy_saved, tiles.grid[0], partial_dtype(grad.dtype), tiles.grid[1])
 
 
-def bias_act_bwd_again(record: tuple, grad: torch.Tensor, saved: torch.Tensor | None, shift: torch.Tensor | None,
-                       alpha: float, grad_x: torch.Tensor | None, grad_residual: torch.Tensor | None,
-                       grad_bias: torch.Tensor | None) -> None:
-    """The launch that :func:`bias_act_bwd_` returned ``record`` for, with new tensors and ``alpha``: no plan, no
-    checks. The caller guarantees the same dtypes, 16-byte alignment and memory layout (sizes and strides) as
-    that launch's tensors, and the same outputs wanted; tensors may have any number of dims with that layout.
-    ``partial`` is scratch (:func:`bias_grad_partials`)."""
-    entry, grid, rest, partial_shape, partial_type = record
-    if partial_type is not None:
+def forward_grad(plan: BiasActGradPlan, operands: tuple) -> tuple:
+    """``(grad_x, grad_residual, grad_bias)`` of ``operands`` as planned, None for those not wanted."""
+    grad = operands[0]
+    call, device = plan.call, grad.device
+    gx = torch.empty(grad.shape, dtype=call.x_dtype, device=device) if call.want_x else None
+    gr = torch.empty(grad.shape, dtype=call.residual_dtype, device=device) if call.want_residual else None
+    gb = torch.empty(grad.shape[-1], dtype=call.bias_dtype, device=device) if call.want_bias else None
+    write_grad(plan, operands, gx, gr, gb)
+    return gx, gr, gb
+
+
+def write_grad(plan: BiasActGradPlan, operands: tuple, gx: torch.Tensor | None, gr: torch.Tensor | None,
+               gb: torch.Tensor | None, partial: torch.Tensor | None = None) -> None:
+    """The backward of ``operands`` = (grad, saved, shift, alpha) into ``gx``, ``gr`` (contiguous of grad's shape)
+    and ``gb`` (``(N,)``, contiguous), those the plan's call wants; ``partial``: the bias gradient's partial sums
+    (contiguous ``[bwd_partial_rows, N]`` in :func:`partial_dtype`; default: per-stream scratch). ``saved`` is
+    unused (may be None) for activation "none"; ``shift`` ``(N,)`` (or None) is added to it to rebuild ``z = x +
+    bias`` when x was saved instead of z."""
+    launch = plan.launch
+    if launch is None:
+        if gb is not None:
+            gb.zero_()
+        return
+    grad, saved, shift, alpha = operands
+    if plan.copy_grad:
+        grad = rows(grad)
+    if plan.copy_saved:
+        saved = rows(saved)
+    if gb is not None:
         device = grad.device
-        partial, counters = scratch(device, partial_shape, partial_type), ticket_counters(device, grid[1])
+        if partial is None:
+            partial = scratch(device, (plan.partial_rows, grad.shape[-1]), plan.partial_dtype)
+        counters = ticket_counters(device, plan.column_blocks)
     else:
         partial = counters = grad
-    relaunch(entry, grid, (grad, saved if saved is not None else grad, shift if shift is not None else grad,
-                           grad_x if grad_x is not None else grad, grad_residual if grad_residual is not None else grad,
-                           partial, grad_bias if grad_bias is not None else grad, counters), (alpha, *rest))
+    launch((grad, grad if saved is None else saved, grad if shift is None else shift, grad if gx is None else gx,
+            grad if gr is None else gr, partial, grad if gb is None else gb, counters), (alpha,))

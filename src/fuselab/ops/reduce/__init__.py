@@ -1,6 +1,7 @@
-"""Deterministic ``fuselab.sum`` / ``fuselab.mean``: ``kernels.py`` (Triton), ``launch.py`` (planner and out-param
-launcher), ``op.py`` (the op and the public functions); argument checks live with the reference
-(:mod:`fuselab.reference.reduce`), which shares them."""
+"""Deterministic ``fuselab.sum`` / ``fuselab.mean``: ``kernels.py`` (Triton), ``checks.py`` (``validate`` ->
+``ReduceCall``; the argument checks are the reference's, :mod:`fuselab.reference.reduce`, which the CPU path shares),
+``plan.py`` (the schedule: kernel, tiles, split), ``launch.py`` (``plan``, ``forward``), ``op.py`` (the op and the
+public functions)."""
 
 from .op import mean, sum
 

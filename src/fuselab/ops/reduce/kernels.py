@@ -1,7 +1,7 @@
 """Triton kernels of ``fuselab.sum``/``fuselab.mean`` (deterministic, fixed two-stage trees).
 
-They run a :class:`~fuselab.ops.reduce.launch.ReducePlan` (``out[o, i] = Σ_r x[o·s_o + r·s_r + i·s_i]``; how a
-reduction becomes one: :mod:`fuselab.ops.reduce.launch`). Two kernels, chosen by which axis is contiguous:
+They run a :class:`~fuselab.ops.reduce.plan.ReduceSchedule` (``out[o, i] = Σ_r x[o·s_o + r·s_r + i·s_i]``; how a
+reduction becomes one: :mod:`fuselab.ops.reduce.plan`). Two kernels, chosen by which axis is contiguous:
 
 * ``_rows_kernel`` (the reduced axis has the smallest stride: ``dim=-1``, full reductions): each
   program owns ``ROWS`` outputs and streams their rows in ``[ROWS, BLOCK_R]`` tiles of 8-16 KiB

@@ -1,95 +1,105 @@
-"""The out-param launcher of ``fuselab.sum``/``fuselab.mean``: one launch of a :class:`~.plan.ReducePlan`
-(:mod:`fuselab.ops.reduce.plan`) on the kernels of :mod:`fuselab.ops.reduce.kernels`."""
+"""Plan and launch of ``fuselab.sum``/``fuselab.mean`` for a validated call (:mod:`fuselab.ops.reduce.checks`):
+:func:`plan` (the layout, copy or not, and the :class:`~fuselab.ops.reduce.plan.ReduceSchedule` of
+:mod:`fuselab.ops.reduce.plan` as one kernel launch of :mod:`fuselab.ops.reduce.kernels`), and :func:`forward`,
+which allocates the output and launches."""
 
 from __future__ import annotations
+
+from dataclasses import dataclass
 
 import torch
 import triton.language as tl
 
 from fuselab.core.device import INT32_MAX, cdiv, needs_int64, sm_count
-from fuselab.ops._launch import TensorDescriptor
-from fuselab.ops._launch import launch as launch_kernel
-from fuselab.ops._tickets import final_sum_rows, ticket_counters
+from fuselab.ops._launch import Launch, TensorDescriptor
+from fuselab.ops._tickets import final_sum_rows, scratch, ticket_counters
 from fuselab.ops.tuning import current
 
+from . import plan as planner
+from .checks import ReduceCall
 from .kernels import _cols_kernel, _cols_tma_kernel, _rows_kernel
-from .plan import ReducePlan, ReduceTuning, workspace_numel
+from .plan import ReduceSchedule, ReduceTuning, workspace_numel
 
 #: registers of one SM (every GPU fuselab targets, sm_80 to sm_90), for the register cap of stealing grids
 REGISTERS_PER_SM = 65536
 
 
-def steal_maxnreg(plan: ReducePlan, sms: int) -> int:
-    """Register cap under which all ``plan.steal`` programs of a stealing plan are resident at once on ``sms`` SMs (a
-    grid larger than what fits would run a second, partial wave: the imbalance stealing is there to remove):
+@dataclass(frozen=True, eq=False)
+class ReducePlan:
+    """A planned reduction: its call; ``copy``: x is read through one copy in ``(kept..., reduced...)`` order
+    (:func:`~fuselab.ops.reduce.plan.prepare`), made on every call; the ``schedule`` and its one ``launch``;
+    ``tma``: the launch reads through a TMA descriptor of the input, built on every call; ``workspace``: accumulator
+    elements of the split partials (0: no second stage), ``counters``: the ticket counters it takes (0: none)."""
+
+    call: ReduceCall
+    copy: bool
+    schedule: ReduceSchedule
+    launch: Launch
+    tma: bool
+    workspace: int
+    counters: int
+
+
+def steal_maxnreg(schedule: ReduceSchedule, sms: int) -> int:
+    """Register cap under which all ``schedule.steal`` programs of a stealing schedule are resident at once on ``sms``
+    SMs (a grid larger than what fits would run a second, partial wave: the imbalance stealing is there to remove):
     registers per SM over the threads the grid puts on each SM, in the allocation's steps of 8."""
-    warps_per_sm = plan.num_warps * cdiv(plan.steal, sms)
+    warps_per_sm = schedule.num_warps * cdiv(schedule.steal, sms)
     return min(255, REGISTERS_PER_SM // (warps_per_sm * 32) // 8 * 8)
 
 
-def launch(x: torch.Tensor, plan: ReducePlan, out: torch.Tensor, partials: torch.Tensor | None, *, is_mean: bool,
-           acc_dtype: torch.dtype) -> None:
-    """The one kernel launch of ``plan`` on ``x``, writing ``out`` (and ``partials`` ``[split, K]`` on the way,
-    when ``plan.split > 1``)."""
+def plan(call: ReduceCall, operands: tuple) -> ReducePlan:
+    """The launch of ``call`` on ``operands`` = ``(x,)`` (non-empty), into a contiguous output of ``call.out_shape``."""
+    x = operands[0]
+    src, kept, red = planner.prepare(x, call.dims)
+    s = planner.plan_reduction(src, kept, red)
     t = current(ReduceTuning)
-    split = plan.split > 1
-    int64 = needs_int64(x, out) or plan.K * plan.split > INT32_MAX or (plan.steal > 0 and t.steal_int64)
-    evict = t.stream_eviction.get(x.element_size(), "")
-    # plan.block_i outputs per tile: rows of the rows kernel, columns of the cols kernel
-    block_s = final_sum_rows(plan.split, plan.block_i) if split else 1
-    maxnreg = t.rows_maxnreg if plan.kind == "rows" else None
-    if plan.steal:
-        maxnreg = min(maxnreg or 255, steal_maxnreg(plan, sm_count(x.device)))
-    key = (plan, is_mean, acc_dtype, out.dtype, int64, evict, maxnreg)  # int64 and maxnreg: knobs read here
-    counters = ticket_counters(x.device, 2) if plan.steal else ticket_counters(x.device, plan.tiles) if split else out
-    tensors = (x, out, partials if split else out, counters)
-
-    tma = plan.stages > 0 and x.data_ptr() % 16 == 0  # else the cols kernel runs the same plan from pointers
-
-    def constexprs() -> dict:  # built only the first time this signature launches
-        common = dict(SPLIT_R=split, ACC=tl.float64 if acc_dtype == torch.float64 else tl.float32, BLOCK_S=block_s,
-                      IS_MEAN=is_mean, num_warps=plan.num_warps)
-        if tma:
-            return dict(BLOCK_R=plan.block_r, BLOCK_I=plan.block_i, STAGES=plan.stages, **common)
-        common.update(EVICT=evict, INTERLEAVE=plan.interleave, HAS_TAIL=plan.R % plan.block_r != 0, INT64=int64)
+    split = s.split > 1
+    int64 = needs_int64(src) or s.K * s.split > INT32_MAX or (s.steal > 0 and t.steal_int64)
+    tma = s.stages > 0 and src.data_ptr() % 16 == 0  # else the cols kernel runs the same schedule from pointers
+    # s.block_i outputs per tile: rows of the rows kernel, columns of the cols kernel
+    common = dict(SPLIT_R=split, ACC=tl.float64 if call.acc_dtype == torch.float64 else tl.float32,
+                  BLOCK_S=final_sum_rows(s.split, s.block_i) if split else 1, IS_MEAN=call.is_mean,
+                  num_warps=s.num_warps)
+    if tma:
+        launch = Launch(_cols_tma_kernel, s.grid, (s.I, s.R, s.r_per_split, s.R),
+                        dict(BLOCK_R=s.block_r, BLOCK_I=s.block_i, STAGES=s.stages, **common))
+    else:
+        maxnreg = t.rows_maxnreg if s.kind == "rows" else None
+        if s.steal:
+            maxnreg = min(maxnreg or 255, steal_maxnreg(s, sm_count(x.device)))
+        common.update(EVICT=t.stream_eviction.get(x.element_size(), ""), INTERLEAVE=s.interleave,
+                      HAS_TAIL=s.R % s.block_r != 0, INT64=int64)
         if maxnreg is not None and x.is_cuda:  # a CUDA compile option (not the interpreter's)
             common["maxnreg"] = maxnreg
-        if plan.kind == "rows":
-            return dict(ROWS=plan.block_i, BLOCK_R=plan.block_r, HAS_I=plan.I > 1, R_CONTIG=plan.s_r == 1,
-                        STEAL=plan.steal > 0, **common)
-        return dict(BLOCK_R=plan.block_r, BLOCK_I=plan.block_i, I_CONTIG=plan.s_i == 1, **common)
+        if s.kind == "rows":
+            launch = Launch(_rows_kernel, s.grid, (s.K, s.I, s.R, s.s_o, s.s_i, s.s_r, s.r_per_split, s.R, s.tiles,
+                                                   s.split),
+                            dict(ROWS=s.block_i, BLOCK_R=s.block_r, HAS_I=s.I > 1, R_CONTIG=s.s_r == 1,
+                                 STEAL=s.steal > 0, **common))
+        else:
+            launch = Launch(_cols_kernel, s.grid, (s.O, s.I, s.R, s.s_o, s.s_r, s.s_i, s.r_per_split, s.R),
+                            dict(BLOCK_R=s.block_r, BLOCK_I=s.block_i, I_CONTIG=s.s_i == 1, **common))
+    counters = 2 if s.steal else s.tiles if split else 0
+    return ReducePlan(call, src is not x, s, launch, tma, workspace_numel(s), counters)
 
-    if plan.kind == "rows":
-        scalars = (plan.K, plan.I, plan.R, plan.s_o, plan.s_i, plan.s_r, plan.r_per_split, plan.R, plan.tiles,
-                   plan.split)
-        launch_kernel(_rows_kernel, key, plan.grid, tensors, scalars, constexprs)
-    elif tma:
-        desc = TensorDescriptor(x, [plan.R, plan.I], [plan.s_r, 1], [plan.block_r, plan.block_i])
-        scalars = (plan.I, plan.R, plan.r_per_split, plan.R)
-        launch_kernel(_cols_tma_kernel, key, plan.grid, (out, desc, *tensors[2:]), scalars, constexprs)
+
+def forward(plan: ReducePlan, operands: tuple) -> torch.Tensor:
+    """The reduction of ``operands`` = ``(x,)`` as planned, into a new contiguous tensor: one launch (split
+    reductions write their partials ``[split, K]`` into per-stream scratch, which the last program of each output
+    tile sums in split order)."""
+    x = operands[0]
+    call = plan.call
+    if plan.copy:
+        x = planner.prepare(x, call.dims)[0]
+    device = x.device
+    out = torch.empty(call.out_shape, dtype=call.out_dtype, device=device)
+    partials = scratch(device, (plan.workspace,), call.acc_dtype) if plan.workspace else out
+    counters = ticket_counters(device, plan.counters) if plan.counters else out
+    if plan.tma:
+        s = plan.schedule
+        desc = TensorDescriptor(x, [s.R, s.I], [s.s_r, 1], [s.block_r, s.block_i])
+        plan.launch((out, desc, partials, counters))
     else:
-        scalars = (plan.O, plan.I, plan.R, plan.s_o, plan.s_r, plan.s_i, plan.r_per_split, plan.R)
-        launch_kernel(_cols_kernel, key, plan.grid, tensors, scalars, constexprs)
-
-
-def reduce_into(x: torch.Tensor, dims: tuple[int, ...], out: torch.Tensor, workspace: torch.Tensor | None, *,
-                plan: ReducePlan, is_mean: bool) -> None:
-    """Launcher: reduce ``x`` (already laid out by :func:`prepare`) over ``dims`` into ``out``, in one launch.
-
-    ``out`` is contiguous with ``plan.K`` elements; ``workspace`` holds :func:`workspace_numel`
-    accumulator-dtype elements (``None`` when that is 0) for the partials ``[split, K]`` of a split
-    reduction, which the last program of each output tile sums in split order.
-    """
-    if out.numel() != plan.K or not out.is_contiguous():
-        raise ValueError(f"out must be contiguous with {plan.K} elements, got shape {tuple(out.shape)}")
-    if plan.split == 1:
-        launch(x, plan, out, None, is_mean=is_mean, acc_dtype=_acc(x, out))
-        return
-    if workspace is None or workspace.numel() < workspace_numel(plan):
-        raise ValueError(f"workspace must hold {workspace_numel(plan)} elements")
-    partials = workspace[: workspace_numel(plan)].view(plan.split, plan.K)
-    launch(x, plan, out, partials, is_mean=is_mean, acc_dtype=workspace.dtype)
-
-
-def _acc(x: torch.Tensor, out: torch.Tensor) -> torch.dtype:
-    return torch.float64 if torch.float64 in (x.dtype, out.dtype) else torch.float32
+        plan.launch((x, out, partials, counters))
+    return out

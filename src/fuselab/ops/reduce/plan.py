@@ -1,10 +1,10 @@
-"""Planning of ``fuselab.sum``/``fuselab.mean``: which kernel, tile, split and read order (pure Python, cached).
+"""The schedule of ``fuselab.sum``/``fuselab.mean``: which kernel, tile, split and read order (pure Python, cached).
 
-Every reduction is planned as ``out[o, i] = Σ_r x[o·s_o + r·s_r + i·s_i]`` (:class:`ReducePlan`): the
+Every reduction is planned as ``out[o, i] = Σ_r x[o·s_o + r·s_r + i·s_i]`` (:class:`ReduceSchedule`): the
 reduced axes coalesce into one axis ``r`` of ``R`` elements and the kept axes into at most two
 groups ``o`` and ``i`` (``K = O·I`` outputs, written contiguously in the output's axis order).
 Strided and permuted views are read in place whenever that holds; otherwise the input is copied
-once into ``(kept..., reduced...)`` order (see :func:`prepare`). The kernels that run a plan are in
+once into ``(kept..., reduced...)`` order (see :func:`prepare`). The kernels that run a schedule are in
 :mod:`fuselab.ops.reduce.kernels`. The knobs are :class:`ReduceTuning`'s; the measurements that set them are in
 ``benchmarks/notes/reduce.md#planner-knobs``.
 """
@@ -64,10 +64,10 @@ class ReduceTuning:
     #: smallest input read through TMA: Triton encodes the descriptor on every launch, host time that only a long
     #: kernel hides; smaller inputs are read through pointers
     cols_tma_min_bytes: int = 2**27
-    #: which plans of the rows kernel are run by work stealing (see ReducePlan.steal): None (none), "split" (plans that
-    #: split the reduced axis: few outputs, e.g. all elements) or "all". A grid of resident programs takes work items (a
-    #: tile of outputs x a chunk of the reduced axis) from an atomic counter until none is left, so no SM idles while
-    #: another finishes a long program; plans of many short programs gain nothing from it
+    #: which schedules of the rows kernel run by work stealing (see ReduceSchedule.steal): None (none), "split" (those
+    #: that split the reduced axis: few outputs, e.g. all elements) or "all". A grid of resident programs takes work
+    #: items (a tile of outputs x a chunk of the reduced axis) from an atomic counter until none is left, so no SM
+    #: idles while another finishes a long program; schedules of many short programs gain nothing from it
     steal: str | None = "split"
     #: bytes of input per work item of a split plan (chunks of the reduced axis), by element size: larger items cost
     #: balance, smaller ones more atomics and partials
@@ -89,7 +89,7 @@ class ReduceTuning:
 
 
 @dataclass(frozen=True)
-class ReducePlan:
+class ReduceSchedule:
     """``out[o*I + i] = Σ_{r<R} x[o*s_o + r*s_r + i*s_i]``; ``kind`` is ``"rows"`` or ``"cols"``."""
 
     kind: str
@@ -166,7 +166,7 @@ def prepare(x: torch.Tensor, dims: tuple[int, ...]) -> tuple[torch.Tensor, Group
     return x, *layout
 
 
-def plan_reduction(x: torch.Tensor, kept, red: tuple[int, int]) -> ReducePlan:
+def plan_reduction(x: torch.Tensor, kept, red: tuple[int, int]) -> ReduceSchedule:
     """Pick kernel, tile sizes and split for reading ``x`` with the layout from :func:`prepare`, under the
     :class:`ReduceTuning` in force."""
     t = current(ReduceTuning)
@@ -188,7 +188,7 @@ def row_tile_bytes(x: torch.Tensor, t: ReduceTuning) -> int:
 @memo(maxsize=4096)
 def _plan(kept: tuple[tuple[int, int], ...], red: tuple[int, int], elsize: int, on_gpu: bool, sms: int,
           rows_per_sm: int, cols_per_sm: int, row_bytes: int,
-          tma: tuple[int, int, int, int] | None, t: ReduceTuning) -> ReducePlan:
+          tma: tuple[int, int, int, int] | None, t: ReduceTuning) -> ReduceSchedule:
     R, s_r = red
     tile = (t.tile_bytes.get(elsize, 16384) if on_gpu else t.interpreter_tile_bytes) // elsize
     inner_stride = kept[-1][1] if kept else None
@@ -210,7 +210,7 @@ def _plan(kept: tuple[tuple[int, int], ...], red: tuple[int, int], elsize: int, 
             if split == 1:
                 break
         warps = t.row_warps if rows == 1 and block_r * elsize >= row_bytes else 8 if rows * block_r >= 4096 else 4
-        return _stealing(ReducePlan("rows", O, I, R, s_o, s_i, s_r, block_r, rows, split, r_per_split, warps,
+        return _stealing(ReduceSchedule("rows", O, I, R, s_o, s_i, s_r, block_r, rows, split, r_per_split, warps,
                                     interleave), elsize, sms, t)
     if len(kept) == 2:
         (O, s_o), (I, s_i) = kept
@@ -233,7 +233,7 @@ def _plan(kept: tuple[tuple[int, int], ...], red: tuple[int, int], elsize: int, 
         target = sms * per_sm
     tiles = O * cdiv(I, block_i)
     split, r_per_split, interleave = _split(R, block_r, tiles, target, "cols", t)
-    return ReducePlan("cols", O, I, R, s_o, s_i, s_r, block_r, block_i, split, r_per_split, warps,
+    return ReduceSchedule("cols", O, I, R, s_o, s_i, s_r, block_r, block_i, split, r_per_split, warps,
                       interleave and not stages, stages=stages)
 
 
@@ -249,23 +249,23 @@ def _tma_layout(O: int, I: int, R: int, s_i: int, s_r: int, block_i: int, elsize
             and max(R, I) < 2**30 and s_r <= INT32_MAX)
 
 
-def _stealing(plan: ReducePlan, elsize: int, sms: int, t: ReduceTuning) -> ReducePlan:
-    """A rows ``plan`` run by work stealing where ``t.steal`` says so and there are more items than resident
-    programs: a split plan's chunks become ``t.steal_item_bytes`` each (whole blocks, read in order); the rest is
+def _stealing(schedule: ReduceSchedule, elsize: int, sms: int, t: ReduceTuning) -> ReduceSchedule:
+    """A rows ``schedule`` run by work stealing where ``t.steal`` says so and there are more items than resident
+    programs: a split schedule's chunks become ``t.steal_item_bytes`` each (whole blocks, read in order); the rest is
     unchanged."""
-    if t.steal is None or (t.steal == "split" and plan.split == 1):
-        return plan
-    split, r_per_split = plan.split, plan.r_per_split
+    if t.steal is None or (t.steal == "split" and schedule.split == 1):
+        return schedule
+    split, r_per_split = schedule.split, schedule.r_per_split
     if split > 1:
         item_bytes = t.steal_item_bytes.get(elsize, 32768)
-        r_per_split = max(1, item_bytes // (elsize * plan.block_i * plan.block_r)) * plan.block_r
-        split = cdiv(plan.R, r_per_split)
-        if split <= 1 or split * plan.K > t.steal_max_partials:
-            return plan
-    programs = max(1, t.steal_warps_per_sm // plan.num_warps) * sms
-    if plan.tiles * split <= programs:
-        return plan
-    return dataclasses.replace(plan, split=split, r_per_split=r_per_split, interleave=False, steal=programs)
+        r_per_split = max(1, item_bytes // (elsize * schedule.block_i * schedule.block_r)) * schedule.block_r
+        split = cdiv(schedule.R, r_per_split)
+        if split <= 1 or split * schedule.K > t.steal_max_partials:
+            return schedule
+    programs = max(1, t.steal_warps_per_sm // schedule.num_warps) * sms
+    if schedule.tiles * split <= programs:
+        return schedule
+    return dataclasses.replace(schedule, split=split, r_per_split=r_per_split, interleave=False, steal=programs)
 
 
 def _split(R: int, block_r: int, tiles: int, target: int, kind: str, t: ReduceTuning) -> tuple[int, int, bool]:
@@ -285,6 +285,6 @@ def _split(R: int, block_r: int, tiles: int, target: int, kind: str, t: ReduceTu
     return split, r_per_split, threshold is not None and split >= threshold
 
 
-def workspace_numel(plan: ReducePlan) -> int:
+def workspace_numel(schedule: ReduceSchedule) -> int:
     """fp32 (fp64) elements of the stage-1 partials ``[split, K]`` (0 without a second stage)."""
-    return plan.split * plan.K if plan.split > 1 else 0
+    return schedule.split * schedule.K if schedule.split > 1 else 0
