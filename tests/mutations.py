@@ -48,10 +48,10 @@ def fault(name: str, snippet: str, replacement: str, *tests: str) -> Fault:
 
 FAULTS: tuple[Fault, ...] = (
     # ---------------------------------------------------------------- rope
-    fault("rope: wrong sign of the first element of each pair", "x1 * c - x2 * s", "x1 * c + x2 * s",
-          IND, "-k", "rope_plain"),
-    fault("rope: wrong sign of the second element of each pair", "x2 * c + x1 * s", "x2 * c - x1 * s",
-          IND, "-k", "rope_plain"),
+    fault("rope: wrong sign of the first element of each pair", "rounded(x1 * c - x2 * s, o_ptr",
+          "rounded(x1 * c + x2 * s, o_ptr", IND, "-k", "rope_plain"),
+    fault("rope: wrong sign of the second element of each pair", "rounded(x2 * c + x1 * s, o_ptr",
+          "rounded(x2 * c - x1 * s, o_ptr", IND, "-k", "rope_plain"),
     fault("rope: halves paired as neighbours (wrong pair order)", "x2 = tl.load(px + HALF * sxd,",
           "x2 = tl.load(px + 1 * sxd,", IND, "-k", "rope_plain"),
     fault("rope: interleaved pair swapped", "x1, x2 = tl.split(tl.reshape(x, (BLOCK_T, BLOCK_H, BLOCK_HALF, 2)))",
@@ -63,7 +63,8 @@ FAULTS: tuple[Fault, ...] = (
           (IND, "-k", "rope_low_precision")),
     fault("rope: backward rotates forward (conjugate dropped)", "        sn = -sn\n", "        sn = sn\n",
           IND, "-k", "rope_plain and triton and halves"),
-    fault("rope: int offset off by one", "        pos = pos + offset\n", "        pos = pos + offset + 1\n",
+    fault("rope: int offset off by one", "    else:\n        pos = pos + offset\n",
+          "    else:\n        pos = pos + offset + 1\n",
           IND, "-k", "rope_plain and int"),
     fault("rope: tensor offset ignored", "        pos = pos + tl.load(off_ptr + seq * so, mask=tmask, other=0)",
           "        pos = pos + 0 * tl.load(off_ptr + seq * so, mask=tmask, other=0)",
@@ -116,8 +117,8 @@ FAULTS: tuple[Fault, ...] = (
           "total += tl.sum(part, axis=0)[None, :]", "total += 0.0 * tl.sum(part, axis=0)[None, :]", EMB, "-k",
           "long_runs or fused_update and triton and sgd"),
     fault("embedding: half-precision weights rounded to nearest (small updates lost)",
-          "tl.store(w_at, stochastically_rounded(w, w_ptr.dtype.element_ty, seed, rows[:, None] * D + d[None, :]), "
-          "mask=m2)", "tl.store(w_at, w.to(w_ptr.dtype.element_ty), mask=m2)", "tests/ops/test_embedding_half.py",
+          "tl.store(w_ptr + at, stochastically_rounded(w, w_ptr.dtype.element_ty, seed, at), mask=m2)",
+          "tl.store(w_ptr + at, w.to(w_ptr.dtype.element_ty), mask=m2)", "tests/ops/test_embedding_half.py",
           "-k", "unbiased"),
     # ---------------------------------------------------------------- kept launches of both
     fault("interaction: kept backward launch not keyed by the gradient's layout", 'key = ("bwd", key, layout(grad))',

@@ -27,6 +27,7 @@ if TYPE_CHECKING:  # what the lazy names resolve to, for type checkers and "go t
     from fuselab import testing as testing
     from fuselab.ops.bias_act import ACTIVATIONS as ACTIVATIONS
     from fuselab.ops.bias_act import bias_act as bias_act
+    from fuselab.ops.gemm import gemm as gemm
     from fuselab.ops.interaction import dot_interaction as dot_interaction
     from fuselab.ops.reduce import mean as mean
     from fuselab.ops.reduce import sum as sum

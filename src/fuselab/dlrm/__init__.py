@@ -18,16 +18,17 @@ if TYPE_CHECKING:  # what the lazy names resolve to, for type checkers and "go t
     from fuselab.dlrm.data.synth import write_synthetic as write_synthetic
     from fuselab.dlrm.data.tsv import preprocess as preprocess
     from fuselab.dlrm.evaluation import evaluate_checkpoint as evaluate_checkpoint
+    from fuselab.dlrm.interaction import INTERACTIONS as INTERACTIONS
+    from fuselab.dlrm.interaction import torchrec_permutation as torchrec_permutation
     from fuselab.dlrm.metrics import evaluate_predictions as evaluate_predictions
     from fuselab.dlrm.metrics import roc_auc as roc_auc
     from fuselab.dlrm.model import DLRM as DLRM
     from fuselab.dlrm.model import DenseArch as DenseArch
-    from fuselab.dlrm.model import InteractionArch as InteractionArch
     from fuselab.dlrm.model import OverArch as OverArch
-    from fuselab.dlrm.model import SparseArch as SparseArch
-    from fuselab.dlrm.model import torchrec_permutation as torchrec_permutation
     from fuselab.dlrm.optim import Optimizers as Optimizers
     from fuselab.dlrm.schedule import LRSchedule as LRSchedule
+    from fuselab.dlrm.sparse import FusedEmbeddingCollection as FusedEmbeddingCollection
+    from fuselab.dlrm.sparse import TorchEmbeddingCollection as TorchEmbeddingCollection
     from fuselab.dlrm.step import TrainStep as TrainStep
     from fuselab.dlrm.train import train as train
     from fuselab.dlrm.trainer import Trainer as Trainer
