@@ -278,32 +278,6 @@ def test_torchrec_order(backend, device, b, f, d):
 # ---------------------------------------------------------------- errors
 
 
-def _bad_cases(device):
-    t = lambda *s, dtype=torch.float32: torch.randn(*s, device=device).to(dtype)
-    return [
-        ((t(3, 4).cpu().numpy(), t(3, 2, 4)), {}, TypeError, "dense must be a torch.Tensor"),
-        ((t(3, 4), t(3, 2, 4, dtype=torch.bfloat16)), {}, TypeError, "same dtype"),
-        ((t(3, 4).int(), t(3, 2, 4).int()), {}, TypeError, "dense must be float32"),
-        ((t(3, 1, 4), t(3, 2, 4)), {}, ValueError, r"dense must have 2 dims \(B, D\)"),
-        ((t(3, 4), t(3, 8)), {}, ValueError, r"emb must have 3 dims \(B, F, D\)"),
-        ((t(3, 4), t(2, 2, 4)), {}, ValueError, "dense has 3 rows but emb has 2"),
-        ((t(3, 5), t(3, 2, 4)), {}, ValueError, "dense's width D=5 must equal"),
-        ((t(3, 4), t(3, 129, 4)), {}, ValueError, "1 <= F <= 128"),
-        ((t(3, 4), t(3, 0, 4)), {}, ValueError, "1 <= F <= 128"),
-        ((t(3, 257), t(3, 2, 257)), {}, ValueError, r"D must be in \[1, 256\]"),
-        ((t(3, 4), t(3, 2, 4)), {"pad_to": 0}, ValueError, "pad_to must be >= 1"),
-        ((t(3, 4), t(3, 2, 4)), {"pad_to": 8.0}, TypeError, "pad_to must be an int"),
-        ((t(3, 4), t(3, 2, 4).to("meta")), {}, ValueError, "dense is on .* but emb is on meta"),
-    ]
-
-
-@pytest.mark.parametrize("index", range(13))
-def test_bad_inputs(backend, device, index):
-    args, kwargs, exc, match = _bad_cases(device)[index]
-    with pytest.raises(exc, match=match):
-        dot_interaction(*args, **kwargs)
-
-
 def test_float64_only_on_the_torch_path(device, monkeypatch):
     dense, emb = torch.randn(3, 4, device=device, dtype=torch.float64), torch.randn(3, 2, 4, device=device,
                                                                                       dtype=torch.float64)

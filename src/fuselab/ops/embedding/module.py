@@ -7,10 +7,11 @@ from collections.abc import Sequence
 import torch
 from torch import Tensor, nn
 
+from fuselab.core.reductions import REDUCTIONS
 from fuselab.core.seeded import uniform_tables_
-from fuselab.reference.embedding import OPTIMIZERS, POOLINGS, momentum_shape
+from fuselab.reference.embedding import OPTIMIZERS, momentum_shape
 
-from .launch import HALF_WEIGHT_DTYPES, KERNEL_WEIGHT_DTYPES, EmbeddingConfig, state_dtype
+from .checks import HALF_WEIGHT_DTYPES, KERNEL_WEIGHT_DTYPES, EmbeddingConfig, state_dtype
 from .op import embedding_bag_collection
 
 
@@ -56,8 +57,8 @@ class EmbeddingBagCollection(nn.Module):
             raise ValueError(f"dim must be a positive int, got {dim!r}")
         if optimizer not in OPTIMIZERS:
             raise ValueError(f"optimizer must be one of {', '.join(OPTIMIZERS)}, got {optimizer!r}")
-        if pooling not in POOLINGS:
-            raise ValueError(f"pooling must be one of {', '.join(POOLINGS)}, got {pooling!r}")
+        if pooling not in REDUCTIONS:
+            raise ValueError(f"pooling must be one of {', '.join(REDUCTIONS)}, got {pooling!r}")
         if not (isinstance(eps, (int, float)) and eps >= 0):
             raise ValueError(f"eps must be a non-negative float, got {eps!r}")
         if not (isinstance(lr, (int, float)) and lr >= 0):
