@@ -118,16 +118,21 @@ def validate_gradient(grad: object, dense: object, emb: object, self_interaction
     triton = triton_for(dense)
     if triton:
         require_triton_dtype(dense)
-    b, f, d = emb.shape
-    pairs = num_pairs(f, self_interaction)
-    require_tensor("grad", grad)
+    _require_wide("grad", grad, emb, self_interaction)
     if not grad.is_floating_point():
         raise TypeError(f"grad must have a floating dtype, got {grad.dtype}")
-    if grad.dim() != 2 or grad.shape[0] != b or grad.shape[1] < d + pairs:
-        raise ValueError(f"grad must be (B={b}, W >= {d + pairs}), got {tuple(grad.shape)}")
     if grad.device != dense.device:
         raise ValueError(f"grad is on {grad.device} but dense is on {dense.device}; all must share a device")
     return InteractionGradCall(bool(self_interaction), triton, signature if triton else None)
+
+
+def _require_wide(name: str, t: object, emb: torch.Tensor, self_interaction: bool) -> None:
+    """``t`` is a tensor ``(B, W >= D + P)``: an output or its gradient (its columns past D + P are padding)."""
+    b, f, d = emb.shape
+    pairs = num_pairs(f, self_interaction)
+    require_tensor(name, t)
+    if t.dim() != 2 or t.shape[0] != b or t.shape[1] < d + pairs:
+        raise ValueError(f"{name} must be (B={b}, W >= {d + pairs}), got {tuple(t.shape)}")
 
 
 # ---------------------------------------------------------------------------------------------- out-param launchers
@@ -143,12 +148,8 @@ def check_forward_out(dense: object, emb: object, out: object, self_interaction:
     """The inputs and the output (B, W >= D + P) of :func:`fuselab.ops.interaction.launch.dot_interaction_fwd_`."""
     check_inputs(dense, emb)
     require_triton_dtype(dense)
-    b, f, d = emb.shape
-    pairs = num_pairs(f, self_interaction)
-    require_tensor("out", out)
-    if out.dim() != 2 or out.shape[0] != b or out.shape[1] < d + pairs:
-        raise ValueError(f"out must be (B={b}, W >= {d + pairs}), got {tuple(out.shape)}")
-    require_out("out", out, (b, out.shape[1]), dense.dtype, dense.device)
+    _require_wide("out", out, emb, self_interaction)
+    require_out("out", out, (emb.shape[0], out.shape[1]), dense.dtype, dense.device)
 
 
 def check_backward_outs(grad: object, dense: object, emb: object, grads: tuple[object, object],
@@ -157,11 +158,8 @@ def check_backward_outs(grad: object, dense: object, emb: object, grads: tuple[o
     inputs' dtype, ``grads`` = (grad_dense (B, D), grad_emb (B, F, D)), any strides."""
     check_inputs(dense, emb)
     require_triton_dtype(dense)
+    _require_wide("grad", grad, emb, self_interaction)
     b, f, d = emb.shape
-    pairs = num_pairs(f, self_interaction)
-    require_tensor("grad", grad)
-    if grad.dim() != 2 or grad.shape[0] != b or grad.shape[1] < d + pairs:
-        raise ValueError(f"grad must be (B={b}, W >= {d + pairs}), got {tuple(grad.shape)}")
     require_out("grad", grad, (b, grad.shape[1]), dense.dtype, dense.device)
     require_out("grad_dense", grads[0], (b, d), dense.dtype, dense.device)
     require_out("grad_emb", grads[1], (b, f, d), emb.dtype, emb.device)
