@@ -171,8 +171,8 @@ def with_signature(call: UpdateCall, signature: Hashable | None) -> UpdateCall:
 
 
 # ---------------------------------------------------------------------------------------------- lookup
-def _check_index(args: LookupArgs, f_count: int) -> tuple[int, int]:
-    """ids and offsets against F tables; returns (B, N id positions)."""
+def _check_index(args: LookupArgs, f_count: int) -> int:
+    """ids and offsets against F tables; returns the batch size B."""
     ids, offsets = args.ids, args.offsets
     if ids.dtype not in _ID_DTYPES:
         raise TypeError(f"ids must be int64 or int32, got {ids.dtype}")
@@ -180,7 +180,7 @@ def _check_index(args: LookupArgs, f_count: int) -> tuple[int, int]:
         if ids.dim() != 2 or ids.shape[1] != f_count:
             raise ValueError(f"ids must be (B, F={f_count}) with one id per feature (or (N,) with offsets), "
                              f"got shape {tuple(ids.shape)}")
-        return ids.shape[0], ids.numel()
+        return ids.shape[0]
     require_tensor("offsets", offsets)
     if offsets.dtype != torch.int64:
         raise TypeError(f"offsets must be int64, got {offsets.dtype}")
@@ -188,7 +188,7 @@ def _check_index(args: LookupArgs, f_count: int) -> tuple[int, int]:
         raise ValueError(f"ids must be (N,) flat bag values when offsets are given, got shape {tuple(ids.shape)}")
     if offsets.dim() != 1 or offsets.shape[0] < 1 or (offsets.shape[0] - 1) % f_count:
         raise ValueError(f"offsets must be (B*F + 1,) with F={f_count}, got shape {tuple(offsets.shape)}")
-    return (offsets.shape[0] - 1) // f_count, ids.shape[0]
+    return (offsets.shape[0] - 1) // f_count
 
 
 def validate_lookup(args: LookupArgs, signature: Hashable | None, triton: bool | None = None) -> LookupCall:
@@ -213,7 +213,7 @@ def validate_lookup(args: LookupArgs, signature: Hashable | None, triton: bool |
     f_count = table_sizes.shape[0]
     if row_offsets.shape[0] != f_count:
         raise ValueError(f"row_offsets must have F={f_count} entries (one per table), got {row_offsets.shape[0]}")
-    batch, _ = _check_index(args, f_count)
+    batch = _check_index(args, f_count)
     if not isinstance(args.pooling, str) or args.pooling not in REDUCTIONS:
         raise ValueError(f"pooling must be one of {', '.join(REDUCTIONS)}, got {args.pooling!r}")
     require_same_device(weight=weight, ids=args.ids, table_sizes=table_sizes, row_offsets=row_offsets,
