@@ -120,13 +120,20 @@ FAULTS: tuple[Fault, ...] = (
           "tl.store(w_ptr + at, stochastically_rounded(w, w_ptr.dtype.element_ty, seed, at), mask=m2)",
           "tl.store(w_ptr + at, w.to(w_ptr.dtype.element_ty), mask=m2)", "tests/ops/test_embedding_half.py",
           "-k", "unbiased"),
-    # ---------------------------------------------------------------- kept launches of both
-    fault("interaction: kept backward launch not keyed by the gradient's layout", 'key = ("bwd", key, layout(grad))',
-          'key = ("bwd", key)', KEPT_OPS, "-k", "gradient_layout"),
-    fault("embedding: kept update not keyed by the gradient's layout", 'key = ("update", key, layout(grad))',
-          'key = ("update", key)', KEPT_OPS, "-k", "gradient_layout"),
-    fault("embedding: kept lookup of bags reads the table sizes as offsets",
-          "table_sizes if offsets is None else offsets", "table_sizes", KEPT_OPS, "-k", "functional_calls and bags"),
+    fault("embedding: lookup of bags reads the table sizes as offsets",
+          "table_sizes if offsets is None else offsets", "table_sizes", EMB, "-k", "lookup_bags and triton"),
+    # ---------------------------------------------------------------- cached plans of both
+    fault("interaction: cached backward plan not keyed by the gradient's layout",
+          'signature = ("bwd", call.signature, tensor_signature(grad))', 'signature = ("bwd", call.signature)',
+          KEPT_OPS, "-k", "gradient_layout"),
+    fault("embedding: cached update plan not keyed by the gradient's layout",
+          'signature = ("update", call.signature, tensor_signature(grad))', 'signature = ("update", call.signature)',
+          KEPT_OPS, "-k", "gradient_layout"),
+    fault("embedding: a cached update skips the overlap of what it writes",
+          '        checks.check_writes(weight, momentum, seed, {"lr": lr, "grad": grad, "ids": ids, '
+          '"offsets": offsets,',
+          '        (weight, momentum, seed, {"lr": lr, "grad": grad, "ids": ids, "offsets": offsets,',
+          "tests/ops/test_embedding_errors.py", "-k", "overlapping and triton"),
     # ---------------------------------------------------------------- reduce
     fault("reduce: mean divides by n + 1", "total = total / n_reduced", "total = total / (n_reduced + 1)",
           IND, "-k", "reduce_vs_torch and mean and float32"),

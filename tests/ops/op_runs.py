@@ -11,6 +11,7 @@ import torch
 from toy_op import scale
 
 import fuselab
+from fuselab.core.embedding_optimizer import ROWWISE_ADAGRAD, embedding_optimizer
 from fuselab.nn import fused_linear
 from fuselab.ops.embedding import EmbeddingBagCollection, EmbeddingConfig
 from fuselab.reference import bias_act as ref_bias_act
@@ -18,7 +19,8 @@ from fuselab.reference import embedding as ref_embedding
 from fuselab.reference import interaction as ref_interaction
 from fuselab.reference import rope as ref_rope
 
-OPS = ("rope", "bias_act", "bias_act_shift", "reduce", "reduce_mean_cols", "interaction", "embedding", "fused_linear",
+OPS = ("rope", "bias_act", "bias_act_shift", "reduce", "reduce_mean_cols", "interaction", "interaction_self",
+       "embedding", "embedding_bags", "fused_linear",
        "toy_scale")
 
 _SMALL = EmbeddingConfig(lookup_elements=64, update_elements=64, rows_block=64, carry_elements=8, num_warps=1)
@@ -41,10 +43,14 @@ def _inputs(name: str, device) -> list[torch.Tensor]:
         return [randn(5, 24), randn(24)]
     if name in ("reduce", "reduce_mean_cols"):
         return [randn(6, 9)]
-    if name == "interaction":
+    if name in ("interaction", "interaction_self"):
         return [randn(4, 8), randn(4, 3, 8)]
     if name == "embedding":
         return [torch.randint(0, 100, (4, len(_SIZES)), generator=g).to(device)]
+    if name == "embedding_bags":  # 4 rows of 3 bags, one of them empty
+        lengths = torch.tensor([2, 1, 3, 0, 4, 1, 1, 2, 5, 3, 1, 2])
+        offsets = torch.cat([torch.zeros(1, dtype=torch.int64), lengths.cumsum(0)])
+        return [torch.randint(-100, 100, (int(offsets[-1]),), generator=g).to(device), offsets.to(device)]
     if name == "fused_linear":
         return [randn(5, 12), randn(10, 12), randn(10)]
     return [randn(5, 40), randn(40)]  # toy_scale
@@ -71,6 +77,10 @@ def _forward(name: str, leaves: list[torch.Tensor], f64: bool) -> tuple[torch.Te
         if f64:
             return (ref_interaction.dot_interaction(leaves[0], leaves[1], False, 1),)
         return (fuselab.dot_interaction(leaves[0], leaves[1]),)
+    if name == "interaction_self":  # the diagonal kept, padded to a multiple of 8 (the padding's gradient ignored)
+        if f64:
+            return (ref_interaction.dot_interaction(leaves[0], leaves[1], True, 8),)
+        return (fuselab.dot_interaction(leaves[0], leaves[1], self_interaction=True, pad_to=8),)
     if name == "fused_linear":
         if f64:
             return (ref_bias_act.bias_act(leaves[0] @ leaves[1].t(), leaves[2], None, 1.0, "gelu_tanh"),)
@@ -78,8 +88,12 @@ def _forward(name: str, leaves: list[torch.Tensor], f64: bool) -> tuple[torch.Te
     return (leaves[0] * leaves[1] if f64 else scale(leaves[0], leaves[1]),)
 
 
-def _embedding(device) -> EmbeddingBagCollection:
-    return EmbeddingBagCollection(_SIZES, 8, optimizer="adagrad", lr=0.5, device=device,
+def _embedding(name: str, device) -> EmbeddingBagCollection:
+    """embedding: one id per feature, Adagrad; embedding_bags: mean-pooled bags, row-wise Adagrad."""
+    if name == "embedding":
+        return EmbeddingBagCollection(_SIZES, 8, optimizer=embedding_optimizer("adagrad"), lr=0.5, device=device,
+                                      generator=torch.Generator().manual_seed(3), config=_SMALL)
+    return EmbeddingBagCollection(_SIZES, 8, optimizer=ROWWISE_ADAGRAD, lr=0.5, pooling="mean", device=device,
                                   generator=torch.Generator().manual_seed(3), config=_SMALL)
 
 
@@ -87,11 +101,11 @@ def run(name: str, device, upstream: Upstream) -> list[torch.Tensor]:
     """Outputs and gradients of op ``name`` on ``device`` (the embedding collection: its updated tables), each
     output's gradient made by ``upstream``."""
     inputs = _inputs(name, device)
-    if name == "embedding":
-        module = _embedding(device)
-        out = module(inputs[0])
+    if name.startswith("embedding"):
+        module = _embedding(name, device)
+        out = module(*inputs)
         out.backward(upstream(out.shape, device))
-        return [out.detach(), module.weight.detach().clone(), module.momentum.detach().clone()]
+        return [out.detach(), module.weight.detach().clone(), module.state.detach().clone()]
     leaves = [t.clone().requires_grad_(True) for t in inputs]
     outs = _forward(name, leaves, False)
     torch.autograd.backward(outs, [upstream(o.shape, device).to(o.dtype) for o in outs])
@@ -101,14 +115,16 @@ def run(name: str, device, upstream: Upstream) -> list[torch.Tensor]:
 def reference(name: str, device, upstream: Upstream) -> list[torch.Tensor]:
     """:func:`run` in float64 through the references (the embedding collection: the reference Adagrad step)."""
     inputs = _inputs(name, device)
-    if name == "embedding":
-        module = _embedding(device)
-        weight, momentum = module.weight.double().clone(), module.momentum.double().clone()
-        out = ref_embedding.lookup(weight, inputs[0], module.table_sizes, module.row_offsets, None, "sum")
+    if name.startswith("embedding"):
+        module = _embedding(name, device)
+        weight, state = module.weight.double().clone(), module.state.double().clone()
+        offsets = inputs[1] if len(inputs) > 1 else None
+        out = ref_embedding.lookup(weight, inputs[0], module.table_sizes, module.row_offsets, offsets, module.pooling)
         grad = upstream(out.shape, device).double()
-        ref_embedding.sparse_update_(weight, momentum, torch.tensor(0.5, dtype=torch.float64, device=device), grad,
-                                     inputs[0], module.table_sizes, module.row_offsets, None, "sum", "adagrad", 1e-8)
-        return [out, weight, momentum]
+        ref_embedding.sparse_update_(weight, state, torch.tensor(0.5, dtype=torch.float64, device=device), grad,
+                                     inputs[0], module.table_sizes, module.row_offsets, offsets, module.pooling,
+                                     module.optimizer)
+        return [out, weight, state]
     leaves = [t.double().requires_grad_(True) for t in inputs]
     outs = _forward(name, leaves, True)
     torch.autograd.backward(outs, [upstream(o.shape, device).double() for o in outs])

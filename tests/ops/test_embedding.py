@@ -321,83 +321,6 @@ def _valid(device="cpu"):
     return w, torch.zeros(3, 2, dtype=torch.int64, device=device), sizes, starts
 
 
-@pytest.mark.parametrize("case, exc, match", [
-    ("ids_float", TypeError, "ids"),
-    ("ids_rank", ValueError, "ids"),
-    ("ids_f_mismatch", ValueError, "ids"),
-    ("weight_int", TypeError, "weight"),
-    ("weight_rank", ValueError, "weight"),
-    ("sizes_dtype", TypeError, "table_sizes"),
-    ("offsets_len", ValueError, "row_offsets"),
-    ("bag_offsets_shape", ValueError, "offsets"),
-    ("bag_offsets_dtype", TypeError, "offsets"),
-    ("bag_ids_rank", ValueError, "ids"),
-    ("pooling", ValueError, "pooling"),
-    ("not_tensor", TypeError, "ids"),
-    ("meta_device", ValueError, "device"),
-])
-def test_lookup_errors(case, exc, match):
-    w, ids, sizes, starts = _valid()
-    offsets = None
-    kw = {}
-    if case == "ids_float":
-        ids = ids.float()
-    elif case == "ids_rank":
-        ids = ids[:, :, None]
-    elif case == "ids_f_mismatch":
-        ids = torch.zeros(3, 3, dtype=torch.int64)
-    elif case == "weight_int":
-        w = w.long()
-    elif case == "weight_rank":
-        w = w.view(-1)
-    elif case == "sizes_dtype":
-        sizes = sizes.int()
-    elif case == "offsets_len":
-        starts = starts[:1]
-    elif case == "bag_offsets_shape":
-        ids, offsets = torch.zeros(5, dtype=torch.int64), torch.zeros(6, dtype=torch.int64)
-    elif case == "bag_offsets_dtype":
-        ids, offsets = torch.zeros(5, dtype=torch.int64), torch.zeros(7, dtype=torch.int32)
-    elif case == "bag_ids_rank":
-        offsets = torch.zeros(7, dtype=torch.int64)
-    elif case == "pooling":
-        kw["pooling"] = "max"
-    elif case == "not_tensor":
-        ids = [[0, 1]]
-    elif case == "meta_device":
-        ids = ids.to("meta")
-    with pytest.raises(exc, match=match):
-        embedding_bag_lookup(w, ids, sizes, starts, offsets, **kw)
-
-
-@pytest.mark.parametrize("case, exc, match", [
-    ("optimizer", TypeError, "optimizer must be an EmbeddingOptimizer"),
-    ("state_shape", ValueError, "state"),
-    ("lr_shape", ValueError, "lr"),
-    ("grad_shape", ValueError, "grad"),
-    ("grad_int", TypeError, "grad"),
-    ("eps", ValueError, "eps"),
-])
-def test_update_errors(case, exc, match):
-    w, ids, sizes, starts = _valid()
-    state, lr, grad = torch.zeros(10), torch.tensor(0.1), torch.zeros(3, 2, 4)
-    kw = {}
-    if case == "optimizer":
-        kw["optimizer"] = "adam"
-    elif case == "state_shape":
-        state = torch.zeros(10, 4)
-    elif case == "lr_shape":
-        lr = torch.tensor([0.1])
-    elif case == "grad_shape":
-        grad = torch.zeros(3, 2, 5)
-    elif case == "grad_int":
-        grad = grad.long()
-    with pytest.raises(exc, match=match):
-        if case == "eps":
-            kw["optimizer"] = RowwiseAdagrad(eps=-1.0)
-        embedding_bag_update_(w, state, lr, grad, ids, sizes, starts, **kw)
-
-
 @dataclasses.dataclass(frozen=True)
 class _Unfused(RowwiseAdagrad):
     """A kind the kernels do not implement (row-wise Adagrad's math under another name)."""
@@ -440,9 +363,11 @@ def test_config_errors():
         EmbeddingConfig(update_elements=12)
     with pytest.raises(TypeError, match="config"):
         embedding_bag_lookup(*_valid(), config={"update_elements": 16})
-    assert launch.plan(16) == launch.Plan(block_d=16, lookup_rows=256, bag_rows=64, update_items=8, carry_chunks=256)
-    assert launch.plan(128) == launch.Plan(block_d=128, lookup_rows=32, bag_rows=8, update_items=1, carry_chunks=32)
-    assert launch.plan(100) == launch.plan(128)
+    assert launch.blocks(16) == launch.Blocks(block_d=16, lookup_rows=256, bag_rows=64, update_items=8,
+                                              carry_chunks=256)
+    assert launch.blocks(128) == launch.Blocks(block_d=128, lookup_rows=32, bag_rows=8, update_items=1,
+                                               carry_chunks=32)
+    assert launch.blocks(100) == launch.blocks(128)
 
 
 # ---------------------------------------------------------------------------------------------- torch.library

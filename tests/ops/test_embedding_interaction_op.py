@@ -1,7 +1,7 @@
-"""The embedding collection's and the dot interaction's :class:`~fuselab.ops.opdef.Op`: an eager call whose key a
-checked call kept skips the checks and the plan (both patched to fail here) and repeats the kept launches, the
+"""The embedding collection's and the dot interaction's :class:`~fuselab.ops.opdef.Op`: an eager call whose signature
+a checked call planned skips the checks and the plan (both patched to fail here) and repeats the cached plan, the
 backward's (the fused optimizer update, the interaction's gradients) included, bit for bit equal to planned calls and
-to float64 oracles written here; keys that must miss (other id counts, ``True`` for 1); two lookups before one
+to float64 oracles written here; signatures that must miss (other id counts, ``True`` for 1); two lookups before one
 backward; ``opcheck`` (every test) and ``torch.compile(fullgraph=True)`` of every custom op of both packages.
 
 Values of planned calls are checked in detail by test_embedding.py and test_interaction.py.
@@ -12,8 +12,10 @@ from __future__ import annotations
 import pytest
 import torch
 
+import fuselab.ops.embedding.checks as emb_checks
 import fuselab.ops.embedding.launch as emb_launch
 import fuselab.ops.embedding.op as emb_op
+import fuselab.ops.interaction.checks as int_checks
 import fuselab.ops.interaction.launch as int_launch
 import fuselab.ops.interaction.op as int_op
 from fuselab.backend import forced
@@ -52,8 +54,8 @@ def no_planning(monkeypatch):
         def fail(*args, **kwargs):
             raise AssertionError("a call of a kept key checked or planned again")
 
-        for module, name in ((emb_op, "check"), (emb_op, "check_update"), (emb_launch, "plan"),
-                             (int_op, "check_inputs"), (int_launch, "plan")):
+        for module, name in ((emb_checks, "validate_lookup"), (emb_checks, "validate_update"), (emb_launch, "blocks"),
+                             (int_checks, "validate"), (int_checks, "validate_gradient"), (int_launch, "blocks")):
             monkeypatch.setattr(module, name, fail)
     return arm
 
@@ -114,7 +116,7 @@ def test_embedding_steps_repeat_kept_launches(triton_backend, device, no_plannin
     w64, s64 = m.weight.double().cpu(), m.state.double().cpu()
     for step, (ids, up) in enumerate(batches):
         if step == 1:
-            assert len(emb_op.TRAIN.launches) == 1 and len(emb_op.UPDATE.launches) == 1
+            assert len(emb_op.TRAIN.plans) == 1 and len(emb_op.UPDATE.plans) == 1
             no_planning()
         rows = m.weight.cpu()[torch.tensor(_global_rows(ids, SIZES))]
         out = m(ids.to(device))
@@ -179,7 +181,7 @@ def test_interaction_repeats_kept_launches(triton_backend, device, no_planning, 
     opdef.clear()
     for i, case in enumerate(cases):
         if i == 1:
-            assert len(int_op.FORWARD.launches) == 1 and len(int_op.BACKWARD.launches) == 1
+            assert len(int_op.FORWARD.plans) == 1 and len(int_op.BACKWARD.plans) == 1
             no_planning()
         got = run(*case)
         for a, b in zip(got, planned[i]):
@@ -197,7 +199,7 @@ def test_keys_tell_true_from_one(triton_backend, device):
     checked where the optimizer is made (eps=True never reaches a key)."""
     dense, emb = torch.randn(3, 4, device=device), torch.randn(3, 2, 4, device=device)
     dot_interaction(dense, emb, pad_to=1)
-    assert len(int_op.FORWARD.launches) == 1
+    assert len(int_op.FORWARD.plans) == 1
     with pytest.raises(TypeError, match="pad_to must be an int"):
         dot_interaction(dense, emb, pad_to=True)
     w, s = torch.randn(8, 4, device=device), torch.zeros(8, device=device)
@@ -205,7 +207,7 @@ def test_keys_tell_true_from_one(triton_backend, device):
     ids, grad, lr = torch.randint(0, 9, (3, 2), device=device), torch.randn(3, 2, 4, device=device), torch.tensor(
         0.1, device=device)
     embedding_bag_update_(w, s, lr, grad, ids, sizes, starts, optimizer=RowwiseAdagrad(eps=1))
-    assert len(emb_op.UPDATE.launches) == 1
+    assert len(emb_op.UPDATE.plans) == 1
     with pytest.raises(TypeError, match="eps"):
         RowwiseAdagrad(eps=True)
 
@@ -231,7 +233,7 @@ def test_backward_launches_are_keyed_by_the_gradient_layout(triton_backend, devi
         m(ids.to(device)).backward(up.to(device))
         _oracle_step(w64, s64, 0.1, ids, up, SIZES, "sgd")
         torch.testing.assert_close(m.weight.double().cpu(), w64, atol=2e-6, rtol=1e-5)
-    assert len(emb_op.UPDATE.launches) == 2 and len(int_op.BACKWARD.launches) == 2  # one per gradient layout
+    assert len(emb_op.UPDATE.plans) == 2 and len(int_op.BACKWARD.plans) == 2  # one per gradient layout
 
 
 # ---------------------------------------------------------------------------------------------- autograd

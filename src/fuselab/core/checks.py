@@ -120,34 +120,37 @@ def self_overlapping(t: torch.Tensor) -> bool:
                          + [(s, 1 - n, n - 1) for s, n in dims[i + 1:]], 0) for i in range(len(dims)))
 
 
-def require_distinct_elements(name: str, t: torch.Tensor) -> None:
+def require_distinct_elements(name: str, t: torch.Tensor, remedy: str = "or inplace=False") -> None:
     """``ValueError`` naming ``name`` when elements of ``t``, which an op writes in place, share memory (a function of
-    shape and strides: a call's signature holds it, so its validation checks it once)."""
+    shape and strides: a call's signature holds it, so its validation checks it once). ``remedy``: as
+    :func:`require_disjoint`'s."""
     if self_overlapping(t):
         raise ValueError(f"{name} is written in place but some of its elements share memory (e.g. an expanded "
-                         f"tensor); pass a tensor whose elements are distinct, or inplace=False")
+                         f"tensor); pass a tensor whose elements are distinct{', ' + remedy if remedy else ''}")
 
 
-def require_disjoint(written: dict[str, torch.Tensor | None], read: dict[str, torch.Tensor | None]) -> None:
+def require_disjoint(written: dict[str, torch.Tensor | None], read: dict[str, torch.Tensor | None],
+                     remedy: str = "or inplace=False") -> None:
     """``ValueError`` naming both when a tensor an op writes in place (``written``) overlaps another operand it writes
     or reads: for every call (the actual tensors decide). Storages are compared first (three pointer reads per
-    tensor); only views of one storage take the exact check (:func:`overlapping`)."""
+    tensor); only views of one storage take the exact check (:func:`overlapping`). ``remedy``: the message's way out
+    besides distinct tensors (empty: none)."""
     seen: list[tuple[str, torch.Tensor, int]] = []  # the written tensors so far
     for name, t in written.items():
         if t is not None:
             base = t.data_ptr() - t.storage_offset() * t.element_size()
             for other_name, other, other_base in seen:
                 if other_base == base and overlapping(other, t):
-                    _overlap_error(other_name, name)
+                    _overlap_error(other_name, name, remedy)
             seen.append((name, t, base))
     for name, t in read.items():
         if t is not None:
             base = t.data_ptr() - t.storage_offset() * t.element_size()
             for other_name, other, other_base in seen:
                 if other_base == base and overlapping(other, t):
-                    _overlap_error(other_name, name)
+                    _overlap_error(other_name, name, remedy)
 
 
-def _overlap_error(written: str, other: str) -> None:
+def _overlap_error(written: str, other: str, remedy: str) -> None:
     raise ValueError(f"{written} and {other} overlap in memory, and {written} is written in place; pass tensors "
-                     f"that do not share elements, or inplace=False")
+                     f"that do not share elements{', ' + remedy if remedy else ''}")

@@ -1,7 +1,7 @@
-"""The op helper of the ops that still keep launch records (interaction, embedding and ``fuselab.nn.FusedLinear``):
-their public functions compute a key, look up the record a checked call kept under it, and pass it back as
-``prepared``. Each moves to :class:`fuselab.ops.opdef.Op` (call, plan, one cache inside the op) when it is ported; the
-eager node's gradient handling is :mod:`fuselab.ops.opdef`'s.
+"""The op helper of the ops that still keep launch records (``fuselab.nn.FusedLinear`` and the GEMM family): their
+public functions compute a key, look up the record a checked call kept under it, and pass it back as ``prepared``.
+Each moves to :class:`fuselab.ops.opdef.Op` (call, plan, one cache inside the op) when it is ported; the eager node's
+gradient handling is :mod:`fuselab.ops.opdef`'s.
 
 * ``eager(*inputs, prepared=None) -> (outputs, record)``: validated inputs -> allocate outputs, call the out-param
   launchers; ``record`` is what the launch returned for repeating it (None: nothing may be repeated); given

@@ -8,10 +8,10 @@ import torch
 from torch import Tensor, nn
 
 from fuselab.core.embedding_optimizer import ROWWISE_ADAGRAD, EmbeddingOptimizer
+from fuselab.core.reductions import REDUCTIONS
 from fuselab.core.seeded import uniform_tables_
-from fuselab.reference.embedding import POOLINGS
 
-from .launch import HALF_WEIGHT_DTYPES, KERNEL_WEIGHT_DTYPES, EmbeddingConfig, state_dtype
+from .checks import HALF_WEIGHT_DTYPES, KERNEL_WEIGHT_DTYPES, EmbeddingConfig, state_dtype
 from .op import embedding_bag_collection
 
 
@@ -64,8 +64,8 @@ class EmbeddingBagCollection(nn.Module):
         if not isinstance(optimizer, EmbeddingOptimizer):
             raise TypeError(f"optimizer must be an EmbeddingOptimizer (fuselab.core.embedding_optimizer), got "
                             f"{type(optimizer).__name__}")
-        if pooling not in POOLINGS:
-            raise ValueError(f"pooling must be one of {', '.join(POOLINGS)}, got {pooling!r}")
+        if pooling not in REDUCTIONS:
+            raise ValueError(f"pooling must be one of {', '.join(REDUCTIONS)}, got {pooling!r}")
         if not (isinstance(lr, (int, float)) and lr >= 0):
             raise ValueError(f"lr must be a non-negative float, got {lr!r}")
         if weight_dtype not in KERNEL_WEIGHT_DTYPES:

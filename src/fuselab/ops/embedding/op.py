@@ -1,199 +1,199 @@
 """Embedding bag collection: three :class:`~fuselab.ops.opdef.Op` and the public functional API.
 
 * :data:`LOOKUP` (``fuselab::embedding_bag_lookup``): the pooled lookup, no autograd;
-* :data:`UPDATE` (``fuselab::embedding_bag_update_``): the fused sparse optimizer update, mutating ``weight`` and
-  ``state`` (``mutates_args``; its fake returns nothing);
+* :data:`UPDATE` (``fuselab::embedding_bag_update_``): the fused sparse optimizer update, mutating ``weight``,
+  its ``state`` and ``seed`` (``mutates``; its fake returns nothing);
 * :data:`TRAIN` (``fuselab::embedding_bag_train``): the lookup whose backward is that update (FBGEMM's trick): it
-  takes a placeholder tensor ``anchor`` that requires grad, so autograd calls the backward (:func:`_train_backward`),
-  which applies the optimizer to ``weight`` in place through :data:`UPDATE` and returns no gradient at all: no
-  dense ``(R, D)`` and no sparse COO gradient exist.
+  takes a placeholder tensor ``anchor`` that requires grad, so autograd calls the backward, which applies the
+  optimizer to ``weight`` in place through :data:`UPDATE` and returns no gradient at all: no dense ``(R, D)`` and
+  no sparse COO gradient exist.
 
-Eager calls skip the dispatcher (straight to the launchers; autograd through :data:`TRAIN`'s eager node);
-``torch.compile`` always sees the custom ops. CUDA tensors run the Triton kernels, others the reference
-(:mod:`fuselab.reference.embedding`), as :func:`fuselab.backend.triton_for` decides. An eager call whose key a
-checked call kept skips the checks and the plan and repeats the kept launches; the backward's update repeats the one
-kept under the forward's key and the gradient's layout. Nothing synchronises with the host (CUDA-graph capturable).
+A public function -> :func:`~fuselab.ops.embedding.checks.validate_lookup` /
+:func:`~fuselab.ops.embedding.checks.validate_update` -> a call -> :mod:`~fuselab.ops.embedding.launch`'s plan ->
+its launches. Eager calls skip the dispatcher (autograd through :data:`TRAIN`'s eager node); ``torch.compile`` always
+sees the custom ops. CUDA tensors run the Triton kernels, others the reference (:mod:`fuselab.reference.embedding`),
+as :func:`fuselab.backend.triton_for` decides. An eager call whose signature was planned skips the checks and the
+plan; the overlap of the tensors an update writes with every other operand is checked on every call. The backward's
+update is planned once under the forward's signature and the gradient's. Nothing synchronises with the host
+(CUDA-graph capturable).
 """
 
 from __future__ import annotations
 
-import functools
-from dataclasses import fields
+from collections.abc import Hashable
 
 import torch
 
 from fuselab.backend import triton_for
-from fuselab.core.embedding_optimizer import ROWWISE_ADAGRAD, EmbeddingOptimizer, embedding_optimizer
-from fuselab.ops._recordop import RecordOp, layout, operand
+from fuselab.core.embedding_optimizer import ROWWISE_ADAGRAD, EmbeddingOptimizer
+from fuselab.ops.opdef import Op, tensor_signature
 from fuselab.reference import embedding as ref
 
-from .launch import (
-    DEFAULT_CONFIG,
-    EmbeddingConfig,
-    UpdateTensors,
-    check,
-    check_update,
-    lookup_,
-    lookup_again,
-    update_,
-    update_again,
-)
+from . import checks, launch
+from .checks import EmbeddingConfig, LookupArgs, LookupCall, UpdateArgs, UpdateCall
 
 __all__ = ["LOOKUP", "TRAIN", "UPDATE", "EmbeddingConfig", "embedding_bag_collection", "embedding_bag_lookup",
            "embedding_bag_update_"]
 
 Tensor = torch.Tensor
 
-_NO_GRADS = (None,) * 14  # TRAIN's inputs get no gradient: the update is applied in place
+_NO_GRADS = (None,) * 9  # TRAIN's operands get no gradient: the update is applied in place
+_UPDATE_ARGUMENTS = "str pooling, str optimizer, float eps, bool deterministic, SymInt[] knobs"
+_INDEX = "Tensor ids, Tensor? offsets, Tensor table_sizes, Tensor row_offsets"
 
 
-def _config(knobs: list[int]) -> EmbeddingConfig:
-    return EmbeddingConfig(*knobs) if knobs else DEFAULT_CONFIG
+def _custom_signature(inputs: tuple) -> tuple:
+    """The signature of a custom op's inputs: its tensors', its arguments by type and value."""
+    return ("custom", *[tensor_signature(t) if isinstance(t, torch.Tensor) else
+                        (tuple(t) if isinstance(t, list) else (type(t), t)) for t in inputs])
 
 
-def _knobs(config: EmbeddingConfig | None) -> list[int]:
-    if config is None:
-        return []
-    if not isinstance(config, EmbeddingConfig):
-        raise TypeError(f"config must be an EmbeddingConfig, got {type(config).__name__}")
-    return [getattr(config, f.name) for f in fields(config)]
+def _knobs_config(knobs: list[int]) -> EmbeddingConfig | None:
+    return checks.config_of(knobs) if len(knobs) else None
 
 
-def _out_shape(weight: Tensor, ids: Tensor, table_sizes: Tensor, offsets: Tensor | None) -> tuple[int, int, int]:
-    f_count = table_sizes.shape[0]
-    batch = ids.shape[0] if offsets is None else (offsets.shape[0] - 1) // f_count
-    return batch, f_count, weight.shape[1]
+class Lookup(Op):
+    """``fuselab::embedding_bag_lookup``: the ``(B, F, D)`` pooled embeddings."""
+
+    name = "fuselab::embedding_bag_lookup"
+    schema = f"(Tensor weight, {_INDEX}, str pooling, SymInt[] knobs) -> Tensor"
+
+    plan = staticmethod(launch.plan_lookup)
+    forward = staticmethod(launch.lookup)
+
+    def call_of(self, inputs: tuple, signed: bool) -> LookupCall:
+        """Real tensors (the custom op run): the call a cached plan of their signature holds, else validated; fake
+        ones: as they are."""
+        weight, ids, offsets, table_sizes, row_offsets, pooling, knobs = inputs
+        args = LookupArgs(weight, ids, table_sizes, row_offsets, offsets, pooling, _knobs_config(knobs))
+        if not signed:
+            return checks.unchecked_lookup(args, knobs, False)
+        signature = _custom_signature(inputs)
+        plan = self.cached(signature)
+        return plan.call if plan is not None else checks.validate_lookup(args, signature)
+
+    def fake(self, call: LookupCall, operands: tuple) -> Tensor:
+        weight = operands[0]
+        return weight.new_empty(call.shape, dtype=ref.compute_dtype(weight.dtype))
 
 
-def _as_schema(optimizer: EmbeddingOptimizer) -> tuple[str, float]:
-    """The optimizer as the custom ops' schema carries it: its name and its eps (0 for a kind without one)."""
-    return optimizer.name, float(getattr(optimizer, "eps", 0.0))
+def _update_call_of(op: Op, inputs: tuple, args: LookupArgs, update: UpdateArgs, signed: bool) -> UpdateCall:
+    """The call of :data:`UPDATE`'s or :data:`TRAIN`'s inputs (``args``, ``update``: taken from them), as
+    :meth:`Lookup.call_of`; the writes are checked on every run of the custom op."""
+    if not signed:
+        return UpdateCall(checks.unchecked_lookup(args, inputs[-1], False), update.optimizer, update.deterministic)
+    signature = _custom_signature(inputs)
+    plan = op.cached(signature)
+    if plan is None:
+        return checks.validate_update(args, update, signature)
+    checks.check_writes(args.weight, update.state, update.seed,
+                        {"lr": update.lr, "grad": update.grad, "ids": args.ids, "offsets": args.offsets,
+                         "table_sizes": args.table_sizes, "row_offsets": args.row_offsets})
+    return plan.call
 
 
-@functools.cache
-def _from_schema(name: str, eps: float) -> EmbeddingOptimizer:
-    """The optimizer the schema's name and eps stand for (inside the ops)."""
-    return embedding_optimizer(name, eps=eps)
+class Update(Op):
+    """``fuselab::embedding_bag_update_``: the optimizer step of a lookup's output gradient, in place."""
+
+    name = "fuselab::embedding_bag_update_"
+    schema = (f"(Tensor(a0!) weight, Tensor(a1!) state, Tensor(a2!)? seed, Tensor lr, Tensor grad, {_INDEX}, "
+              f"{_UPDATE_ARGUMENTS}) -> ()")
+    mutates = ("weight", "state", "seed")
+
+    plan = staticmethod(launch.plan_update)
+    forward = staticmethod(launch.update)
+
+    def call_of(self, inputs: tuple, signed: bool) -> UpdateCall:
+        weight, state, seed, lr, grad, ids, offsets, table_sizes, row_offsets, pooling, optimizer, eps, \
+            deterministic, knobs = inputs
+        args = LookupArgs(weight, ids, table_sizes, row_offsets, offsets, pooling, _knobs_config(knobs))
+        return _update_call_of(self, inputs, args,
+                               UpdateArgs(state, lr, seed, checks.optimizer_of(optimizer, eps), deterministic, grad),
+                               signed)
+
+    def fake(self, call: UpdateCall, operands: tuple) -> None:
+        return None
 
 
-# ---------------------------------------------------------------------------------------------- lookup
-def _lookup(weight: Tensor, ids: Tensor, offsets: Tensor | None, table_sizes: Tensor, row_offsets: Tensor,
-            pooling: str, knobs: list[int], *, prepared=None) -> tuple:
-    """((B, F, D) pooled embeddings, record ``(launch record, shape)`` or None). ``prepared`` repeats a kept
-    record's launch."""
-    if prepared is not None:
-        out = torch.empty(prepared[1], dtype=torch.float32, device=weight.device)
-        lookup_again(prepared[0], out, weight, ids, table_sizes, row_offsets, offsets)
-        return out, None
-    if not triton_for(weight):
-        return ref.lookup(weight, ids, table_sizes, row_offsets, offsets, pooling), None
-    shape = _out_shape(weight, ids, table_sizes, offsets)
-    out = torch.empty(shape, dtype=torch.float32, device=weight.device)
-    record = lookup_(out, weight, ids, table_sizes, row_offsets, offsets, pooling, _config(knobs))
-    return out, (None if record is None else (record, shape))
+class Train(Op):
+    """``fuselab::embedding_bag_train``: the lookup (of ``weight``) whose backward applies :data:`UPDATE`."""
+
+    name = "fuselab::embedding_bag_train"
+    schema = (f"(Tensor anchor, Tensor weight, Tensor state, Tensor? seed, Tensor lr, {_INDEX}, "
+              f"{_UPDATE_ARGUMENTS}) -> Tensor")
+    differentiable = (0,)
+
+    plan = staticmethod(launch.plan_train)
+    forward = staticmethod(launch.train)
+
+    def call_of(self, inputs: tuple, signed: bool) -> UpdateCall:
+        _anchor, weight, state, seed, lr, ids, offsets, table_sizes, row_offsets, pooling, optimizer, eps, \
+            deterministic, knobs = inputs
+        args = LookupArgs(weight, ids, table_sizes, row_offsets, offsets, pooling, _knobs_config(knobs))
+        return _update_call_of(self, inputs, args,
+                               UpdateArgs(state, lr, seed, checks.optimizer_of(optimizer, eps), deterministic), signed)
+
+    def fake(self, call: UpdateCall, operands: tuple) -> Tensor:
+        weight = operands[1]
+        return weight.new_empty(call.lookup.shape, dtype=ref.compute_dtype(weight.dtype))
+
+    def setup_context(self, ctx, call: UpdateCall, operands: tuple, output: Tensor) -> None:
+        """What the update needs, kept on ``ctx`` (not saved tensors): the update itself bumps ``weight``'s version,
+        and a second lookup of the same weight before its backward must not trip the saved-tensor version check."""
+        ctx.update_operands = operands[1:]  # weight, state, seed, lr, ids, offsets, table_sizes, row_offsets
+
+    def backward(self, ctx, grad: Tensor) -> tuple:
+        """Apply the optimizer step of ``grad`` in place (:data:`UPDATE`); no operand gets a gradient. In the eager
+        node the update's plan is cached under the forward's signature and the gradient's, and ``grad`` is checked
+        against the tensors the update writes (the forward checked the others)."""
+        weight, state, seed, lr, ids, offsets, table_sizes, row_offsets = ctx.update_operands
+        call = ctx.call
+        eager = getattr(ctx, "eager", False)
+        signature = None
+        if eager and call.signature is not None:
+            signature = ("update", call.signature, tensor_signature(grad))
+        plan = UPDATE.cached(signature)
+        update = plan.call if plan is not None else checks.with_signature(call, signature)
+        if eager:
+            checks.check_writes(weight, state, seed, {"grad": grad})
+        UPDATE.run_in_backward(ctx, update, (weight, state, seed, lr, grad, ids, offsets, table_sizes, row_offsets),
+                               plan)
+        return _NO_GRADS
 
 
-def _lookup_fake(weight: Tensor, ids: Tensor, offsets: Tensor | None, table_sizes: Tensor, row_offsets: Tensor,
-                 pooling: str, knobs: list[int]) -> Tensor:
-    return weight.new_empty(_out_shape(weight, ids, table_sizes, offsets), dtype=ref.compute_dtype(weight.dtype))
-
-
-LOOKUP = RecordOp("fuselab::embedding_bag_lookup", eager=_lookup, fake=_lookup_fake)
-
-
-# ---------------------------------------------------------------------------------------------- update
-def _update(weight: Tensor, state: Tensor, seed: Tensor | None, lr: Tensor, grad: Tensor, ids: Tensor,
-            offsets: Tensor | None, table_sizes: Tensor, row_offsets: Tensor, pooling: str, optimizer: str, eps: float,
-            deterministic: bool, knobs: list[int], *, prepared=None) -> tuple:
-    """((weight, state, seed) updated in place, launch record or None)."""
-    tensors = UpdateTensors(weight, state, lr, seed, grad, ids, table_sizes, row_offsets, offsets)
-    if prepared is not None:
-        update_again(prepared, tensors)
-        return (weight, state, seed), None
-    if not triton_for(weight):
-        ref.sparse_update_(weight, state, lr, grad, ids, table_sizes, row_offsets, offsets, pooling,
-                           _from_schema(optimizer, eps))
-        return (weight, state, seed), None
-    record = update_(tensors, pooling, _from_schema(optimizer, eps), deterministic, _config(knobs))
-    return (weight, state, seed), record
-
-
-def _update_fake(weight: Tensor, state: Tensor, seed: Tensor | None, lr: Tensor, grad: Tensor, ids: Tensor,
-                 offsets: Tensor | None, table_sizes: Tensor, row_offsets: Tensor, pooling: str, optimizer: str,
-                 eps: float, deterministic: bool, knobs: list[int]) -> None:
-    return None
-
-
-UPDATE = RecordOp("fuselab::embedding_bag_update_", eager=_update, fake=_update_fake,
-                  mutates_args=("weight", "state", "seed"))
-
-
-# ---------------------------------------------------------------------------------------------- train
-def _train(anchor: Tensor, weight: Tensor, state: Tensor, seed: Tensor | None, lr: Tensor, ids: Tensor,
-           offsets: Tensor | None, table_sizes: Tensor, row_offsets: Tensor, pooling: str, optimizer: str, eps: float,
-           deterministic: bool, knobs: list[int], *, prepared=None) -> tuple:
-    """The lookup (its backward is :func:`_train_backward`)."""
-    return _lookup(weight, ids, offsets, table_sizes, row_offsets, pooling, knobs, prepared=prepared)
-
-
-def _train_fake(anchor: Tensor, weight: Tensor, state: Tensor, seed: Tensor | None, lr: Tensor, ids: Tensor,
-                offsets: Tensor | None, table_sizes: Tensor, row_offsets: Tensor, pooling: str, optimizer: str,
-                eps: float, deterministic: bool, knobs: list[int]) -> Tensor:
-    return weight.new_empty(_out_shape(weight, ids, table_sizes, offsets), dtype=ref.compute_dtype(weight.dtype))
-
-
-def _train_setup(ctx, inputs, output) -> None:
-    """What the update needs, kept on ``ctx`` (not saved tensors): the update itself bumps ``weight``'s version, and
-    a second lookup of the same weight before its backward must not trip the saved-tensor version check."""
-    ctx.update_args = inputs[1:]  # weight, state, seed, lr, ids, offsets, table_sizes, row_offsets, pooling, ...
-
-
-def _train_backward(ctx, grad: Tensor) -> tuple:
-    """Apply the optimizer step of ``grad`` in place (:data:`UPDATE`); no input gets a gradient. In eager autograd
-    the update's launches are kept under the forward's key and the gradient's layout."""
-    weight, state, seed, lr, ids, offsets, table_sizes, row_offsets, *params = ctx.update_args
-    key = getattr(ctx, "key", None)
-    if key is not None:
-        key = ("update", key, layout(grad))
-    UPDATE.run_in_backward(ctx, (weight, state, seed, lr, grad, ids, offsets, table_sizes, row_offsets, *params),
-                           key)
-    return _NO_GRADS
-
-
-TRAIN = RecordOp("fuselab::embedding_bag_train", eager=_train, fake=_train_fake,
-                 autograd=(_train_setup, _train_backward), differentiable=(0,))
+LOOKUP = Lookup()
+UPDATE = Update()
+TRAIN = Train()
 
 
 # ---------------------------------------------------------------------------------------------- public API
-def _lookup_key(weight: Tensor, ids: Tensor, offsets: Tensor | None, table_sizes: Tensor, row_offsets: Tensor,
-                pooling: str, config: EmbeddingConfig | None) -> tuple | None:
-    """Everything a lookup's checks and launch depend on besides tensor values (each operand's shape, device, dtype,
-    strides, storage offset, 16-byte alignment; pooling, config), or None under ``torch.compile``. Raises
-    AttributeError/TypeError for non-tensors (the checks name them)."""
+def _lookup_signature(weight: Tensor, ids: Tensor, offsets: Tensor | None, table_sizes: Tensor, row_offsets: Tensor,
+                      pooling: str, config: EmbeddingConfig | None) -> Hashable | None:
+    """Everything a lookup's checks and plan read besides tensor values (per tensor its
+    :func:`~fuselab.ops.opdef.tensor_signature`; pooling and config by value), or None under ``torch.compile`` or
+    for non-tensors (the checks name them)."""
     if torch.compiler.is_compiling():
         return None
-    return (operand(weight), operand(ids), None if offsets is None else operand(offsets), operand(table_sizes),
-            operand(row_offsets), pooling, config)
-
-
-def _update_key(lookup_key: tuple | None, state: Tensor, seed: Tensor | None, lr: Tensor,
-                optimizer: EmbeddingOptimizer, deterministic: bool, grad: Tensor | None = None) -> tuple | None:
-    """:func:`_lookup_key` plus what an update's checks and launches depend on (the optimizer: kind and
-    hyper-parameters; ``grad`` None: the backward's, keyed there by its layout)."""
-    if lookup_key is None:
-        return None
-    return (lookup_key, operand(state), None if seed is None else operand(seed), operand(lr), optimizer,
-            deterministic, None if grad is None else operand(grad))
-
-
-def _kept(op: RecordOp, make_key, *args) -> tuple:
-    """``(key, record kept under it)``; ``(None, None)`` when the key cannot be made or looked up (non-tensors,
-    unhashable arguments: the checks name them) or under ``torch.compile``."""
     try:
-        key = make_key(*args)
-        return key, (None if key is None else op.launches.get(key))
+        return (tensor_signature(weight), tensor_signature(ids), None if offsets is None else tensor_signature(offsets),
+                tensor_signature(table_sizes), tensor_signature(row_offsets), pooling, config)
     except (AttributeError, TypeError):
-        return None, None
+        return None
+
+
+def _update_signature(lookup: Hashable | None, state: Tensor, seed: Tensor | None, lr: Tensor,
+                      optimizer: EmbeddingOptimizer, deterministic: bool,
+                      grad: Tensor | None = None) -> Hashable | None:
+    """:func:`_lookup_signature` plus what an update's checks and plan read (the optimizer: its kind and
+    hyper-parameters; ``grad`` None: the training lookup's, whose backward adds the gradient's)."""
+    if lookup is None:
+        return None
+    try:
+        return (lookup, tensor_signature(state), None if seed is None else tensor_signature(seed),
+                tensor_signature(lr), type(optimizer), optimizer, type(deterministic), deterministic,
+                None if grad is None else tensor_signature(grad))
+    except (AttributeError, TypeError):
+        return None
 
 
 def embedding_bag_lookup(weight: Tensor, ids: Tensor, table_sizes: Tensor, row_offsets: Tensor,
@@ -202,8 +202,8 @@ def embedding_bag_lookup(weight: Tensor, ids: Tensor, table_sizes: Tensor, row_o
     """Pooled embeddings of all F features in one launch: ``(B, F, D)``.
 
     Args:
-        weight: ``(R, D)`` all tables stacked (float32, float16 or bfloat16 on the Triton path, read as fp32; any
-            float on the reference path). The output is float32 for half-precision tables, else weight's dtype.
+        weight: ``(R, D)`` all tables stacked (float32, float16 or bfloat16 and contiguous on the Triton path; any
+            float on the reference path). The output is float32 for half-precision weights.
         ids: one id per feature ``(B, F)`` int64/int32 raw ids, or with ``offsets`` ``(N,)`` flat bag values.
             Feature ``f`` reads row ``row_offsets[f] + (id mod table_sizes[f])`` (non-negative modulus), so every
             id is in range by construction (already-hashed ids pass unchanged).
@@ -217,13 +217,17 @@ def embedding_bag_lookup(weight: Tensor, ids: Tensor, table_sizes: Tensor, row_o
 
     Raises:
         TypeError/ValueError naming the argument: non-tensors, wrong dtypes (ids not int32/int64, offsets or table
-        metadata not int64), wrong ranks, F mismatch, offsets not ``(B*F + 1,)``, mixed devices, unknown pooling.
+        metadata not int64), wrong ranks, F mismatch, offsets not ``(B*F + 1,)``, mixed devices, unknown pooling, a
+        config that is no EmbeddingConfig; on the Triton path a weight of another dtype or not contiguous.
     """
-    key, prepared = _kept(LOOKUP, _lookup_key, weight, ids, offsets, table_sizes, row_offsets, pooling, config)
-    if prepared is None or not triton_for(weight):  # else a call of this key passed the checks before
-        check(weight, ids, table_sizes, row_offsets, offsets, pooling)
-        prepared = None
-    return LOOKUP.run((weight, ids, offsets, table_sizes, row_offsets, pooling, _knobs(config)), key, prepared, False)
+    operands = (weight, ids, offsets, table_sizes, row_offsets)
+    signature = _lookup_signature(weight, ids, offsets, table_sizes, row_offsets, pooling, config)
+    plan = LOOKUP.cached(signature)
+    if plan is not None and triton_for(weight):  # a call of this signature passed the checks
+        return LOOKUP.run(plan.call, operands, plan, False)
+    call = checks.validate_lookup(LookupArgs(weight, ids, table_sizes, row_offsets, offsets, pooling, config),
+                                  signature)
+    return LOOKUP.run(call, operands, None, False)
 
 
 def embedding_bag_update_(weight: Tensor, state: Tensor, lr: Tensor, grad: Tensor, ids: Tensor,
@@ -233,28 +237,31 @@ def embedding_bag_update_(weight: Tensor, state: Tensor, lr: Tensor, grad: Tenso
                           seed: Tensor | None = None) -> None:
     """Apply one ``optimizer`` step for the output gradient ``grad`` ``(B, F, D)`` of a lookup with these ids, in
     place on ``weight`` and ``state``; duplicate rows are summed first (deterministically unless
-    ``deterministic=False`` with SGD, which uses atomics). ``state``: ``optimizer.state_shape(R, D)`` (``(R,)``
-    row-wise Adagrad, ``(R, D)`` Adagrad; ignored for SGD). ``lr``: a 0-dim float tensor (read on the device:
-    changing it needs no recompilation or graph capture).
+    ``deterministic=False`` with SGD and an fp32 weight, which uses atomics). ``state``: ``optimizer.state_shape(R,
+    D)`` (``(R,)`` row-wise Adagrad, ``(R, D)`` Adagrad; ignored for SGD), float32 for a half-precision weight.
+    ``lr``: a 0-dim float tensor (read on the device: changing it needs no recompilation or graph capture).
 
-    Half-precision weights (float16, bfloat16): the update's math is fp32 (``state`` float32) and the new weight is
-    rounded stochastically (unbiased) from ``seed``, a 0-dim int64 tensor on the weight's device that every update
-    advances by one (on the reference path, CPU tensors, the new weight is rounded to nearest and ``seed`` is not
-    read). SGD with ``deterministic=False`` uses atomics only on fp32 weights.
+    Half-precision weights (float16, bfloat16): the update's math is fp32 and the new weight is rounded
+    stochastically (unbiased) from ``seed``, a 0-dim int64 tensor on the weight's device that every update advances
+    by one (on the reference path, CPU tensors, the new weight is rounded to nearest and ``seed`` is not read).
 
-    Raises: as :func:`embedding_bag_lookup`, and for ``state``/``lr``/``grad``/``seed`` of the wrong shape or dtype, an
-    ``optimizer`` that is no :class:`~fuselab.core.embedding_optimizer.EmbeddingOptimizer` (TypeError), or, on the
-    Triton path, one the kernels do not implement (ValueError).
+    Raises: as :func:`embedding_bag_lookup`, and for ``state``/``lr``/``grad``/``seed`` of the wrong shape or
+    dtype, an ``optimizer`` that is no :class:`~fuselab.core.embedding_optimizer.EmbeddingOptimizer` (TypeError) or,
+    on the Triton path, one the kernels do not implement (ValueError); ``weight``, ``state`` or ``seed`` (written in
+    place) whose elements share memory, or that overlap each other or another argument (on every call).
     """
-    key, prepared = _kept(UPDATE, lambda: _update_key(
-        _lookup_key(weight, ids, offsets, table_sizes, row_offsets, pooling, config), state, seed, lr, optimizer,
-        deterministic, grad))
-    if prepared is None or not triton_for(weight):
-        batch, f_count, _ = check(weight, ids, table_sizes, row_offsets, offsets, pooling)
-        check_update(weight, state, lr, grad, optimizer, batch, f_count, seed)
-        prepared = None
-    UPDATE.run((weight, state, seed, lr, grad, ids, offsets, table_sizes, row_offsets, pooling, *_as_schema(optimizer),
-                bool(deterministic), _knobs(config)), key, prepared, False)
+    operands = (weight, state, seed, lr, grad, ids, offsets, table_sizes, row_offsets)
+    signature = _update_signature(_lookup_signature(weight, ids, offsets, table_sizes, row_offsets, pooling, config),
+                                  state, seed, lr, optimizer, deterministic, grad)
+    plan = UPDATE.cached(signature)
+    if plan is not None and triton_for(weight):
+        checks.check_writes(weight, state, seed, {"lr": lr, "grad": grad, "ids": ids, "offsets": offsets,
+                                                  "table_sizes": table_sizes, "row_offsets": row_offsets})
+        UPDATE.run(plan.call, operands, plan, False)
+        return
+    call = checks.validate_update(LookupArgs(weight, ids, table_sizes, row_offsets, offsets, pooling, config),
+                                  UpdateArgs(state, lr, seed, optimizer, deterministic, grad), signature)
+    UPDATE.run(call, operands, None, False)
 
 
 def embedding_bag_collection(weight: Tensor, state: Tensor, lr: Tensor, ids: Tensor, table_sizes: Tensor,
@@ -266,16 +273,19 @@ def embedding_bag_collection(weight: Tensor, state: Tensor, lr: Tensor, ids: Ten
 
     When ``anchor`` (any tensor, e.g. an empty parameter) requires grad and grad mode is on, the output is attached
     to autograd through it: the backward of the output's gradient updates ``weight`` and ``state`` in place and
-    gives ``anchor`` no gradient. Otherwise a plain lookup. Raises: as :func:`embedding_bag_update_`.
+    gives ``anchor`` no gradient. Otherwise a plain lookup. Raises: as :func:`embedding_bag_update_` (an output
+    gradient that overlaps a written tensor: in the backward).
     """
     if not (anchor is not None and anchor.requires_grad and torch.is_grad_enabled()):
         return embedding_bag_lookup(weight, ids, table_sizes, row_offsets, offsets, pooling=pooling, config=config)
-    key, prepared = _kept(TRAIN, lambda: _update_key(
-        _lookup_key(weight, ids, offsets, table_sizes, row_offsets, pooling, config), state, seed, lr, optimizer,
-        deterministic))
-    if prepared is None or not triton_for(weight):
-        batch, f_count, _ = check(weight, ids, table_sizes, row_offsets, offsets, pooling)
-        check_update(weight, state, lr, None, optimizer, batch, f_count, seed)
-        prepared = None
-    return TRAIN.run((anchor, weight, state, seed, lr, ids, offsets, table_sizes, row_offsets, pooling,
-                      *_as_schema(optimizer), bool(deterministic), _knobs(config)), key, prepared, True)
+    operands = (anchor, weight, state, seed, lr, ids, offsets, table_sizes, row_offsets)
+    signature = _update_signature(_lookup_signature(weight, ids, offsets, table_sizes, row_offsets, pooling, config),
+                                  state, seed, lr, optimizer, deterministic)
+    plan = TRAIN.cached(signature)
+    if plan is not None and triton_for(weight):
+        checks.check_writes(weight, state, seed, {"lr": lr, "ids": ids, "offsets": offsets,
+                                                  "table_sizes": table_sizes, "row_offsets": row_offsets})
+        return TRAIN.run(plan.call, operands, plan, True)
+    call = checks.validate_update(LookupArgs(weight, ids, table_sizes, row_offsets, offsets, pooling, config),
+                                  UpdateArgs(state, lr, seed, optimizer, deterministic), signature)
+    return TRAIN.run(call, operands, None, True)

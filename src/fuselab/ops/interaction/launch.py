@@ -1,10 +1,12 @@
-"""Validation, planning and out-param launchers of the dot-interaction kernels (:mod:`.kernels`).
+"""Plans and launches of the dot-interaction kernels (:mod:`.kernels`) for validated calls (:mod:`.checks`).
 
-Tuning knobs are a frozen :class:`InteractionTuning`, read through :func:`fuselab.ops.tuning.current` (or handed to a
-launcher); :func:`plan` is memoized on everything it depends on, the tuning included. The launchers allocate
-nothing: :func:`dot_interaction_fwd_` / :func:`dot_interaction_bwd_` check their operands, plan and launch;
-:func:`launch_fwd` / :func:`launch_bwd` skip the checks and return a record of their launch that
-:func:`launch_fwd_again` / :func:`launch_bwd_again` repeat on new tensors of the same layout (no plan).
+:func:`plan` / :func:`forward` (the forward op: allocate ``(B, W)``, one launch) and :func:`plan_backward` /
+:func:`backward` (the backward op: allocate both gradients, one launch); each plan holds its
+:class:`~fuselab.ops._launch.Launch` (None for an empty batch or the PyTorch path, which the forwards run from
+:mod:`fuselab.reference.interaction`). Tuning knobs are a frozen :class:`InteractionTuning`, read through
+:func:`fuselab.ops.tuning.current` when a plan is made; :func:`blocks` is memoized on everything it depends on, the
+tuning included. :func:`dot_interaction_fwd_` / :func:`dot_interaction_bwd_` check their operands and launch once
+into given outputs of any strides (a tuning of their own: the sweeps and the tests of tiled launches).
 """
 
 from __future__ import annotations
@@ -13,20 +15,23 @@ from dataclasses import dataclass
 
 import torch
 
-from fuselab.core.checks import FLOAT_DTYPES, require_ndim, require_tensor
 from fuselab.core.device import cdiv, needs_int64, next_power_of_2
-from fuselab.ops._launch import launch, relaunch
+from fuselab.ops._launch import Launch
 from fuselab.ops.interaction.kernels import dot_interaction_bwd_kernel, dot_interaction_fwd_kernel
 from fuselab.ops.opdef import memo
 from fuselab.ops.tuning import current
-from fuselab.reference.interaction import MAX_DIM, MAX_FEATURES, num_pairs, output_width
+from fuselab.reference import interaction as ref
+from fuselab.reference.interaction import num_pairs
+
+from . import checks
+from .checks import InteractionCall, InteractionGradCall
 
 
 @dataclass(frozen=True, eq=False)
 class InteractionTuning:
-    """Knobs of :func:`plan` (data, never module state; the launchers read them through
-    :func:`fuselab.ops.tuning.current` unless given). Defaults: the fastest of an H100 sweep
-    (``benchmarks/results/h100/interaction_sweep.txt``, ``docs/interaction.md``): one warp per program,
+    """Knobs of :func:`blocks` (data, never module state; the plans read them through
+    :func:`fuselab.ops.tuning.current`, the out-param launchers may be given their own). Defaults: the fastest of an
+    H100 sweep (``benchmarks/results/h100/interaction_sweep.txt``, ``docs/interaction.md``): one warp per program,
     two rows per forward program, one per backward program, float32 forward by outer products (four elements
     of D per step) up to D = 32."""
 
@@ -82,7 +87,7 @@ DEFAULT_TUNING = InteractionTuning()
 
 
 @dataclass(frozen=True)
-class InteractionPlan:
+class InteractionBlocks:
     """Block sizes and compile-time flags of one launch."""
 
     rows: int
@@ -98,8 +103,8 @@ class InteractionPlan:
 
 
 @memo(maxsize=256)
-def plan(n_vec: int, dim: int, dtype: torch.dtype, on_gpu: bool, backward: bool,
-         tuning: InteractionTuning = DEFAULT_TUNING) -> InteractionPlan:
+def blocks(n_vec: int, dim: int, dtype: torch.dtype, on_gpu: bool, backward: bool,
+           tuning: InteractionTuning = DEFAULT_TUNING) -> InteractionBlocks:
     """The forward or backward launch of ``n_vec = F + 1`` vectors of length ``dim`` in ``dtype``."""
     block_v = min(max(16, next_power_of_2(n_vec)), tuning.max_block_v)
     block_d = min(max(16, next_power_of_2(dim)), tuning.max_block_d)
@@ -114,7 +119,7 @@ def plan(n_vec: int, dim: int, dtype: torch.dtype, on_gpu: bool, backward: bool,
     outer = outer and dim <= tuning.outer_max_dim
     if outer and not backward:
         tile = block_v * block_v
-    return InteractionPlan(
+    return InteractionBlocks(
         rows=max(1, min(rows, budget // tile)),
         block_v=block_v,
         block_d=block_d,
@@ -128,147 +133,129 @@ def plan(n_vec: int, dim: int, dtype: torch.dtype, on_gpu: bool, backward: bool,
     )
 
 
-def check_inputs(dense: object, emb: object, pad_to: object = 1) -> None:
-    """TypeError/ValueError naming the argument unless dense (B, D) and emb (B, F, D) are valid operands.
+@dataclass(frozen=True, eq=False)
+class InteractionPlan:
+    """A planned forward: its call and its launch into a fresh ``(B, call.width)`` output (None: an empty batch, or
+    the PyTorch path)."""
 
-    Rules: tensors of one floating dtype (float32, bfloat16, float16; float64 too, which only the PyTorch path
-    runs), on one device; ``1 <= F <=`` :data:`MAX_FEATURES`, ``1 <= D <=`` :data:`MAX_DIM`; ``pad_to`` an int >= 1.
-    """
-    require_tensor("dense", dense)
-    require_tensor("emb", emb)
-    for name, t in (("dense", dense), ("emb", emb)):
-        if t.dtype not in (*FLOAT_DTYPES, torch.float64):
-            raise TypeError(f"{name} must be float32, bfloat16 or float16, got {t.dtype}")
-    if dense.dtype != emb.dtype:
-        raise TypeError(f"dense and emb must have the same dtype, got {dense.dtype} and {emb.dtype} "
-                        "(cast one of them first)")
-    if dense.device != emb.device:
-        raise ValueError(f"dense is on {dense.device} but emb is on {emb.device}; both must share a device")
-    require_ndim("dense", dense, 2, "(B, D)")
-    require_ndim("emb", emb, 3, "(B, F, D)")
+    call: InteractionCall
+    launch: Launch | None
+
+
+@dataclass(frozen=True, eq=False)
+class InteractionGradPlan:
+    """A planned backward: its call and its launch into fresh contiguous gradients (None: an empty batch, or the
+    PyTorch path). A gradient of another dtype than the inputs' is cast to theirs first."""
+
+    call: InteractionGradCall
+    launch: Launch | None
+
+
+# ---------------------------------------------------------------------------------------------- launches
+def _forward_launch(self_interaction: bool, dense: torch.Tensor, emb: torch.Tensor, out: torch.Tensor,
+                    tuning: InteractionTuning) -> Launch:
+    """The forward launch writing ``out`` (its strides: a given tensor, or a meta tensor laid out as planned)."""
     b, f, d = emb.shape
-    if dense.shape[0] != b:
-        raise ValueError(f"dense has {dense.shape[0]} rows but emb has {b}; both need the batch size B first")
-    if dense.shape[1] != d:
-        raise ValueError(f"dense's width D={dense.shape[1]} must equal emb's vector length D={d} (emb (B, F, D))")
-    if not 1 <= f <= MAX_FEATURES:
-        raise ValueError(f"emb must have 1 <= F <= {MAX_FEATURES} features (emb (B, F, D)), got F={f}")
-    if not 1 <= d <= MAX_DIM:
-        raise ValueError(f"the vector length D must be in [1, {MAX_DIM}], got D={d}")
-    if isinstance(pad_to, bool) or not isinstance(pad_to, int):
-        raise TypeError(f"pad_to must be an int, got {type(pad_to).__name__}")
-    if pad_to < 1:
-        raise ValueError(f"pad_to must be >= 1, got {pad_to}")
-
-
-def _require_out(name: str, t: torch.Tensor, shape: tuple[int, ...], dtype: torch.dtype,
-                 device: torch.device) -> None:
-    require_tensor(name, t)
-    if tuple(t.shape) != shape or t.dtype != dtype or t.device != device:
-        raise ValueError(f"{name} must be a {dtype} tensor of shape {shape} on {device}, "
-                         f"got {t.dtype} {tuple(t.shape)} on {t.device}")
-
-
-def _triton_dtype_ok(t: torch.Tensor) -> None:
-    if t.dtype not in FLOAT_DTYPES:
-        raise TypeError(f"the Triton kernels take float32, bfloat16 or float16, got {t.dtype} "
-                        "(float64 runs on the PyTorch path: FUSELAB_BACKEND=torch)")
-
-
-def dot_interaction_fwd_(dense: torch.Tensor, emb: torch.Tensor, out: torch.Tensor, self_interaction: bool,
-                         tuning: InteractionTuning | None = None) -> tuple | None:
-    """Write ``[dense, pairs, zeros]`` into ``out`` (B, W), any strides; W fixes the padding (W >= D + P).
-    ``tuning``: None for :func:`fuselab.ops.tuning.current`'s. Returns :func:`launch_fwd`'s record."""
-    check_inputs(dense, emb)
-    b, f, d = emb.shape
-    pairs = num_pairs(f, self_interaction)
-    require_tensor("out", out)
-    if out.dim() != 2 or out.shape[0] != b or out.shape[1] < d + pairs:
-        raise ValueError(f"out must be (B={b}, W >= {d + pairs}), got {tuple(out.shape)}")
-    _require_out("out", out, (b, out.shape[1]), dense.dtype, dense.device)
-    return launch_fwd(dense, emb, out, bool(self_interaction), tuning)
-
-
-def launch_fwd(dense: torch.Tensor, emb: torch.Tensor, out: torch.Tensor, self_interaction: bool,
-               tuning: InteractionTuning | None = None) -> tuple | None:
-    """:func:`dot_interaction_fwd_` without its checks (but the dtype's), for callers that made them (the op):
-    one launch through :func:`fuselab.ops._launch.launch` (the compiled kernel's own launcher after the first call
-    of a signature). Returns the record of the launch for :func:`launch_fwd_again` (None for an empty batch:
-    nothing launched)."""
-    _triton_dtype_ok(dense)
-    b, f, d = emb.shape
-    if b == 0:
-        return None
-    p = plan(f + 1, d, dense.dtype, dense.is_cuda, False, current(InteractionTuning) if tuning is None else tuning)
+    p = blocks(f + 1, d, dense.dtype, dense.is_cuda, False, tuning)
     tiles = cdiv(f + 1, p.block_v)
     wide = needs_int64(dense, emb, out)
-    grid = (cdiv(b, p.rows), tiles, tiles)
     scalars = (b, f + 1, d, num_pairs(f, self_interaction), out.shape[1], *dense.stride(), *emb.stride(),
                *out.stride())
-    entry = launch(
-        dot_interaction_fwd_kernel, (p, self_interaction, wide), grid, (dense, emb, out), scalars,
-        lambda: dict(ROWS=p.rows, BLOCK_V=p.block_v, BLOCK_D=p.block_d, BLOCK_PAD=p.block_pad, SELF=self_interaction,
-                     LOWP_DOT=p.lowp_dot, OUT_BF16=p.out_bf16, ONE_TILE=tiles == 1, WIDE=wide, OUTER=p.outer,
-                     OUTER4=p.outer4, num_warps=p.num_warps, num_stages=p.num_stages),
-    )
-    return entry, grid, scalars
+    return Launch(dot_interaction_fwd_kernel, (cdiv(b, p.rows), tiles, tiles), scalars,
+                  dict(ROWS=p.rows, BLOCK_V=p.block_v, BLOCK_D=p.block_d, BLOCK_PAD=p.block_pad, SELF=self_interaction,
+                       LOWP_DOT=p.lowp_dot, OUT_BF16=p.out_bf16, ONE_TILE=tiles == 1, WIDE=wide, OUTER=p.outer,
+                       OUTER4=p.outer4, num_warps=p.num_warps, num_stages=p.num_stages))
 
 
-def launch_fwd_again(record: tuple, dense: torch.Tensor, emb: torch.Tensor, out: torch.Tensor) -> None:
-    """The launch that :func:`launch_fwd` returned ``record`` for, on new tensors: no checks, no plan. The caller
-    guarantees the same shapes, dtypes, strides and 16-byte alignment as that launch's tensors."""
-    entry, grid, scalars = record
-    relaunch(entry, grid, (dense, emb, out), scalars)
+def _backward_launch(self_interaction: bool, grad: torch.Tensor, inputs: tuple[torch.Tensor, torch.Tensor],
+                     grads: tuple[torch.Tensor, torch.Tensor], tuning: InteractionTuning) -> Launch:
+    """The backward launch reading ``grad`` and ``inputs`` = (dense, emb), writing ``grads`` = (grad_dense,
+    grad_emb) (given tensors, or meta tensors laid out as planned)."""
+    dense, emb = inputs
+    b, f, d = emb.shape
+    p = blocks(f + 1, d, dense.dtype, dense.is_cuda, True, tuning)
+    wide = needs_int64(grad, dense, emb, *grads)
+    scalars = (b, f + 1, d, *grad.stride(), *dense.stride(), *emb.stride(), *grads[0].stride(), *grads[1].stride())
+    return Launch(dot_interaction_bwd_kernel, (cdiv(b, p.rows), cdiv(f + 1, p.block_v), cdiv(d, p.block_d)), scalars,
+                  dict(ROWS=p.rows, BLOCK_V=p.block_v, BLOCK_D=p.block_d, SELF=self_interaction, LOWP_DOT=p.lowp_dot,
+                       OUT_BF16=p.out_bf16, WIDE=wide, OUTER=p.outer, num_warps=p.num_warps, num_stages=p.num_stages))
+
+
+# ---------------------------------------------------------------------------------------------- the ops
+def plan(call: InteractionCall, operands: tuple) -> InteractionPlan:
+    """The forward of ``operands`` = (dense, emb) into a contiguous ``(B, call.width)`` output."""
+    dense, emb = operands
+    if not call.triton or emb.shape[0] == 0:
+        return InteractionPlan(call, None)
+    out = torch.empty((emb.shape[0], call.width), dtype=dense.dtype, device="meta")
+    return InteractionPlan(call, _forward_launch(call.self_interaction, dense, emb, out, current(InteractionTuning)))
+
+
+def forward(plan: InteractionPlan, operands: tuple) -> torch.Tensor:
+    """``[dense, pairs, zeros]`` of ``operands`` = (dense, emb): ``(B, W)`` contiguous in their dtype."""
+    dense, emb = operands
+    call = plan.call
+    if not call.triton:
+        with torch.no_grad():
+            return ref.dot_interaction(dense, emb, call.self_interaction, call.pad_to)
+    out = torch.empty((dense.shape[0], call.width), dtype=dense.dtype, device=dense.device)
+    if plan.launch is not None:
+        plan.launch((dense, emb, out))
+    return out
+
+
+def plan_backward(call: InteractionGradCall, operands: tuple) -> InteractionGradPlan:
+    """The backward of ``operands`` = (grad, dense, emb); a gradient of another dtype is read as its cast."""
+    grad, dense, emb = operands
+    if not call.triton or emb.shape[0] == 0:
+        return InteractionGradPlan(call, None)
+    if grad.dtype != dense.dtype:  # the cast's layout (what backward() reads): torch.Tensor.to keeps dense strides
+        grad = torch.empty_like(grad, dtype=dense.dtype, device="meta")
+    grads = (torch.empty(dense.shape, dtype=dense.dtype, device="meta"),
+             torch.empty(emb.shape, dtype=emb.dtype, device="meta"))
+    return InteractionGradPlan(call, _backward_launch(call.self_interaction, grad, (dense, emb), grads,
+                                                      current(InteractionTuning)))
+
+
+def backward(plan: InteractionGradPlan, operands: tuple) -> tuple[torch.Tensor, torch.Tensor]:
+    """(grad_dense (B, D), grad_emb (B, F, D)) contiguous in the inputs' dtype, from ``operands`` = (grad (B, W),
+    dense, emb); the padding columns of grad are not read."""
+    grad, dense, emb = operands
+    if grad.dtype != dense.dtype:  # e.g. an upstream op that returned float32 for a bf16 output
+        grad = grad.to(dense.dtype)
+    if not plan.call.triton:
+        with torch.no_grad():
+            return ref.dot_interaction_backward(grad, dense, emb, plan.call.self_interaction)
+    grad_dense = torch.empty(dense.shape, dtype=dense.dtype, device=dense.device)
+    grad_emb = torch.empty(emb.shape, dtype=emb.dtype, device=emb.device)
+    if plan.launch is not None:
+        plan.launch((grad, dense, emb, grad_dense, grad_emb))
+    return grad_dense, grad_emb
+
+
+# ---------------------------------------------------------------------------------------------- out-param launchers
+def dot_interaction_fwd_(dense: torch.Tensor, emb: torch.Tensor, out: torch.Tensor, self_interaction: bool,
+                         tuning: InteractionTuning | None = None) -> None:
+    """Write ``[dense, pairs, zeros]`` into ``out`` (B, W), any strides; W fixes the padding (W >= D + P).
+    ``tuning``: None for :func:`fuselab.ops.tuning.current`'s. Raises as :func:`fuselab.dot_interaction`, and for
+    an ``out`` of another shape, dtype or device."""
+    checks.check_forward_out(dense, emb, out, self_interaction)
+    if emb.shape[0]:
+        _forward_launch(bool(self_interaction), dense, emb, out,
+                        current(InteractionTuning) if tuning is None else tuning)((dense, emb, out))
 
 
 def dot_interaction_bwd_(grad: torch.Tensor, dense: torch.Tensor, emb: torch.Tensor, grad_dense: torch.Tensor,
                          grad_emb: torch.Tensor, self_interaction: bool,
-                         tuning: InteractionTuning | None = None) -> tuple | None:
+                         tuning: InteractionTuning | None = None) -> None:
     """Write the gradients of dense (B, D) and emb (B, F, D) from ``grad`` (B, W >= D + P, inputs' dtype, any
-    strides; columns past D + P are not read) into ``grad_dense`` and ``grad_emb`` (any strides). Returns
-    :func:`launch_bwd`'s record."""
-    check_inputs(dense, emb)
-    b, f, d = emb.shape
-    pairs = num_pairs(f, self_interaction)
-    require_tensor("grad", grad)
-    if grad.dim() != 2 or grad.shape[0] != b or grad.shape[1] < d + pairs:
-        raise ValueError(f"grad must be (B={b}, W >= {d + pairs}), got {tuple(grad.shape)}")
-    _require_out("grad", grad, (b, grad.shape[1]), dense.dtype, dense.device)
-    _require_out("grad_dense", grad_dense, (b, d), dense.dtype, dense.device)
-    _require_out("grad_emb", grad_emb, (b, f, d), emb.dtype, emb.device)
-    return launch_bwd(grad, dense, emb, grad_dense, grad_emb, bool(self_interaction), tuning)
+    strides; columns past D + P are not read) into ``grad_dense`` and ``grad_emb`` (any strides)."""
+    checks.check_backward_outs(grad, dense, emb, (grad_dense, grad_emb), self_interaction)
+    if emb.shape[0]:
+        _backward_launch(bool(self_interaction), grad, (dense, emb), (grad_dense, grad_emb),
+                         current(InteractionTuning) if tuning is None else tuning)(
+            (grad, dense, emb, grad_dense, grad_emb))
 
 
-def launch_bwd(grad: torch.Tensor, dense: torch.Tensor, emb: torch.Tensor, grad_dense: torch.Tensor,
-               grad_emb: torch.Tensor, self_interaction: bool, tuning: InteractionTuning | None = None) -> tuple | None:
-    """:func:`dot_interaction_bwd_` without its checks (but the dtype's), for callers that made them (the op's
-    backward). Returns the record of the launch for :func:`launch_bwd_again` (None for an empty batch)."""
-    _triton_dtype_ok(dense)
-    b, f, d = emb.shape
-    if b == 0:
-        return None
-    p = plan(f + 1, d, dense.dtype, dense.is_cuda, True, current(InteractionTuning) if tuning is None else tuning)
-    wide = needs_int64(grad, dense, emb, grad_dense, grad_emb)
-    grid = (cdiv(b, p.rows), cdiv(f + 1, p.block_v), cdiv(d, p.block_d))
-    scalars = (b, f + 1, d, *grad.stride(), *dense.stride(), *emb.stride(), *grad_dense.stride(),
-               *grad_emb.stride())
-    entry = launch(
-        dot_interaction_bwd_kernel, (p, self_interaction, wide), grid, (grad, dense, emb, grad_dense, grad_emb),
-        scalars,
-        lambda: dict(ROWS=p.rows, BLOCK_V=p.block_v, BLOCK_D=p.block_d, SELF=self_interaction, LOWP_DOT=p.lowp_dot,
-                     OUT_BF16=p.out_bf16, WIDE=wide, OUTER=p.outer, num_warps=p.num_warps, num_stages=p.num_stages),
-    )
-    return entry, grid, scalars
-
-
-def launch_bwd_again(record: tuple, grad: torch.Tensor, dense: torch.Tensor, emb: torch.Tensor,
-                     grad_dense: torch.Tensor, grad_emb: torch.Tensor) -> None:
-    """The launch that :func:`launch_bwd` returned ``record`` for, on new tensors of the same layout (on the
-    autograd engine's thread, where every Python step costs several times its main-thread time)."""
-    entry, grid, scalars = record
-    relaunch(entry, grid, (grad, dense, emb, grad_dense, grad_emb), scalars)
-
-
-__all__ = ["DEFAULT_TUNING", "InteractionPlan", "InteractionTuning", "check_inputs", "dot_interaction_bwd_",
-           "dot_interaction_fwd_", "launch_bwd", "launch_bwd_again", "launch_fwd", "launch_fwd_again", "output_width",
-           "plan"]
+__all__ = ["DEFAULT_TUNING", "InteractionBlocks", "InteractionGradPlan", "InteractionPlan", "InteractionTuning",
+           "backward", "blocks", "dot_interaction_bwd_", "dot_interaction_fwd_", "forward", "plan", "plan_backward"]
