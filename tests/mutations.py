@@ -130,9 +130,8 @@ FAULTS: tuple[Fault, ...] = (
           'signature = ("update", call.signature, tensor_signature(grad))', 'signature = ("update", call.signature)',
           KEPT_OPS, "-k", "gradient_layout"),
     fault("embedding: a cached update skips the overlap of what it writes",
-          '        checks.check_writes(weight, momentum, seed, {"lr": lr, "grad": grad, "ids": ids, '
-          '"offsets": offsets,',
-          '        (weight, momentum, seed, {"lr": lr, "grad": grad, "ids": ids, "offsets": offsets,',
+          '        checks.check_writes(weight, state, seed, {"lr": lr, "grad": grad, "ids": ids, "offsets": offsets,',
+          '        (weight, state, seed, {"lr": lr, "grad": grad, "ids": ids, "offsets": offsets,',
           "tests/ops/test_embedding_errors.py", "-k", "overlapping and triton"),
     # ---------------------------------------------------------------- reduce
     fault("reduce: mean divides by n + 1", "total = total / n_reduced", "total = total / (n_reduced + 1)",
