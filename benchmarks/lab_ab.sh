@@ -28,7 +28,7 @@ for r in $(seq 1 "$rounds"); do
   if (( r % 2 )); then order="old new"; else order="new old"; fi
   for tree in $order; do bench "$tree" "$dir/${tree}_$r"; done
   for op in "${ops[@]}"; do
-    python3 -m fuselab bench compare "$dir/old_$r/$op.json" "$dir/new_$r/$op.json" >>"$dir/compare_$r.txt" 2>&1
+    PYTHONPATH=src python3 -m fuselab bench compare "$dir/old_$r/$op.json" "$dir/new_$r/$op.json" >>"$dir/compare_$r.txt" 2>&1
   done
 done
 rm -rf "$dir"/warm_*

@@ -18,8 +18,19 @@ import triton.testing
 
 from fuselab.core.embedding_optimizer import ROWWISE_ADAGRAD
 from fuselab.dlrm.config import load_config
+from fuselab.dlrm.data.shards import KAGGLE_CARDINALITIES
 from fuselab.ops.embedding import EmbeddingConfig
 from fuselab.ops.embedding.module import EmbeddingBagCollection
+
+#: update knobs tried at the Kaggle shapes (one id per feature, D 16)
+KAGGLE_CONFIGS = {
+    "default": EmbeddingConfig(),
+    "u1 w4 4096": EmbeddingConfig(update_elements=4096, update_unroll=1, update_warps=4),
+    "u1 w4 2048": EmbeddingConfig(update_elements=2048, update_unroll=1, update_warps=4),
+    "u2 w2 2048": EmbeddingConfig(update_elements=2048, update_unroll=2, update_warps=2),
+    "u1 w1 512": EmbeddingConfig(update_elements=512, update_unroll=1, update_warps=1),
+    "u1 w4 4096 chunk 1024": EmbeddingConfig(update_elements=4096, update_unroll=1, update_warps=4, update_chunk=1024),
+}
 
 
 def power_law_ids(n: int, count: int, gen: torch.Generator) -> torch.Tensor:
@@ -95,13 +106,16 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--scale", type=float, nargs="+", default=[0.01, 0.1])
     ap.add_argument("--batch", type=int, default=65536)
+    ap.add_argument("--config", default="mlperf-v2", help="mlperf-v2 (multi-hot, D 128) or kaggle (one id, D 16)")
     args = ap.parse_args()
-    cfg = load_config("mlperf-v2")
-    d, bags = cfg.embedding_dim, list(cfg.multi_hot_sizes)
+    cfg = load_config(args.config)
+    one_id = cfg.multi_hot_sizes is None
+    cards = cfg.cardinalities or list(KAGGLE_CARDINALITIES)
+    d, bags = cfg.embedding_dim, [1] * len(cards) if one_id else list(cfg.multi_hot_sizes)
     copy_bw = measure_copy()
     rows = []
     E = EmbeddingConfig
-    configs = {"fuselab": E(),
+    configs = KAGGLE_CONFIGS if one_id else {"fuselab": E(),
                "warp/item u8": E(update_elements=1024, update_unroll=8, update_warps=1, lookup_elements=1024,
                                  lookup_unroll=8, bag_warps=1),
                "warp/item u4": E(update_elements=512, update_unroll=4, update_warps=1, lookup_elements=512,
@@ -113,9 +127,11 @@ def main() -> None:
                "warp/item u8 chunk 1024": E(update_elements=1024, update_unroll=8, update_warps=1, update_chunk=1024,
                                             lookup_elements=4096, lookup_unroll=1)}
     for scale in args.scale:
-        sizes = [max(2, round(min(n, cfg.max_rows_per_table) * scale)) for n in cfg.cardinalities]
+        sizes = [max(2, round(min(n, cfg.max_rows_per_table or n) * scale)) for n in cards]
         gen = torch.Generator(device="cuda").manual_seed(0)
         (t_ids, t_off), (f_ids, f_off) = batch(sizes, bags, args.batch, gen)
+        if one_id:  # the DLRM's one id per feature: (B, F) ids, no offsets
+            f_ids, f_off = f_ids.view(args.batch, len(sizes)), None
         grad = torch.randn(args.batch, len(sizes), d, device="cuda", generator=gen)
         lookup_b, update_b, unique = count_bytes(sizes, bags, t_ids, d, args.batch)
         for name, config in configs.items():
