@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from fuselab.dlrm.config import PRESETS
+from fuselab.dlrm.config import PRESETS, load_config
 
 pytestmark = pytest.mark.gpu
 
@@ -25,6 +25,9 @@ MODES = {"eager": [], "compile": ["--compile"], "graph": ["--cuda-graph", "--dat
          "compiled-graph": ["--compile", "--cuda-graph", "--data-on-device"]}
 #: the combinations the CLI refuses, with the words its message must hold
 REFUSED = {("torch", "graph"): "cuda_graph", ("torch", "compiled-graph"): "cuda_graph"}
+#: learning rates given on the command line where a config has none for the optimizer (the CLI refuses the run
+#: without them: test_an_optimizer_without_learning_rates_is_refused)
+GIVEN_RATES = ["--lr-dense", "0.01", "--lr-sparse", "0.01"]
 #: tables of a few thousand rows each: the matrix tests that every path runs, not its speed
 SCALE = {"mlperf-v2": "0.0001", "mlperf-v1": "0.0001"}
 
@@ -58,8 +61,9 @@ def datasets(tmp_path_factory) -> dict[str, Path]:
 @pytest.mark.parametrize("kernels", KERNELS)
 @pytest.mark.parametrize("config", CONFIGS)
 def test_every_config_trains_through_the_cli(datasets, tmp_path, config, kernels, optimizer, mode):
+    rates = [] if optimizer in load_config(config).learning_rates else GIVEN_RATES
     done = _fuselab("train", "--config", config, "--data", str(datasets(config)), "--kernels", kernels,
-                    "--optimizer", optimizer, *MODES[mode], "--steps", "20", "--batch-size", "1024",
+                    "--optimizer", optimizer, *rates, *MODES[mode], "--steps", "20", "--batch-size", "1024",
                     "--set", "eval_batches=1", "--set", "eval_batch_size=4096", "--run-dir", str(tmp_path / "run"),
                     "--quiet", timeout=900)
     output = done.stdout + done.stderr
@@ -70,6 +74,19 @@ def test_every_config_trains_through_the_cli(datasets, tmp_path, config, kernels
     else:
         assert done.returncode == 0, output[-3000:]
         assert "trained 20 steps" in done.stdout, output[-2000:]
+
+
+def test_an_optimizer_without_learning_rates_is_refused(datasets, tmp_path):
+    """A config without learning rates for the chosen optimizer stops at once, exit 2, naming the settings to give."""
+    config = next((c for c in CONFIGS if any(o not in load_config(c).learning_rates for o in OPTIMIZERS)), None)
+    if config is None:
+        pytest.skip("every shipped config has learning rates for every optimizer")
+    optimizer = next(o for o in OPTIMIZERS if o not in load_config(config).learning_rates)
+    done = _fuselab("train", "--config", config, "--data", str(datasets(config)), "--optimizer", optimizer,
+                    "--steps", "1", "--run-dir", str(tmp_path / "run"), timeout=600)
+    output = done.stdout + done.stderr
+    assert done.returncode == 2 and "Traceback" not in output, output[-2000:]
+    assert f"no learning rates for optimizer {optimizer!r}" in done.stderr and "lr_dense" in done.stderr
 
 
 def test_a_run_that_does_not_fit_names_the_ways_out(tmp_path):

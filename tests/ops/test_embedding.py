@@ -31,9 +31,12 @@ from fuselab.testing import assert_close
 
 #: small blocks: a batch of a few hundred ids spans many chunks (8-16 positions at the tests' dims), and runs of one
 #: row cross several of them (the carry kernel adds 1-2 chunks per step)
-# update chunks of 2-4 steps: runs continue across steps inside a chunk and across chunks
+# update chunks of 2-4 steps: runs continue across steps inside a chunk and across chunks (one id per feature at
+# the tests' dims: the segment kernel; bags: the items)
 SMALL = EmbeddingConfig(lookup_elements=64, update_elements=64, rows_block=64, carry_elements=8, num_warps=1,
-                        update_chunk=32)
+                        update_chunk=32, segment_elements=64)
+#: the same, one id per feature summed by items too
+ITEMS = dataclasses.replace(SMALL, segment_dim=0)
 SIZES = [1, 3, 40, 7, 1000]  # tiny tables: many duplicates (every id of table 0 is row 0)
 OPTIMIZERS = tuple(EMBEDDING_OPTIMIZERS)
 ATOL, RTOL = 2e-6, 1e-5
@@ -184,9 +187,9 @@ def _update_case(optimizer: str, bags: bool, pooling: str, device, seed: int = 5
 
 
 @pytest.mark.parametrize("optimizer", OPTIMIZERS)
-@pytest.mark.parametrize("layout", ["one_id", "sum_bags", "mean_bags"])
+@pytest.mark.parametrize("layout", ["one_id", "one_id_items", "sum_bags", "mean_bags"])
 def test_fused_update(backend, device, optimizer, layout):
-    bags, pooling = layout != "one_id", "mean" if layout == "mean_bags" else "sum"
+    bags, pooling = not layout.startswith("one_id"), "mean" if layout == "mean_bags" else "sum"
     sizes, w, state, ids, offsets, grad = _update_case(optimizer, bags, pooling, device)
     lr, eps = 0.3, 1e-8
     w64, s64 = w.double(), state.double()
@@ -195,7 +198,8 @@ def test_fused_update(backend, device, optimizer, layout):
     _oracle_update(w64, s64, lr, grad.double().view(-1, w.shape[1]), positions, optimizer, eps)
     w_dev, s_dev = w.to(device), state.to(device)
     embedding_bag_update_(w_dev, s_dev, torch.tensor(lr, device=device), grad.to(device), ids, *_meta(sizes, device),
-                          offsets, pooling=pooling, optimizer=embedding_optimizer(optimizer, eps=eps), config=SMALL)
+                          offsets, pooling=pooling, optimizer=embedding_optimizer(optimizer, eps=eps),
+                          config=ITEMS if layout == "one_id_items" else SMALL)
     _close(w_dev, w64, f"{optimizer} weight")
     if optimizer != "sgd":
         _close(s_dev, s64, f"{optimizer} state")
@@ -204,8 +208,9 @@ def test_fused_update(backend, device, optimizer, layout):
     assert torch.equal(w_dev.cpu()[untouched], w[untouched])  # rows no id touched keep their bits
 
 
-def test_update_long_runs_cross_many_chunks(triton_backend, device):
-    """One row takes 150 positions: its run crosses ~10 chunks of 16, summed by the carry kernel in steps of 2."""
+@pytest.mark.parametrize("config", [SMALL, ITEMS], ids=["segments", "items"])
+def test_update_long_runs_cross_many_chunks(triton_backend, device, config):
+    """One row takes 150 positions: its run crosses ~10 chunks of 32, summed by the carry kernel in steps of 2."""
     sizes, dim, batch = [1, 2], 4, 150
     gen = torch.Generator().manual_seed(6)
     w = torch.randn(3, dim, generator=gen)
@@ -216,7 +221,7 @@ def test_update_long_runs_cross_many_chunks(triton_backend, device):
     _oracle_update(w64, s64, 0.1, grad.double().view(-1, dim), _positions(ids, sizes, None), "rowwise_adagrad", 1e-8)
     w_dev, s_dev = w.to(device), state.to(device)
     embedding_bag_update_(w_dev, s_dev, torch.tensor(0.1, device=device), grad.to(device), ids.to(device),
-                          *_meta(sizes, device), config=SMALL)
+                          *_meta(sizes, device), config=config)
     _close(w_dev, w64, "weight")
     _close(s_dev, s64, "state")
 
@@ -361,6 +366,9 @@ def test_module_errors(kw, match):
 def test_config_errors():
     with pytest.raises(ValueError, match="update_elements"):
         EmbeddingConfig(update_elements=12)
+    with pytest.raises(ValueError, match="segment_dim must be a positive power of two or 0"):
+        EmbeddingConfig(segment_dim=24)
+    assert EmbeddingConfig(segment_dim=0).segment_dim == 0
     with pytest.raises(TypeError, match="config"):
         embedding_bag_lookup(*_valid(), config={"update_elements": 16})
     assert launch.blocks(16) == launch.Blocks(block_d=16, lookup_rows=256, bag_rows=64, update_items=8,

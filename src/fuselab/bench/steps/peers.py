@@ -158,6 +158,7 @@ class DMPStep:
         optim = importlib.import_module("torchrec.optim")
         in_backward = importlib.import_module("torch.distributed.optim")
         shape = self.shape = weights.shape
+        device = torch.device("cuda", device_index(device))  # TorchRec's sharding asks for an indexed device
         self.device, self.autocast = device, autocast
         self.table_precision = table_precision(shape, device)
         model = _dmp_model(weights, device, self.table_precision)

@@ -69,7 +69,11 @@ class EmbeddingConfig:
     carry kernel adds in chunk order (short chunks balance hot rows; long ones shorten the carry's walk).
     ``rows_block``: id positions per program of the row-computing and item-numbering kernels.
     ``carry_elements``: tile of chunk partials the carry kernel adds per step along a segment that crosses chunks.
-    ``num_warps``: warps per program of the one-id lookup and of the rows, item-numbering and carry kernels;
+    ``segment_dim``: updates of one id per feature at D <= this (0: none) sum their runs with the segment kernel
+    (a segmented scan over ``segment_elements``: contiguous sorted positions times D per step) instead of the
+    items: at small D most runs are a few positions long, and a step of contiguous positions reads whole lines.
+    ``num_warps``: warps per program of the one-id lookup and of the rows, item-numbering, segment and carry
+    kernels;
     ``bag_warps`` and ``update_warps``: of the bag lookup and of the update's item kernel (one warp per bag or item
     keeps many independent gathers in flight; a wider program waits for its longest bag or item).
 
@@ -88,13 +92,19 @@ class EmbeddingConfig:
     update_unroll: int = 8
     bag_warps: int = 4
     update_warps: int = 1
+    segment_dim: int = 32
+    segment_elements: int = 2048
 
     def __post_init__(self) -> None:
         for name in ("lookup_elements", "update_elements", "rows_block", "carry_elements", "num_warps",
-                     "update_chunk", "lookup_unroll", "update_unroll", "bag_warps", "update_warps"):
+                     "update_chunk", "lookup_unroll", "update_unroll", "bag_warps", "update_warps", "segment_dim",
+                     "segment_elements"):
             value = getattr(self, name)
-            if not isinstance(value, int) or value < 1 or value & (value - 1):
-                raise ValueError(f"EmbeddingConfig.{name} must be a positive power of two, got {value!r}")
+            if name == "segment_dim" and value == 0:
+                continue
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1 or value & (value - 1):
+                zero = " or 0" if name == "segment_dim" else ""
+                raise ValueError(f"EmbeddingConfig.{name} must be a positive power of two{zero}, got {value!r}")
 
 
 DEFAULT_CONFIG = EmbeddingConfig()

@@ -3,9 +3,11 @@
 * :func:`plan_lookup` / :func:`lookup`: the pooled lookup, one launch into a fresh ``(B, F, D)`` fp32 output;
   :func:`plan_train` / :func:`train`: the same lookup for the training op (its backward is the update);
 * :func:`plan_update` / :func:`update`: the fused optimizer update in place. Deterministic: global rows (int32 keys
-  when R < 2^31) -> stable ``torch.sort`` -> items numbered (runs of one row cut at chunk starts: two passes and a
-  cumsum) -> the item kernel (sums each item, applies whole segments) -> the carry kernel (adds the pieces of
-  segments longer than a chunk, in order, and applies them); about ten launches, the sort's included.
+  when R < 2^31) -> stable ``torch.sort`` -> the chunks' runs summed, whole segments applied -> the carry kernel
+  (adds the pieces of segments longer than a chunk, in order, and applies them). The runs are summed by items
+  (numbered: runs of one row cut at chunk starts, two passes and a cumsum, then the item kernel) or, for one id
+  per feature at D <= ``config.segment_dim``, by the segment kernel's scan over contiguous sorted positions;
+  about ten launches with items, seven with segments, the sort's included.
   ``deterministic=False`` with ``sgd`` and an fp32 weight: one kernel of atomic adds, no sort (other optimizers and
   half-precision weights ignore the flag). The plan holds every launch and the workspace's sizes; the workspace
   (keys, sorted keys, permutation, flags, item numbers and starts, the sorted sources, 2 partial rows per chunk) is
@@ -26,7 +28,7 @@ from fuselab.core.device import INT32_MAX, cdiv, needs_int64, next_power_of_2, s
 from fuselab.ops._launch import Launch
 from fuselab.reference import embedding as ref
 
-from . import checks, kernels
+from . import checks, kernels, update_kernels
 from .checks import DEFAULT_CONFIG, EmbeddingConfig, LookupArgs, LookupCall, UpdateCall
 
 SGD_CODE = checks.KERNEL_OPTIMIZERS[checks.SGD]
@@ -169,12 +171,14 @@ class Workspace:
 @dataclass(frozen=True, eq=False)
 class SortedLaunches:
     """The deterministic update's launches after the sort: the item-numbering passes (``flags``, then ``starts``
-    after the cumsum), the item kernel and the carry kernel."""
+    after the cumsum) and the item kernel, or the segment kernel (``segments``, the others None); then the carry
+    kernel."""
 
-    flags: Launch
-    starts: Launch
-    items: Launch
     carry: Launch
+    flags: Launch | None = None
+    starts: Launch | None = None
+    items: Launch | None = None
+    segments: Launch | None = None
 
 
 @dataclass(frozen=True, eq=False)
@@ -196,23 +200,31 @@ def _sorted_launches(call: UpdateCall, grad: torch.Tensor, workspace: Workspace,
     """The launches of the deterministic pipeline after the rows kernel."""
     config, (_, f_count, dim) = call.lookup.config, call.lookup.shape
     n_pos, chunk, warps = workspace.n_pos, config.update_chunk, config.num_warps
-    rows_grid = (cdiv(n_pos, config.rows_block),)
-    flags, starts = (Launch(kernels.items_kernel, rows_grid, (n_pos,),
-                            dict(BLOCK=config.rows_block, CHUNK=chunk, STARTS=pass_two, num_warps=warps))
-                     for pass_two in (False, True))
     code, eps = checks.kernel_optimizer(call.optimizer)
     sizes = blocks(dim, config)
-    # a persistent grid of 32 warps per multiprocessor: items are at most N, their count is known on the device only
-    programs = min(cdiv(n_pos, sizes.update_items), max(1, 32 // config.update_warps) * sm_count(device))
-    items = Launch(kernels.item_update_kernel, (max(programs, 1),), (n_pos, f_count, *grad.stride(), eps),
-                   dict(D=dim, BLOCK_S=sizes.update_items, UNROLL=config.update_unroll, BLOCK_D=sizes.block_d,
-                        CHUNK=chunk, OPTIMIZER=code, SCALED=call.lookup.bags,
-                        FLAT_GRAD=grad.stride(0) == f_count * grad.stride(1), num_warps=config.update_warps))
+    flat_grad = grad.stride(0) == f_count * grad.stride(1)
     # most carry programs read 3 keys and exit; a segment crossing chunks adds (carry_chunks, D) tiles
-    carry = Launch(kernels.carry_update_kernel, (workspace.n_chunks,), (n_pos, workspace.n_chunks, eps),
+    carry = Launch(update_kernels.carry_update_kernel, (workspace.n_chunks,), (n_pos, workspace.n_chunks, eps),
                    dict(CHUNK=chunk, BLOCK_C=sizes.carry_chunks, OPTIMIZER=code, D=dim, BLOCK_D=sizes.block_d,
                         num_warps=warps))
-    return SortedLaunches(flags, starts, items, carry)
+    if not call.lookup.bags and dim <= config.segment_dim:
+        block_p = min(chunk, max(1, config.segment_elements // sizes.block_d))
+        segments = Launch(update_kernels.segment_update_kernel, (workspace.n_chunks,),
+                          (n_pos, f_count, *grad.stride(), eps),
+                          dict(D=dim, BLOCK_P=block_p, CHUNK=chunk, BLOCK_D=sizes.block_d, OPTIMIZER=code,
+                               FLAT_GRAD=flat_grad, num_warps=warps))
+        return SortedLaunches(carry, segments=segments)
+    rows_grid = (cdiv(n_pos, config.rows_block),)
+    flags, starts = (Launch(update_kernels.items_kernel, rows_grid, (n_pos,),
+                            dict(BLOCK=config.rows_block, CHUNK=chunk, STARTS=pass_two, num_warps=warps))
+                     for pass_two in (False, True))
+    # a persistent grid of 32 warps per multiprocessor: items are at most N, their count is known on the device only
+    programs = min(cdiv(n_pos, sizes.update_items), max(1, 32 // config.update_warps) * sm_count(device))
+    items = Launch(update_kernels.item_update_kernel, (max(programs, 1),), (n_pos, f_count, *grad.stride(), eps),
+                   dict(D=dim, BLOCK_S=sizes.update_items, UNROLL=config.update_unroll, BLOCK_D=sizes.block_d,
+                        CHUNK=chunk, OPTIMIZER=code, SCALED=call.lookup.bags,
+                        FLAT_GRAD=flat_grad, num_warps=config.update_warps))
+    return SortedLaunches(carry, flags, starts, items)
 
 
 def plan_update(call: UpdateCall, operands: tuple) -> UpdatePlan:
@@ -237,7 +249,8 @@ def plan_update(call: UpdateCall, operands: tuple) -> UpdatePlan:
     code, _ = checks.kernel_optimizer(call.optimizer)
     if code == SGD_CODE and not call.deterministic and not stochastic:  # atomics cannot round stochastically
         block_p = max(1, config.update_elements // workspace.block_d)
-        atomic = Launch(kernels.atomic_sgd_kernel, (cdiv(n_pos, block_p),), (n_pos, n_ids, f_count, *grad.stride()),
+        atomic = Launch(update_kernels.atomic_sgd_kernel, (cdiv(n_pos, block_p),),
+                        (n_pos, n_ids, f_count, *grad.stride()),
                         dict(BLOCK_P=block_p, BAGS=bags, MEAN=mean, WIDE=wide, D=dim, BLOCK_D=workspace.block_d,
                              num_warps=config.num_warps))
         return UpdatePlan(call, copy, workspace, rows, atomic=atomic)
@@ -279,6 +292,12 @@ def update(plan: UpdatePlan, operands: tuple) -> None:
         return
     launches = plan.sorted
     sorted_keys, perm = torch.sort(keys, stable=True)
+    head = torch.empty(workspace.n_chunks, workspace.block_d, dtype=torch.float32, device=device)
+    tail = torch.empty_like(head)
+    if launches.segments is not None:  # one id per feature: the sorted position's id position is its bag
+        launches.segments((sorted_keys, perm, grad, weight, state, lr, seed, head, tail))
+        launches.carry((sorted_keys, head, tail, weight, state, lr, seed))
+        return
     flags = torch.empty(n_pos, dtype=torch.int32, device=device)
     starts = torch.empty(n_pos + 1, dtype=torch.int64, device=device)
     count = torch.empty(1, dtype=torch.int64, device=device)
@@ -288,7 +307,5 @@ def update(plan: UpdatePlan, operands: tuple) -> None:
     # the gradient row and factor of each sorted position (one id per feature: the position is its bag)
     src = bag[perm] if bags else perm
     scale_sorted = scale[perm] if bags else lr
-    head = torch.empty(workspace.n_chunks, workspace.block_d, dtype=torch.float32, device=device)
-    tail = torch.empty_like(head)
     launches.items((sorted_keys, src, scale_sorted, starts, count, grad, weight, state, lr, seed, head, tail))
     launches.carry((sorted_keys, head, tail, weight, state, lr, seed))
