@@ -26,11 +26,9 @@ from fuselab.ops.embedding.module import EmbeddingBagCollection
 KAGGLE_CONFIGS = {
     "default": EmbeddingConfig(),
     "items": EmbeddingConfig(segment_dim=0),
-    "items u2 w2 2048": EmbeddingConfig(segment_dim=0, update_elements=2048, update_unroll=2, update_warps=2),
-    "segments": EmbeddingConfig(segment_dim=256),
+    "segments 2048": EmbeddingConfig(segment_dim=256, segment_elements=2048),
     "segments 4096": EmbeddingConfig(segment_dim=256, segment_elements=4096),
-    "segments 1024": EmbeddingConfig(segment_dim=256, segment_elements=1024),
-    "segments chunk 1024": EmbeddingConfig(segment_dim=256, update_chunk=1024),
+    "segments 4096 chunk 1024": EmbeddingConfig(segment_dim=256, segment_elements=4096, update_chunk=1024),
 }
 
 

@@ -1,0 +1,11 @@
+#!/usr/bin/env bash
+# One GPU call: the Kaggle one-id embedding update's segment kernel against the items, three alternating runs in
+# one process each (the H100 machines' times drift between runs: compare within a run).
+set -uo pipefail
+export PYTHONUNBUFFERED=1
+OUT="${OUT:-/tmp/round12}"; mkdir -p "$OUT"
+nvidia-smi --query-gpu=name --format=csv,noheader | tee "$OUT/device.txt"
+for r in 1 2 3; do
+  PYTHONPATH="$PWD/src" OUT= timeout 100 python3 benchmarks/gpu_checks/multihot_embedding.py --config kaggle --scale 1 \
+    2>&1 | grep -v Warn | tail -6 | tee -a "$OUT/kaggle_embedding_repeats.txt"
+done
