@@ -92,8 +92,8 @@ class EmbeddingConfig:
     update_unroll: int = 8
     bag_warps: int = 4
     update_warps: int = 1
-    segment_dim: int = 32
-    segment_elements: int = 2048
+    segment_dim: int = 16
+    segment_elements: int = 4096
 
     def __post_init__(self) -> None:
         for name in ("lookup_elements", "update_elements", "rows_block", "carry_elements", "num_warps",
