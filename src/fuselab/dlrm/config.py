@@ -323,7 +323,13 @@ def parse_override(text: str) -> tuple[str, Any]:
         value = json.loads(raw)
     except json.JSONDecodeError:
         value = raw
-    return _coerce_item(key, value)
+    key, value = _coerce_item(key, value)
+    if key == "interaction":  # its kind and options are known here; an option alone waits for the kind it joins
+        try:
+            _interaction(value)
+        except ValueError as err:
+            raise ValueError(f"config field 'interaction': {err}") from None
+    return key, value
 
 
 def _read_file(path: Path) -> dict[str, Any]:
