@@ -3,7 +3,7 @@
 Kaggle model (the 26 Kaggle cardinalities, D=16, bottom 13-512-256-64-16, top 368-512-256-1, row-wise Adagrad;
 ``--model mlperf-v2``: MLPerf's DLRM-DCNv2 with its multi-hot bags, tables times ``--scale``),
 ``--batch`` samples per rank (weak scaling: the global batch grows with the ranks), random device-resident
-batches (power-law ids, a different stream per rank). The step is :func:`fuselab.dlrm.distributed.trainer.
+batches (power-law ids, a different stream per rank). The step is :func:`fuselab.dlrm.distributed.hybrid.
 build_hybrid`'s, the one ``fuselab dlrm train --nproc N`` trains with: tables sharded whole (table-wise), fused
 lookup + update, pooled embeddings exchanged with all_to_all (bf16 under bf16), dense gradients averaged by DDP
 (``eager``) or by one flat all-reduce inside the captured step (``cuda_graph``). At one rank the same code runs
@@ -52,8 +52,8 @@ from fuselab.dlrm.config import load_config  # noqa: E402
 from fuselab.dlrm.data.random import random_batches  # noqa: E402
 from fuselab.dlrm.data.shards import KAGGLE_CARDINALITIES  # noqa: E402
 from fuselab.dlrm.distributed import init_from_env, shutdown  # noqa: E402
+from fuselab.dlrm.distributed.hybrid import build_hybrid  # noqa: E402
 from fuselab.dlrm.distributed.parallel import MULTICAST_OFF  # noqa: E402
-from fuselab.dlrm.distributed.trainer import build_hybrid  # noqa: E402
 from fuselab.dlrm.model import DLRM  # noqa: E402
 from fuselab.dlrm.optim import Optimizers  # noqa: E402
 from fuselab.dlrm.step import TrainStep  # noqa: E402

@@ -15,7 +15,7 @@ from fuselab.core.console import wrap_fields
 
 from .config import DLRMConfig
 from .data.datasets import CriteoDataset
-from .distributed.trainer import DistributedTrainer
+from .distributed.hybrid import HybridParallel
 from .trainer import RunOptions, Trainer, TrainingInterrupted
 
 __all__ = ["RunOptions", "Trainer", "TrainingInterrupted", "format_summary", "json_summary", "train"]
@@ -29,17 +29,16 @@ def train(cfg: DLRMConfig, data: str | Path | CriteoDataset | None = None, *, br
           distributed: bool = False) -> dict[str, Any]:
     """Train ``cfg`` on ``data`` (a dataset directory or object; None: a small synthetic set) and evaluate.
 
-    ``distributed``: this process is one rank of a job started by torchrun (or ``--nproc``): a
-    :class:`~fuselab.dlrm.distributed.trainer.DistributedTrainer` (sharded tables, data-parallel MLPs).
+    ``distributed``: this process is one rank of a job started by torchrun (or ``--nproc``): the trainer takes the
+    :class:`~fuselab.dlrm.distributed.hybrid.HybridParallel` strategy (sharded tables, data-parallel MLPs).
     Returns :meth:`Trainer.summary`. Output paths are checked before the data is opened (``PathError``);
     SIGINT/SIGTERM during training raise :class:`TrainingInterrupted` after writing a checkpoint.
     """
     options = RunOptions(checkpoint_dir=checkpoint_dir, resume=resume, run_dir=run_dir, json_path=json_path,
                          tensorboard_dir=tensorboard_dir, profile_dir=profile_dir, breakdown=breakdown,
                          time_budget=time_budget, eval_split=eval_split, progress=progress)
-    if distributed:
-        return DistributedTrainer(cfg, data, options, log=log).run()
-    return Trainer(cfg, data, options, log=log).run()
+    parallelism = HybridParallel.join(cfg) if distributed else None
+    return Trainer(cfg, data, options, log=log, parallelism=parallelism).run()
 
 
 def format_summary(summary: dict[str, Any], width: int | None = None) -> list[str]:

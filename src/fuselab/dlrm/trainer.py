@@ -11,12 +11,14 @@ and :class:`~fuselab.dlrm.interrupt.TrainingInterrupted` is raised with its path
 
 Divergence (:mod:`.health`): losses are checked where they are read anyway, weights before every checkpoint; a
 non-finite one raises :class:`~fuselab.dlrm.health.TrainingDiverged`, and no checkpoint is written with it.
+
+Parallelism (:mod:`.parallelism`): what differs between one process and several (device, model, the rank's part of
+each batch, checkpoint IO, agreeing on stopping) is the trainer's strategy object, :class:`SingleProcess` by default.
 """
 
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import math
 import time
 from dataclasses import dataclass
@@ -36,21 +38,17 @@ from .data.device import DeviceBatches
 from .data.loader import BatchLoader, CriteoDataset, Hasher, kaggle_split, load_vocabs, open_dataset
 from .evaluation import best_auc, evaluate
 from .interrupt import SignalCatcher, TrainingInterrupted
-from .memory import check_device
-from .model import DLRM
-from .optim import Optimizers
+from .parallelism import Parallelism, SingleProcess
 from .runtime import (
     PhaseTimer,
     RateMeter,
     StepProfiler,
     default_dataset,
     progress_bar,
-    resolve_device,
     resolve_kernels,
     step_profiler,
 )
 from .schedule import LRSchedule
-from .step import TrainStep
 
 
 @dataclass
@@ -69,24 +67,33 @@ class RunOptions:
     progress: bool = True
 
 
+def _silent(*_args: Any, **_kwargs: Any) -> None:
+    return None
+
+
 class Trainer:
     """One training run of ``cfg`` on ``data`` (a dataset directory or object; None: a small synthetic set).
 
     ``Trainer(cfg, data, options).run()`` returns the summary (see :meth:`summary`). Every output path of
     ``options`` is checked when the trainer is created, before the data is opened (``PathError`` naming it).
+    ``parallelism``: the strategy of a run over several processes
+    (:class:`~fuselab.dlrm.distributed.hybrid.HybridParallel`); None: :class:`~fuselab.dlrm.parallelism.SingleProcess`.
+    Only its main rank logs and writes the run's files. ``ValueError`` for a config the strategy cannot run.
     """
 
     def __init__(self, cfg: DLRMConfig, data: str | Path | CriteoDataset | None = None,
-                 options: RunOptions | None = None, log=print):
+                 options: RunOptions | None = None, log=print, parallelism: Parallelism | None = None):
         self.cfg = cfg.validate()
-        self.opts = options or RunOptions()
-        self.log = log
+        self.parallelism = parallel = parallelism if parallelism is not None else SingleProcess()
+        self.opts = parallel.rank_options(options or RunOptions())
+        self.log = log if parallel.is_main else _silent
         run_checkpoints = Path(self.opts.run_dir) / "checkpoints" if self.opts.run_dir is not None else None
         #: where periodic and final checkpoints go: checkpoint_dir, else <run_dir>/checkpoints when checkpoint_every
         self.checkpoint_dir = (Path(self.opts.checkpoint_dir) if self.opts.checkpoint_dir is not None
                                else run_checkpoints if cfg.checkpoint_every else None)
         self._check_outputs()
-        self.device = resolve_device(cfg.device)
+        parallel.check(cfg)
+        self.device = parallel.device(cfg)
         self.kernels = resolve_kernels(cfg.kernels, self.device)
         if cfg.cuda_graph and self.device.type != "cuda":
             raise ValueError(f"cuda_graph needs a CUDA device, this run is on {self.device}")
@@ -96,7 +103,8 @@ class Trainer:
         self.losses: list[torch.Tensor] = []
         self.evals: list[dict[str, Any]] = []
         self.signals = SignalCatcher()
-        self._out_of_time = False
+        #: the time budget is spent (the loop stops before the next step)
+        self.out_of_time = False
         self.finite = health.FiniteWatch()
         #: the last checkpoint this run wrote or resumed from: (path, step)
         self.last_good: tuple[Path, int] | None = None
@@ -116,13 +124,7 @@ class Trainer:
             writable_dir(o.tensorboard_dir, "TensorBoard folder")
         if o.profile_dir is not None:
             writable_dir(o.profile_dir, "profile folder")
-        self._clean_checkpoints()
-
-    def _clean_checkpoints(self) -> None:
-        """Remove what killed checkpoint writes left in the checkpoint folder (temporary files)."""
-        folder = self.interrupt_dir()
-        if folder.is_dir() and (removed := ckpt.clean_checkpoint_dir(folder)):
-            self.log(f"removed {len(removed)} temporary file(s) of an interrupted checkpoint write in {folder}")
+        self.parallelism.clean_checkpoints(self.interrupt_dir(), self.log)
 
     def build(self) -> Trainer:
         """Open the data, build hasher, model, optimizers, step, schedule and loaders."""
@@ -150,20 +152,17 @@ class Trainer:
         self.hasher = Hasher(self.sizes, cfg.hashing, vocabs, cfg.multi_hot_sizes).to(self.device)
 
     def _build_model(self) -> None:
-        cfg = self.cfg
-        check_device(cfg, self.sizes, self.ds.num_sparse, len(range(*self.split["train"])), self.device, self.log)
-        self.model = DLRM.from_config(dataclasses.replace(cfg, kernels=self.kernels), self.sizes).to(self.device)
-        self.optimizers = Optimizers(self.model, lr_dense=cfg.lr_dense, lr_sparse=cfg.lr_sparse)
-        self.train_step = TrainStep(self.model, self.optimizers, precision=cfg.precision, mode=self.step_mode)
+        parts = self.parallelism.build(self)
+        self.model, self.optimizers, self.train_step = parts.model, parts.optimizers, parts.step
 
     @property
     def step_mode(self) -> str:
         graph, compiled = self.cfg.cuda_graph, self.cfg.compile
         return "compile_graph" if graph and compiled else "cuda_graph" if graph else "compile" if compiled else "eager"
 
-    def _build_loaders(self, part: tuple[int, int] | None = None) -> None:
-        """The train and evaluation loaders (``part``: this rank's part of each batch)."""
-        cfg, device = self.cfg, self.device
+    def _build_loaders(self) -> None:
+        """The train and evaluation loaders (each reading this rank's part of every batch)."""
+        cfg, device, part = self.cfg, self.device, self.parallelism.loader_part()
         start, stop = self.split["train"]
         if cfg.data_on_device:
             self.train_batches: BatchLoader | DeviceBatches = DeviceBatches(
@@ -176,22 +175,16 @@ class Trainer:
                                        "none", prefetch=cfg.prefetch, part=part)
 
     def restore(self, resume: str | Path) -> int:
-        """Load model, optimizer state, RNG states and schedule of a checkpoint; returns its step."""
-        folder = (self.checkpoint_dir if self.checkpoint_dir is not None
-                  else self.interrupt_dir() if self.opts.run_dir is not None else None)
-        path, state = ckpt.open_checkpoint(resume, folder, fallback=True, log=self.log, map_location=self.device)
-        if list(state["table_sizes"]) != self.sizes:
-            raise ValueError(f"checkpoint {path} has other table sizes than this dataset/config")
-        self.model.load_state_dict(state["model"])
-        self.optimizers.load_state_dict(state["optimizers"])
-        ckpt.set_rng_state(state["rng"])
-        saved = state.get("schedule")
-        if saved is not None and LRSchedule(**saved) != self.schedule:
-            self.log(f"note: keeping the learning-rate schedule of {path} ({saved}); this run's config differs")
-            self.schedule = LRSchedule(**saved)
-        self.step_count = self.first_step = int(state["step"])
-        self.last_good = (path, self.step_count)
-        self.log(f"resumed from {path} at step {self.step_count}")
+        """Load model, optimizer state, RNG states and schedule of a checkpoint (the strategy's format); returns
+        its step."""
+        restored = self.parallelism.restore(self, resume)
+        if restored.schedule is not None and LRSchedule(**restored.schedule) != self.schedule:
+            self.log(f"note: keeping the learning-rate schedule of {restored.path} ({restored.schedule}); this "
+                     "run's config differs")
+            self.schedule = LRSchedule(**restored.schedule)
+        self.step_count = self.first_step = restored.step
+        self.last_good = (restored.path, self.step_count)
+        self.log(f"resumed from {restored.path} at step {self.step_count}{restored.note}")
         return self.step_count
 
     # ------------------------------------------------------------------------------------------------ step
@@ -206,7 +199,7 @@ class Trainer:
     def evaluate(self, writer=None) -> dict[str, Any]:
         """Metrics on the evaluation split at the current step (appended to ``evals``, logged)."""
         metrics = evaluate(self.model, self.hasher, self.eval_loader.epoch(0), self.cfg.precision,
-                           self.cfg.eval_batches, gather=self.gather)
+                           self.cfg.eval_batches, gather=self.parallelism.gather())
         metrics["step"] = self.step_count
         self.evals.append(metrics)
         if writer is not None:
@@ -217,16 +210,15 @@ class Trainer:
         return metrics
 
     def checkpoint(self, directory: str | Path | None = None) -> Path:
-        """Write a checkpoint of the current step to ``directory`` (default: the run's checkpoint folder)."""
+        """Write a checkpoint of the current step to ``directory`` (default: the run's checkpoint folder; several
+        processes: collective)."""
         directory = directory if directory is not None else self.checkpoint_dir
         if directory is None:
             raise ValueError("no checkpoint folder")
         step = self.step_count
-        return ckpt.save_checkpoint(directory, step, {
-            "model": self.model.state_dict(), "optimizers": self.optimizers.state_dict(),
+        return self.parallelism.save(self, Path(directory), {
             "config": self.cfg.to_dict(), "kernels": self.kernels, "table_sizes": self.sizes,
-            "epoch": step // self.per_epoch,
-            "batch_in_epoch": step % self.per_epoch, "hashing": self.cfg.hashing,
+            "epoch": step // self.per_epoch, "batch_in_epoch": step % self.per_epoch, "hashing": self.cfg.hashing,
             "schedule": self.schedule.to_dict()})
 
     def save(self, directory: str | Path | None = None) -> Path:
@@ -242,16 +234,12 @@ class Trainer:
         ``weights``: or a weight) is not finite. Every rank calls it at the same step (distributed: collective)."""
         step, names = self.finite.first_bad(self.losses, self.first_step, self.model if weights else None,
                                             self.step_count)
-        self._stop_if_diverged(self._agree_on_divergence(step), names)
+        self._stop_if_diverged(self.parallelism.agree_on_divergence(step, self.device), names)
         self.finite.passed(len(self.losses), self.step_count if weights else None)
 
     def _stop_if_diverged(self, step: int | None, names: list[str] | tuple = ()) -> None:
         if step is not None:
             raise health.TrainingDiverged(step, self.schedule(max(0, step - 1)), names, self.last_good)
-
-    def _agree_on_divergence(self, step: int | None) -> int | None:
-        """The first diverged step over every rank (one process: ``step``)."""
-        return step
 
     def interrupt_dir(self) -> Path:
         """Where a checkpoint goes on SIGINT/SIGTERM: the checkpoint folder, else ``<run_dir>/checkpoints``."""
@@ -260,20 +248,19 @@ class Trainer:
         return Path(self.opts.run_dir if self.opts.run_dir is not None else DEFAULT_RUN_DIR) / "checkpoints"
 
     # ------------------------------------------------------------------------------------------------ run
-    def _stopping(self) -> bool:
-        """Whether the loop stops before the next step: a signal arrived or the time budget is spent."""
-        return self.signals.signum is not None or self._out_of_time
-
-    def _interrupt_signal(self) -> int | None:
-        """The signal that stopped the loop (None: it ran to its end or out of time)."""
-        return self.signals.signum
-
     def _stop_for_signal(self, signum: int) -> None:
         path = self.save(self.interrupt_dir())
         raise TrainingInterrupted(signum, self.step_count, path)
 
     def run(self) -> dict[str, Any]:
-        """Build, restore (``options.resume``), train to ``total_steps``, evaluate; returns :meth:`summary`."""
+        """Build, restore (``options.resume``), train to ``total_steps``, evaluate; returns :meth:`summary`. The
+        strategy is closed at the end (several processes: the process group it joined is left)."""
+        try:
+            return self._run()
+        finally:
+            self.parallelism.close(self)
+
+    def _run(self) -> dict[str, Any]:
         self.build()
         if self.opts.resume is not None:
             self.restore(self.opts.resume)
@@ -286,7 +273,7 @@ class Trainer:
             with self.signals.catching():
                 self._loop(writer)
                 self.check_finite(weights=True)
-                signum = self._interrupt_signal()
+                signum = self.parallelism.interrupt_signal(self)
                 if signum is not None:
                     self._stop_for_signal(signum)
             cfg = self.cfg
@@ -310,11 +297,11 @@ class Trainer:
         with bar, (prof or contextlib.nullcontext()):
             task = bar.add_task("train", total=self.total_steps, completed=self.step_count, info="")
             self.model.train()
-            while self.step_count < self.total_steps and not self._stopping():
+            while self.step_count < self.total_steps and not self.parallelism.stopping(self):
                 epoch, pos = divmod(self.step_count, self.per_epoch)
                 batches = self.train_batches.epoch(epoch, pos)
                 try:
-                    while self.step_count < self.total_steps and not self._stopping():
+                    while self.step_count < self.total_steps and not self.parallelism.stopping(self):
                         with timer.phase("data"):
                             batch = next(batches, None)
                         if batch is None:
@@ -327,7 +314,8 @@ class Trainer:
                             prof.step()
                         now = time.perf_counter()
                         if now - last_log > 0.5 or self.step_count == self.total_steps:
-                            self._log_progress(bar, task, meter, writer)
+                            if self.parallelism.is_main:  # the latest loss costs a host sync
+                                self._log_progress(bar, task, meter, writer)
                             last_log = now
                         self._periodic(now)
                 finally:
@@ -351,18 +339,17 @@ class Trainer:
             self.check_finite()
             self.evaluate(self._writer)
         if self.opts.time_budget is not None and now - self._started > self.opts.time_budget:
-            self._out_of_time = True
-
-    #: collects every rank's evaluation rows (None: one process)
-    gather = None
+            self.out_of_time = True
 
     def samples(self, batch: Batch) -> int:
         """Samples one step trains on (the global batch when distributed)."""
-        return len(batch)
+        return len(batch) * self.parallelism.world_size
 
     def _latest_loss(self) -> float:
         """The latest loss; the losses since the last check are checked in the same host read
-        (:class:`~fuselab.dlrm.health.TrainingDiverged`)."""
+        (:class:`~fuselab.dlrm.health.TrainingDiverged`), unless the strategy checks them when the ranks agree."""
+        if self.parallelism.agrees_on_losses:
+            return self.losses[-1].item()
         current, step = self.finite.latest(self.losses, self.first_step)
         self._stop_if_diverged(step)
         self.finite.passed(len(self.losses))
@@ -401,4 +388,5 @@ class Trainer:
         }
         if self.opts.breakdown:
             summary["breakdown_ms"] = self.timer.report()
+        self.parallelism.summary(self, summary)
         return summary

@@ -1,4 +1,4 @@
-"""`fuselab dlrm train --nproc N` end to end on CPU processes (gloo): the DistributedTrainer's loss curve equals one
+"""`fuselab dlrm train --nproc N` end to end on CPU processes (gloo): the hybrid-parallel loss curve equals one
 process on the same global batches, a checkpoint written at 2 ranks resumes at 1, a signal stops every rank at one
 step with a checkpoint, a killed rank stops the job and leaves the last checkpoint resumable, bad input is named."""
 
@@ -15,7 +15,8 @@ from pathlib import Path
 import pytest
 
 from fuselab.dlrm.cli import _without_nproc, main
-from fuselab.dlrm.distributed.trainer import DistributedTrainer
+from fuselab.dlrm.distributed.hybrid import HybridParallel
+from fuselab.dlrm.trainer import Trainer
 
 SRC = Path(__file__).resolve().parents[3] / "src"
 #: a short run: global batch 256 (128 per rank at 2 ranks), a checkpoint every 8 steps
@@ -129,7 +130,7 @@ def test_sigterm_stops_every_rank_at_one_step_and_the_checkpoint_resumes(synth_d
     assert "SIGTERM at step" in err and "--resume" in err
     name = (ckpt / "latest").read_text().strip()
     meta = json.loads((ckpt / name / "meta.json").read_text())
-    assert meta["world_size"] == 2 and meta["step"] % DistributedTrainer.AGREE_EVERY == 0 and meta["step"] >= 8
+    assert meta["world_size"] == 2 and meta["step"] % HybridParallel.AGREE_EVERY == 0 and meta["step"] >= 8
     assert not list(ckpt.glob(".tmp-*"))
     again = _fuselab(["--nproc", "2", "--data", str(synth_dir), "--steps", str(meta["step"] + 2), *RUN,
                       "--checkpoint-dir", str(ckpt), "--resume", "--run-dir", str(tmp_path / "run")])
@@ -175,7 +176,7 @@ def test_global_batch_must_divide_over_the_ranks(synth_dir, tmp_path):
 
     two = ParallelContext(0, 2, 0, torch.device("cpu"), "gloo")
     with pytest.raises(ValueError, match="multiple of the 2 ranks"):
-        DistributedTrainer(load_config("tiny", batch_size=255, device="cpu"), synth_dir, context=two)
+        Trainer(load_config("tiny", batch_size=255, device="cpu"), synth_dir, parallelism=HybridParallel(two))
 
 
 @pytest.mark.slow

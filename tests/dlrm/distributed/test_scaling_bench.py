@@ -1,6 +1,7 @@
 """benchmarks/dlrm_scaling.py on CPU (gloo, tiny tables): both world sizes run, the JSON holds each run's
-throughput and the efficiency against one rank, and a second call with another spec (the DCNv2 model, one rank)
-starts a new file."""
+throughput and the efficiency against one rank, and a second call with another spec (SGD tables, one rank) starts
+a new file. (The DCNv2 model's hybrid step on CPU takes minutes under the interpreter here: test_dist_trainer.py's
+test_dcn_multi_hot_two_ranks_train_like_one trains it through the same build_hybrid.)"""
 
 from __future__ import annotations
 
@@ -33,7 +34,7 @@ def test_scaling_smoke(tmp_path):
         assert run["samples_per_s"] > 0 and run["global_batch"] == run["ranks"] * run["batch_per_rank"]
     assert runs[(1, "eager")]["efficiency"] == 1.0 and runs[(2, "eager")]["efficiency"] > 0
     assert "ranks" in done.stdout and "samples/s" in done.stdout
-    again = _run("--nproc", "1", "--model", "mlperf-v2", "--out", str(tmp_path))  # another spec: a new file
+    again = _run("--nproc", "1", "--optimizer", "sgd", "--out", str(tmp_path))  # another spec: a new file
     assert again.returncode == 0, again.stderr
     record = json.loads((tmp_path / "dlrm_scaling.json").read_text())
-    assert [r["ranks"] for r in record["runs"]] == [1] and record["spec"]["model"] == "mlperf-v2"
+    assert [r["ranks"] for r in record["runs"]] == [1] and record["spec"]["optimizer"] == "sgd"
