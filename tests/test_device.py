@@ -7,6 +7,7 @@ import torch
 import triton.testing
 
 from fuselab.core import device as facts
+from fuselab.core.precision import float32_matmul_precision
 
 
 def test_cpu_stands_in_for_an_h100():
@@ -30,3 +31,14 @@ def test_fast_memory_threshold(monkeypatch, gbps_per_sm, fast):
     """H100 SXM (25.4 GB/s per SM) plans as before; H200 (36.5) takes the fast-memory plans."""
     monkeypatch.setattr(facts, "dram_gbps_per_sm", lambda device: gbps_per_sm)
     assert facts.fast_memory(torch.device("cpu")) is fast
+
+
+def test_float32_matmul_precision_is_restored_after_the_block_and_after_an_error():
+    before = torch.get_float32_matmul_precision()
+    other = "medium" if before != "medium" else "high"
+    with float32_matmul_precision(other):
+        assert torch.get_float32_matmul_precision() == other
+    assert torch.get_float32_matmul_precision() == before
+    with pytest.raises(RuntimeError, match="inside"), float32_matmul_precision(other):
+        raise RuntimeError("inside")
+    assert torch.get_float32_matmul_precision() == before

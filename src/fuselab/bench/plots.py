@@ -10,7 +10,10 @@ Only correct, timed results are drawn (WRONG ones are left out). Written atomica
 from __future__ import annotations
 
 import io
+from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from . import results as R
 from .report import fmt_sig
@@ -32,62 +35,68 @@ def _save(fig, path: Path) -> Path:
     return path
 
 
-def plot_gbps(run: R.OpRun, path: Path) -> Path | None:
-    plt = _pyplot()
-    ok = [r for r in run.results if r.timed_ok and r.gbps is not None]
-    panels = sorted({(r.dtype, r.mode) for r in ok})
+@dataclass(frozen=True)
+class _Chart:
+    """A figure of one panel per ``panel(result)`` (sorted), one line per provider of ``point(result)`` = (x, y),
+    log-2 x axis; ``extra(ax, panel)`` draws what else a panel holds."""
+
+    panel: Callable[[R.Result], tuple]
+    point: Callable[[R.Result], tuple[float, float]]
+    xlabel: str
+    ylabel: str
+    title: Callable[[tuple], str]
+    extra: Callable[[Any, tuple], None] | None = None
+
+
+def _draw(run: R.OpRun, ok: list[R.Result], chart: _Chart, path: Path) -> Path | None:
+    panels = sorted({chart.panel(r) for r in ok})
     if not panels:
         return None
+    plt = _pyplot()
     fig, axes = plt.subplots(1, len(panels), figsize=(5.5 * len(panels), 4.2), squeeze=False)
-    for ax, (dtype, mode) in zip(axes[0], panels):
-        rows = [r for r in ok if (r.dtype, r.mode) == (dtype, mode)]
+    for ax, panel in zip(axes[0], panels):
+        rows = [r for r in ok if chart.panel(r) == panel]
         for provider in dict.fromkeys(r.provider for r in rows):
-            pts = sorted((r.numel, r.gbps) for r in rows if r.provider == provider)
+            pts = sorted(chart.point(r) for r in rows if r.provider == provider)
             ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o", label=provider)
+        if chart.extra is not None:
+            chart.extra(ax, panel)
+        ax.set_xscale("log", base=2)
+        ax.set_xlabel(chart.xlabel)
+        ax.set_ylabel(chart.ylabel)
+        ax.set_title(chart.title(panel))
+        ax.grid(True, alpha=0.3)
+        ax.legend(fontsize=8)
+    fig.suptitle(f"{run.op} on {run.env.get('device', '?')} ({run.timer})", fontsize=9)
+    try:
+        return _save(fig, path)
+    finally:
+        plt.close(fig)
+
+
+def plot_gbps(run: R.OpRun, path: Path) -> Path | None:
+    """GB/s vs numel, one panel per (dtype, mode), with the stream bound of the same bytes and the copy bandwidth."""
+
+    def bounds(ax, panel: tuple) -> None:
         bound = sorted((r.numel, r.gbps) for r in run.results
-                       if r.status == R.BOUND and r.gbps is not None and (r.dtype, r.mode) == (dtype, mode))
+                       if r.status == R.BOUND and r.gbps is not None and (r.dtype, r.mode) == panel)
         if bound:
             ax.plot([p[0] for p in bound], [p[1] for p in bound], ls=":", marker="x", color="black",
                     label="stream bound (same bytes)")
         if run.ceilings:
             ax.axhline(run.ceilings.copy_gbps, ls="--", color="gray", label="copy bandwidth")
-        ax.set_xscale("log", base=2)
-        ax.set_xlabel("elements (numel)")
-        ax.set_ylabel("GB/s")
-        ax.set_title(f"{run.op} {dtype} {mode}")
-        ax.grid(True, alpha=0.3)
-        ax.legend(fontsize=8)
-    fig.suptitle(f"{run.op} on {run.env.get('device', '?')} ({run.timer})", fontsize=9)
-    try:
-        return _save(fig, path)
-    finally:
-        plt.close(fig)
+
+    ok = [r for r in run.results if r.timed_ok and r.gbps is not None]
+    return _draw(run, ok, _Chart(lambda r: (r.dtype, r.mode), lambda r: (r.numel, r.gbps), "elements (numel)",
+                                 "GB/s", lambda panel: f"{run.op} {panel[0]} {panel[1]}", bounds), path)
 
 
 def plot_samples(run: R.OpRun, path: Path) -> Path | None:
     """Samples/s vs samples per call (the batch), one panel per (case group, dtype), one line per provider."""
-    plt = _pyplot()
     ok = [r for r in run.results if r.timed_ok and r.samples_per_s is not None]
-    panels = sorted({(r.group, r.dtype) for r in ok})
-    if not panels:
-        return None
-    fig, axes = plt.subplots(1, len(panels), figsize=(5.5 * len(panels), 4.2), squeeze=False)
-    for ax, (group, dtype) in zip(axes[0], panels):
-        rows = [r for r in ok if (r.group, r.dtype) == (group, dtype)]
-        for provider in dict.fromkeys(r.provider for r in rows):
-            pts = sorted((r.samples, r.samples_per_s) for r in rows if r.provider == provider)
-            ax.plot([p[0] for p in pts], [p[1] / 1e6 for p in pts], marker="o", label=provider)
-        ax.set_xscale("log", base=2)
-        ax.set_xlabel("samples per step (batch)")
-        ax.set_ylabel("million samples/s")
-        ax.set_title(f"{run.op} {group} {dtype}".replace("  ", " "))
-        ax.grid(True, alpha=0.3)
-        ax.legend(fontsize=8)
-    fig.suptitle(f"{run.op} on {run.env.get('device', '?')} ({run.timer})", fontsize=9)
-    try:
-        return _save(fig, path)
-    finally:
-        plt.close(fig)
+    return _draw(run, ok, _Chart(lambda r: (r.group, r.dtype), lambda r: (r.samples, r.samples_per_s / 1e6),
+                                 "samples per step (batch)", "million samples/s",
+                                 lambda panel: f"{run.op} {panel[0]} {panel[1]}".replace("  ", " ")), path)
 
 
 def roof_label(copy_gbps: float, matmul_tflops: float | None) -> str:

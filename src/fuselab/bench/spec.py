@@ -99,6 +99,12 @@ class CaseQuery:
     def wants(self, dtype: torch.dtype, mode: str) -> bool:
         return (self.dtypes is None or dtype in self.dtypes) and (self.modes is None or mode in self.modes)
 
+    def combinations(self, dtypes: Sequence[torch.dtype], modes: Sequence[str]) -> list[tuple[torch.dtype, str]]:
+        """The (dtype, mode) pairs a suite runs: the asked ones, else the suite's ``dtypes`` and ``modes``, dtypes
+        the lab knows (:data:`DTYPES`) only, in order."""
+        return [(dtype, mode) for dtype in self.dtypes or dtypes if dtype in DTYPES.values()
+                for mode in self.modes or modes if self.wants(dtype, mode)]
+
 
 def select_cases(cases: Sequence[BenchCase], names: Sequence[str] | None) -> list[BenchCase]:
     """The cases a run takes: without ``names`` every case but the opt-in ones; with them, the cases whose label

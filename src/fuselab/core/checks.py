@@ -3,6 +3,7 @@ naming the argument."""
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterable
 
 import torch
@@ -154,3 +155,16 @@ def require_disjoint(written: dict[str, torch.Tensor | None], read: dict[str, to
 def _overlap_error(written: str, other: str, remedy: str) -> None:
     raise ValueError(f"{written} and {other} overlap in memory, and {written} is written in place; pass tensors "
                      f"that do not share elements{', ' + remedy if remedy else ''}")
+
+
+def rows(t: torch.Tensor) -> torch.Tensor:
+    """``t`` as a 2-D ``[M, N]`` view (strides kept), M the product of the leading dims (named, not inferred: an
+    empty ``t`` has no single M). Leading dims that cannot be merged without a copy (exotic >2-D strides) fall
+    back to ``reshape``, i.e. a copy: documented limit."""
+    if t.dim() == 2:
+        return t
+    shape = (math.prod(t.shape[:-1]), t.shape[-1])
+    try:
+        return t.view(shape)
+    except RuntimeError:
+        return t.reshape(shape)

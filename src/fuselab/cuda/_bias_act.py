@@ -15,7 +15,8 @@ from __future__ import annotations
 import torch
 
 from fuselab.core.activations import ACTIVATION_CODES, SAVED
-from fuselab.ops.bias_act.checks import check_args, rows
+from fuselab.core.checks import rows
+from fuselab.ops.bias_act.checks import check_args
 
 from ._build import load
 

@@ -44,6 +44,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from fuselab.core.compile import compile_quietly
+from fuselab.core.precision import float32_matmul_precision
 
 from .optim import Optimizers
 
@@ -183,14 +184,3 @@ class TrainStep:
             self._update()
         self._static_loss = loss.detach()
         self._graph = graph
-
-
-@contextlib.contextmanager
-def float32_matmul_precision(value: str):
-    """``torch.set_float32_matmul_precision(value)`` for the block, restored after it."""
-    old = torch.get_float32_matmul_precision()
-    torch.set_float32_matmul_precision(value)
-    try:
-        yield
-    finally:
-        torch.set_float32_matmul_precision(old)

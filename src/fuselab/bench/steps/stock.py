@@ -21,6 +21,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from fuselab.core.compile import compile_quietly
+from fuselab.core.precision import float32_matmul_precision
 
 from .model import DLRMWeights, JaggedIds, pair_indices
 
@@ -136,7 +137,7 @@ class StockStep:
 
     def __call__(self, dense: Tensor, ids: Tensor, labels: Tensor) -> Tensor:
         precise = self.model.dense.autocast is None
-        with matmul_precision("highest") if precise else contextlib.nullcontext():
+        with float32_matmul_precision("highest") if precise else contextlib.nullcontext():
             self.sparse.zero_grad(set_to_none=True)
             self.dense.zero_grad(set_to_none=True)
             loss = self.loss(dense, self.model.lookup(ids), labels)
@@ -145,14 +146,3 @@ class StockStep:
             with torch.sparse.check_sparse_tensor_invariants(enable=False):  # Adagrad's own COO tensors: no checks
                 self.sparse.step()
         return loss.detach()
-
-
-@contextlib.contextmanager
-def matmul_precision(value: str):
-    """``torch.set_float32_matmul_precision(value)`` for the block, restored after it."""
-    old = torch.get_float32_matmul_precision()
-    torch.set_float32_matmul_precision(value)
-    try:
-        yield
-    finally:
-        torch.set_float32_matmul_precision(old)

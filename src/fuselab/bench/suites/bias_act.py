@@ -23,7 +23,7 @@ import torch
 import torch.nn.functional as F
 
 from fuselab.bench import providers
-from fuselab.bench.spec import DTYPES, BenchCase, CaseQuery, OpSpec, Provider
+from fuselab.bench.spec import BenchCase, CaseQuery, OpSpec, Provider
 from fuselab.bench.suites._sizes import L2_COLD_BELOW
 from fuselab.reference import bias_act as ref
 
@@ -64,24 +64,18 @@ def cases(query: CaseQuery) -> list[BenchCase]:
         shapes = GPU_QUICK if query.quick else GPU_SHAPES
     else:
         shapes = CPU_QUICK if query.quick else CPU_SHAPES
-    dtypes = query.dtypes or (QUICK_DTYPES if query.quick else DEFAULT_DTYPES)
     out = []
-    for dtype in dtypes:
-        if dtype not in DTYPES.values():
-            continue
-        for mode in query.modes or DEFAULT_MODES:
-            if not query.wants(dtype, mode):
-                continue
-            for m, n in shapes:
-                for act in ACTIVATIONS:
-                    nbytes = case_bytes(m, n, dtype.itemsize, act, mode)
-                    flops = m * n * {"fwd": _FLOPS_FWD[act], "bwd": _FLOPS_BWD[act],
-                                     "fwd+bwd": _FLOPS_FWD[act] + _FLOPS_BWD[act]}[mode]
-                    out.append(BenchCase(op="bias_act", label=f"{m}x{n}-{act}", dtype=dtype, mode=mode,
-                                         bytes=nbytes, flops=flops, numel=m * n,
-                                         params={"shape": (m, n), "activation": act, "alpha": ALPHA},
-                                         l2_cold=nbytes < L2_COLD_BELOW,
-                                         read_bytes=read_bytes(m, n, dtype.itemsize, mode)))
+    for dtype, mode in query.combinations(QUICK_DTYPES if query.quick else DEFAULT_DTYPES, DEFAULT_MODES):
+        for m, n in shapes:
+            for act in ACTIVATIONS:
+                nbytes = case_bytes(m, n, dtype.itemsize, act, mode)
+                flops = m * n * {"fwd": _FLOPS_FWD[act], "bwd": _FLOPS_BWD[act],
+                                 "fwd+bwd": _FLOPS_FWD[act] + _FLOPS_BWD[act]}[mode]
+                out.append(BenchCase(op="bias_act", label=f"{m}x{n}-{act}", dtype=dtype, mode=mode,
+                                     bytes=nbytes, flops=flops, numel=m * n,
+                                     params={"shape": (m, n), "activation": act, "alpha": ALPHA},
+                                     l2_cold=nbytes < L2_COLD_BELOW,
+                                     read_bytes=read_bytes(m, n, dtype.itemsize, mode)))
     return out
 
 

@@ -16,7 +16,7 @@ import torch
 import torch.nn.functional as F
 
 from fuselab.bench import providers
-from fuselab.bench.spec import DTYPES, BenchCase, CaseQuery, OpSpec
+from fuselab.bench.spec import BenchCase, CaseQuery, OpSpec
 from fuselab.bench.suites._sizes import L2_COLD_BELOW, size_label, sizes
 
 DEFAULT_DTYPES = (torch.float32, torch.bfloat16)
@@ -37,20 +37,14 @@ def gelu_tanh_builtin(x: torch.Tensor) -> torch.Tensor:
 
 
 def cases(query: CaseQuery) -> list[BenchCase]:
-    dtypes = query.dtypes or (QUICK_DTYPES if query.quick else DEFAULT_DTYPES)
     out = []
-    for dtype in dtypes:
-        if dtype not in DTYPES.values():
-            continue
-        for mode in query.modes or MODES:
-            if not query.wants(dtype, mode):
-                continue
-            for n in sizes(query.device_type, query.quick):
-                nbytes = _BYTES_PER_ELEMENT[mode] * n * dtype.itemsize
-                out.append(BenchCase(op="gelu_tanh", label=size_label(n), dtype=dtype, mode=mode, bytes=nbytes,
-                                     flops=_FLOPS_PER_ELEMENT[mode] * n, numel=n, params={"n": n},
-                                     l2_cold=nbytes < L2_COLD_BELOW,
-                                     read_bytes=_READ_PER_ELEMENT[mode] * n * dtype.itemsize))
+    for dtype, mode in query.combinations(QUICK_DTYPES if query.quick else DEFAULT_DTYPES, MODES):
+        for n in sizes(query.device_type, query.quick):
+            nbytes = _BYTES_PER_ELEMENT[mode] * n * dtype.itemsize
+            out.append(BenchCase(op="gelu_tanh", label=size_label(n), dtype=dtype, mode=mode, bytes=nbytes,
+                                 flops=_FLOPS_PER_ELEMENT[mode] * n, numel=n, params={"n": n},
+                                 l2_cold=nbytes < L2_COLD_BELOW,
+                                 read_bytes=_READ_PER_ELEMENT[mode] * n * dtype.itemsize))
     return out
 
 

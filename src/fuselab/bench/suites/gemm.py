@@ -26,7 +26,7 @@ import math
 import torch
 import torch.nn.functional as F
 
-from fuselab.bench.spec import DTYPES, BenchCase, CaseQuery, OpSpec, Provider
+from fuselab.bench.spec import BenchCase, CaseQuery, OpSpec, Provider
 from fuselab.core.compile import compile_quietly
 from fuselab.reference import gemm as ref
 
@@ -70,29 +70,24 @@ def _linear_cases(dtype: torch.dtype, mode: str, gpu: bool, quick: bool) -> list
 def cases(query: CaseQuery) -> list[BenchCase]:
     gpu = query.device_type == "cuda"
     out = []
-    for dtype in query.dtypes or DEFAULT_DTYPES:
-        if dtype not in DTYPES.values():
+    for dtype, mode in query.combinations(DEFAULT_DTYPES, DEFAULT_MODES):
+        out += _linear_cases(dtype, mode, gpu, query.quick)
+        if query.quick:
             continue
-        for mode in query.modes or DEFAULT_MODES:
-            if not query.wants(dtype, mode):
-                continue
-            out += _linear_cases(dtype, mode, gpu, query.quick)
-            if query.quick:
-                continue
-            s = dtype.itemsize
-            lo = LORA if gpu else dict(m=CPU_ROWS, k=48, n=40, rank=4)
-            m, k, n, r = lo["m"], lo["k"], lo["n"], lo["rank"]
-            out.append(_case(f"lora-{m}x{k}x{n}-r{r}", dtype, mode, 2 * m * n * k + 2 * m * r * (k + n),
-                             s * (m * k + n * k + m * n + r * (k + n)), m * n, kind="lora", m=m, k=k, n=n, rank=r))
-            q = QKV if gpu else dict(tokens=32, seq=16, hidden=64, heads=4, kv_heads=2, head_dim=16)
-            nq = (q["heads"] + 2 * q["kv_heads"]) * q["head_dim"]
-            t, h = q["tokens"], q["hidden"]
-            out.append(_case(f"qkv-{t}x{h}-{q['heads']}/{q['kv_heads']}x{q['head_dim']}", dtype, mode, 2 * t * nq * h,
-                             s * (t * h + nq * h + t * nq), t * nq, kind="qkv", **q))
-            d = DCN if gpu else dict(m=CPU_ROWS, n=48, rank=8)
-            m, n, r = d["m"], d["n"], d["rank"]
-            out.append(_case(f"dcn-{m}x{n}-r{r}", dtype, mode, 4 * m * n * r, s * (4 * m * n + 2 * n * r), m * n,
-                             kind="dcn", m=m, n=n, rank=r))
+        s = dtype.itemsize
+        lo = LORA if gpu else dict(m=CPU_ROWS, k=48, n=40, rank=4)
+        m, k, n, r = lo["m"], lo["k"], lo["n"], lo["rank"]
+        out.append(_case(f"lora-{m}x{k}x{n}-r{r}", dtype, mode, 2 * m * n * k + 2 * m * r * (k + n),
+                         s * (m * k + n * k + m * n + r * (k + n)), m * n, kind="lora", m=m, k=k, n=n, rank=r))
+        q = QKV if gpu else dict(tokens=32, seq=16, hidden=64, heads=4, kv_heads=2, head_dim=16)
+        nq = (q["heads"] + 2 * q["kv_heads"]) * q["head_dim"]
+        t, h = q["tokens"], q["hidden"]
+        out.append(_case(f"qkv-{t}x{h}-{q['heads']}/{q['kv_heads']}x{q['head_dim']}", dtype, mode, 2 * t * nq * h,
+                         s * (t * h + nq * h + t * nq), t * nq, kind="qkv", **q))
+        d = DCN if gpu else dict(m=CPU_ROWS, n=48, rank=8)
+        m, n, r = d["m"], d["n"], d["rank"]
+        out.append(_case(f"dcn-{m}x{n}-r{r}", dtype, mode, 4 * m * n * r, s * (4 * m * n + 2 * n * r), m * n,
+                         kind="dcn", m=m, n=n, rank=r))
     return out
 
 

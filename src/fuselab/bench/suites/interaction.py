@@ -24,7 +24,7 @@ import torch
 import torch.nn.functional as F
 
 from fuselab.bench import providers
-from fuselab.bench.spec import DTYPES, BenchCase, CaseQuery, OpSpec
+from fuselab.bench.spec import BenchCase, CaseQuery, OpSpec
 from fuselab.bench.suites._sizes import L2_COLD_BELOW
 from fuselab.reference import interaction as ref
 
@@ -63,19 +63,14 @@ def cases(query: CaseQuery) -> list[BenchCase]:
     else:
         shapes = CPU_QUICK if query.quick else CPU_SHAPES
     out = []
-    for dtype in query.dtypes or (QUICK_DTYPES if query.quick else DEFAULT_DTYPES):
-        if dtype not in DTYPES.values():
-            continue
-        for mode in query.modes or DEFAULT_MODES:
-            if not query.wants(dtype, mode):
-                continue
-            for b, f, d, pad_to in shapes:
-                nbytes, read = case_bytes(b, f, d, pad_to, dtype.itemsize, mode)
-                label = f"{b}x{f}x{d}" + (f"-pad{pad_to}" if pad_to > 1 else "")
-                out.append(BenchCase(op="interaction", label=label, dtype=dtype, mode=mode, bytes=nbytes,
-                                     flops=case_flops(b, f, d, mode), numel=b * (f + 1) * d,
-                                     params={"shape": (b, f, d), "pad_to": pad_to},
-                                     l2_cold=nbytes < L2_COLD_BELOW, read_bytes=read))
+    for dtype, mode in query.combinations(QUICK_DTYPES if query.quick else DEFAULT_DTYPES, DEFAULT_MODES):
+        for b, f, d, pad_to in shapes:
+            nbytes, read = case_bytes(b, f, d, pad_to, dtype.itemsize, mode)
+            label = f"{b}x{f}x{d}" + (f"-pad{pad_to}" if pad_to > 1 else "")
+            out.append(BenchCase(op="interaction", label=label, dtype=dtype, mode=mode, bytes=nbytes,
+                                 flops=case_flops(b, f, d, mode), numel=b * (f + 1) * d,
+                                 params={"shape": (b, f, d), "pad_to": pad_to},
+                                 l2_cold=nbytes < L2_COLD_BELOW, read_bytes=read))
     return out
 
 

@@ -31,7 +31,7 @@ import torch
 import torch.nn.functional as F
 
 from fuselab.bench import providers
-from fuselab.bench.spec import DTYPES, BenchCase, CaseQuery, OpSpec, Provider
+from fuselab.bench.spec import BenchCase, CaseQuery, OpSpec, Provider
 
 LAYERS: tuple[int, ...] = (13, 512, 256, 64, 16)
 GPU_BATCH = 65536
@@ -63,16 +63,11 @@ def case_cost(batch: int, itemsize: int, mode: str) -> tuple[int, int]:
 def cases(query: CaseQuery) -> list[BenchCase]:
     batch = GPU_BATCH if query.device_type == "cuda" else CPU_BATCH
     out = []
-    for dtype in query.dtypes or DEFAULT_DTYPES:
-        if dtype not in DTYPES.values():
-            continue
-        for mode in query.modes or DEFAULT_MODES:
-            if not query.wants(dtype, mode):
-                continue
-            nbytes, flops = case_cost(batch, dtype.itemsize, mode)
-            label = f"B={batch}-" + "-".join(map(str, LAYERS))
-            out.append(BenchCase(op="mlp", label=label, dtype=dtype, mode=mode, bytes=nbytes, flops=flops,
-                                 numel=batch * LAYERS[0], params={"batch": batch, "layers": LAYERS}))
+    for dtype, mode in query.combinations(DEFAULT_DTYPES, DEFAULT_MODES):
+        nbytes, flops = case_cost(batch, dtype.itemsize, mode)
+        label = f"B={batch}-" + "-".join(map(str, LAYERS))
+        out.append(BenchCase(op="mlp", label=label, dtype=dtype, mode=mode, bytes=nbytes, flops=flops,
+                             numel=batch * LAYERS[0], params={"batch": batch, "layers": LAYERS}))
     return out
 
 

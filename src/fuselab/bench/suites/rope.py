@@ -27,7 +27,7 @@ from typing import Any
 import torch
 
 import fuselab
-from fuselab.bench.spec import DTYPES, BenchCase, CaseQuery, OpSpec, Provider
+from fuselab.bench.spec import BenchCase, CaseQuery, OpSpec, Provider
 from fuselab.core.compile import compile_quietly
 from fuselab.reference import rope as ref
 
@@ -69,31 +69,25 @@ def _table_rows(kind: str, b: int, s: int, device_type: str) -> int:
 
 
 def cases(query: CaseQuery) -> list[BenchCase]:
-    dtypes = query.dtypes or (DEFAULT_DTYPES if query.device_type == "cuda" else CPU_DTYPES)
-    modes = query.modes or DEFAULT_MODES
     shapes = GPU_SHAPES if query.device_type == "cuda" else CPU_SHAPES
     if query.quick:
         shapes = shapes[:1] + shapes[-1:]
     out = []
-    for dtype in dtypes:
-        if dtype not in DTYPES.values():
-            continue
-        for mode in modes:
-            if not query.wants(dtype, mode):
-                continue
-            for label, kind, b, s, hq, hk, d in shapes:
-                tokens = s if kind == "thd" else b * s
-                elems = tokens * (hq + hk) * d
-                table = 2 * _table_rows(kind, b, s, query.device_type) * (d // 2) * TABLE_BYTES
-                one_way = 2 * elems * dtype.itemsize + table  # read q, k + write outputs + cos/sin rows
-                nbytes = one_way * (2 if mode == "fwd+bwd" else 1)
-                read = (elems * dtype.itemsize + table) * (2 if mode == "fwd+bwd" else 1)
-                flops = 3 * elems * (2 if mode == "fwd+bwd" else 1)
-                params = {"kind": kind, "batch": b, "seq": s, "hq": hq, "hk": hk, "head_dim": d,
-                          "table_rows": DECODE_TABLE_ROWS[query.device_type] if kind == "decode" else None}
-                out.append(BenchCase(op="rope", label=label, dtype=dtype, mode=mode, bytes=nbytes, flops=flops,
-                                     numel=elems, params=params, l2_cold=kind == "decode",
-                                     read_bytes=read))
+    dtypes = DEFAULT_DTYPES if query.device_type == "cuda" else CPU_DTYPES
+    for dtype, mode in query.combinations(dtypes, DEFAULT_MODES):
+        for label, kind, b, s, hq, hk, d in shapes:
+            tokens = s if kind == "thd" else b * s
+            elems = tokens * (hq + hk) * d
+            table = 2 * _table_rows(kind, b, s, query.device_type) * (d // 2) * TABLE_BYTES
+            one_way = 2 * elems * dtype.itemsize + table  # read q, k + write outputs + cos/sin rows
+            nbytes = one_way * (2 if mode == "fwd+bwd" else 1)
+            read = (elems * dtype.itemsize + table) * (2 if mode == "fwd+bwd" else 1)
+            flops = 3 * elems * (2 if mode == "fwd+bwd" else 1)
+            params = {"kind": kind, "batch": b, "seq": s, "hq": hq, "hk": hk, "head_dim": d,
+                      "table_rows": DECODE_TABLE_ROWS[query.device_type] if kind == "decode" else None}
+            out.append(BenchCase(op="rope", label=label, dtype=dtype, mode=mode, bytes=nbytes, flops=flops,
+                                 numel=elems, params=params, l2_cold=kind == "decode",
+                                 read_bytes=read))
     return out
 
 

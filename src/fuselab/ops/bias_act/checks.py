@@ -5,7 +5,6 @@ serve the CUDA C++ backend (:mod:`fuselab.cuda`) and the GEMM family too."""
 
 from __future__ import annotations
 
-import math
 from collections.abc import Hashable
 from dataclasses import dataclass
 
@@ -123,14 +122,3 @@ def validate(x, bias, residual, alpha, activation, inplace: bool, signature: Has
     return BiasActCall(activation, save_pre=needs_grad and needs_pre(activation, residual), signature=signature)
 
 
-def rows(t: torch.Tensor) -> torch.Tensor:
-    """``t`` as a 2-D ``[M, N]`` view (strides kept), M the product of the leading dims (named, not inferred: an
-    empty ``t`` has no single M). Leading dims that cannot be merged without a copy (exotic >2-D strides) fall
-    back to ``reshape``, i.e. a copy: documented limit."""
-    if t.dim() == 2:
-        return t
-    shape = (math.prod(t.shape[:-1]), t.shape[-1])
-    try:
-        return t.view(shape)
-    except RuntimeError:
-        return t.reshape(shape)

@@ -20,13 +20,14 @@ import torch
 import triton.language as tl
 
 from fuselab.core.activations import ACTIVATION_CODES
+from fuselab.core.checks import rows
 from fuselab.core.device import INT32_MAX, cdiv, needs_int64, next_power_of_2, sm_count
 from fuselab.ops._launch import Launch
 from fuselab.ops._tickets import final_sum_rows, scratch, ticket_counters
 from fuselab.ops.opdef import memo
 from fuselab.ops.tuning import current
 
-from .checks import BiasActCall, BiasActGradCall, rows
+from .checks import BiasActCall, BiasActGradCall
 from .kernels import _bias_act_bwd_kernel, _bias_act_fwd_kernel
 
 
@@ -156,7 +157,7 @@ def bwd_partial_rows(M: int, N: int, dtype: torch.dtype, device: torch.device) -
 
 
 def _as_rows(t: torch.Tensor) -> tuple[torch.Tensor, bool]:
-    """``t`` as rows and whether that took a copy (see :func:`~fuselab.ops.bias_act.checks.rows`)."""
+    """``t`` as rows and whether that took a copy (see :func:`~fuselab.core.checks.rows`)."""
     t2 = rows(t)
     return t2, t2.data_ptr() != t.data_ptr()
 

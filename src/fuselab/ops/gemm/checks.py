@@ -204,17 +204,6 @@ def validate(x, weight, bias, residual, lora, options: LinearOptions, needs_grad
                     K=k)
 
 
-def rows(t: torch.Tensor) -> torch.Tensor:
-    """``t`` as a 2-D ``[M, last]`` view, strides kept where the leading dims merge (else a copy: documented)."""
-    if t.dim() == 2:
-        return t
-    shape = (math.prod(t.shape[:-1]), t.shape[-1])
-    try:
-        return t.view(shape)
-    except RuntimeError:
-        return t.reshape(shape)
-
-
 def activation_id(name: str) -> int:
     """The kernels' id of an activation (its index in :data:`~fuselab.reference.bias_act.ACTIVATIONS`)."""
     return ACTIVATIONS.index(name)

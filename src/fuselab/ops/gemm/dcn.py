@@ -13,10 +13,11 @@ import math
 import torch
 
 from fuselab.backend import use_triton
+from fuselab.core.checks import rows
 from fuselab.ops._recordop import RecordOp, layout
 from fuselab.reference import gemm as ref
 
-from .checks import rows, validate_dcn
+from .checks import validate_dcn
 from .lazy import steps
 
 __all__ = ["DCN", "dcn_cross"]

@@ -14,13 +14,14 @@ import math
 import torch
 
 from fuselab.backend import triton_for, use_triton
+from fuselab.core.checks import rows
 from fuselab.core.device import cdiv
 from fuselab.ops._recordop import RecordOp, layout
 from fuselab.reference import gemm as ref
 from fuselab.reference.bias_act import activation_grad, compute_dtype
 from fuselab.reference.gemm import LoRA
 
-from .checks import GemmCall, LinearBackward, LinearOptions, resolve_keep, rows, signature_of, validate
+from .checks import GemmCall, LinearBackward, LinearOptions, resolve_keep, signature_of, validate
 from .lazy import steps
 
 __all__ = ["BACKWARD", "FORWARD", "gemm"]

@@ -12,10 +12,11 @@ from typing import Any
 import torch
 
 from fuselab.backend import use_triton
+from fuselab.core.checks import rows
 from fuselab.ops._recordop import RecordOp, layout
 from fuselab.reference import gemm as ref
 
-from .checks import QkvCall, rows, validate_qkv
+from .checks import QkvCall, validate_qkv
 from .lazy import steps
 from .spec import RopeArgs, RopeSpec
 

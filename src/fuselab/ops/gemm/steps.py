@@ -7,11 +7,12 @@ from __future__ import annotations
 
 import torch
 
+from fuselab.core.checks import rows
 from fuselab.ops.tuning import current
 from fuselab.reference.bias_act import activation_grad
 from fuselab.reference.gemm import unpack_bits
 
-from .checks import GemmCall, LinearBackward, activation_id, rows, tf32_enabled
+from .checks import GemmCall, LinearBackward, activation_id, tf32_enabled
 from .launch import gemm_, pass_, pass_plan, plan, spec_of
 from .spec import GemmOperands, GemmPlan, GemmTuning, PassSpec, RopeArgs, RopeSpec
 
