@@ -285,24 +285,6 @@ def test_roofline_legend_keeps_small_numbers():
     assert roof_label(0.456, 989.5) == "roof: 0.456 GB/s, 990 TFLOP/s"
 
 
-def test_disk_full_mid_run_is_one_line(tmp_path: Path, capsys, monkeypatch):
-    import errno
-
-    from fuselab.dlrm.data import tsv
-
-    src = tmp_path / "day_0"
-    src.write_text(GOOD + "\n")
-    shard = tmp_path / "o" / "shards" / "f000-00000.dense.npy"
-
-    def full(*args, **kwargs):
-        raise OSError(errno.ENOSPC, "No space left on device", str(shard))
-
-    monkeypatch.setattr(tsv, "write_shard", full)
-    code, _, err = _cli(["dlrm", "preprocess", str(src), "--out", str(tmp_path / "o"), "--quiet"], capsys)
-    assert code == 2
-    _one_line_error(err, str(shard), "No space left on device")
-
-
 def test_folder_given_as_input(tmp_path: Path, capsys):
     code, _, err = _cli(["dlrm", "preprocess", str(tmp_path), "--out", str(tmp_path / "o"), "--quiet"], capsys)
     assert code == 2
