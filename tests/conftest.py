@@ -107,3 +107,10 @@ def torch_backend(monkeypatch):
     """Route every op through the pure-PyTorch reference path."""
     monkeypatch.setenv("FUSELAB_BACKEND", "torch")
     yield
+
+
+@pytest.fixture(params=["triton", "torch"])
+def backend(request) -> str:
+    """Both paths of every op, one test each: :func:`triton_backend` and :func:`torch_backend`; the path's name."""
+    request.getfixturevalue(f"{request.param}_backend")
+    return request.param

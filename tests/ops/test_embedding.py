@@ -47,12 +47,6 @@ ATOL, RTOL = 2e-6, 1e-5
 PLACES_ITS_TENSORS = True
 
 
-@pytest.fixture(params=["triton", "torch"])
-def backend(request):
-    request.getfixturevalue(f"{request.param}_backend")
-    return request.param
-
-
 def _starts(sizes: list[int]) -> list[int]:
     out, acc = [], 0
     for n in sizes:

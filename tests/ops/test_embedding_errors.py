@@ -20,11 +20,11 @@ ADAGRAD = Adagrad()
 PLACES_ITS_TENSORS = True
 
 
-@pytest.fixture(params=["triton", "torch"])
-def backend(request):
-    request.getfixturevalue(f"{request.param}_backend")
+@pytest.fixture
+def backend(backend):
+    """The shared ``backend`` fixture, with the op caches emptied before and after the test."""
     fuselab.ops.clear()
-    yield request.param
+    yield backend
     fuselab.ops.clear()
 
 

@@ -34,12 +34,6 @@ SIZES = [1, 7, 300]  # table 0: every id is row 0 (long runs of duplicates)
 PLACES_ITS_TENSORS = True
 
 
-@pytest.fixture(params=["triton", "torch"])
-def backend(request):
-    request.getfixturevalue(f"{request.param}_backend")
-    return request.param
-
-
 @pytest.fixture(autouse=True)
 def _fresh():
     opdef.clear()

@@ -19,12 +19,6 @@ import fuselab
 from fuselab.testing import assert_close, assert_ulp
 
 
-@pytest.fixture(params=["triton", "torch"])
-def backend(request) -> str:
-    request.getfixturevalue(f"{request.param}_backend")
-    return request.param
-
-
 # ------------------------------------------------------------------------------------------------ RoPE
 def plain_angles(rows: int, rotary_dim: int, base: float = 10000.0) -> torch.Tensor:
     """(rows, rotary_dim/2) float64 angles ``p * base^(-2i/rotary_dim)``."""

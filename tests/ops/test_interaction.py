@@ -30,12 +30,6 @@ SMALL_OUTER4 = InteractionTuning(rows_per_program=2, bwd_rows_per_program=2, max
                                  outer_max_dim=256, outer4=True, fwd_outer_fp32=True, fwd_outer_lowp=True)
 
 
-@pytest.fixture(params=["triton", "torch"])
-def backend(request):
-    request.getfixturevalue(f"{request.param}_backend")
-    return request.param
-
-
 def _pairs(num_sparse: int, self_interaction: bool) -> list[tuple[int, int]]:
     """(i, j) in output order: rows i = 0..F, columns j < i (j <= i with the diagonal), row-major."""
     return [(i, j) for i in range(num_sparse + 1) for j in range(i + 1 if self_interaction else i)]
