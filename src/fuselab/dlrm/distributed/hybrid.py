@@ -85,10 +85,25 @@ class HybridParallel:
     def __init__(self, context: ParallelContext, *, owns_group: bool = False):
         self.ctx = context
         self.owns_group = owns_group  # then close() leaves the process group
-        self.world_size, self.rank, self.is_main = context.world_size, context.rank, context.is_main
-        self.agrees_on_losses = context.world_size > 1
         self.plan: ShardingPlan | None = None
         self._agreed_at, self._agreed = -1, (0, 0, 0)
+
+    @property
+    def world_size(self) -> int:
+        return self.ctx.world_size
+
+    @property
+    def rank(self) -> int:
+        return self.ctx.rank
+
+    @property
+    def is_main(self) -> bool:
+        return self.ctx.is_main
+
+    @property
+    def agrees_on_losses(self) -> bool:
+        """Several ranks check their losses together, at the agreements of :meth:`stopping`."""
+        return self.ctx.world_size > 1
 
     @classmethod
     def join(cls, cfg: DLRMConfig) -> HybridParallel:
