@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import argparse
 import faulthandler
-import itertools
 import json
 import os
 import signal
@@ -56,7 +55,7 @@ from fuselab.dlrm.distributed.hybrid import build_hybrid  # noqa: E402
 from fuselab.dlrm.distributed.parallel import MULTICAST_OFF  # noqa: E402
 from fuselab.dlrm.model import DLRM  # noqa: E402
 from fuselab.dlrm.optim import Optimizers  # noqa: E402
-from fuselab.dlrm.step import TrainStep  # noqa: E402
+from fuselab.dlrm.step import StepOptions, TrainStep  # noqa: E402
 from fuselab.profile import kernel_table  # noqa: E402
 
 MODES = ("eager", "cuda_graph")
@@ -122,8 +121,9 @@ class CollectiveTimeline:
 
     NAMES = ("all_to_all_single", "all_reduce")
 
-    def __init__(self) -> None:
-        self.marks: list[tuple[str, torch.cuda.Event, torch.cuda.Event]] = []
+    def __init__(self, side_stream: torch.cuda.Stream | None = None) -> None:
+        self.side_stream = side_stream  # the step's side stream (overlap), to tell where each collective ran
+        self.marks: list[tuple[str, torch.cuda.Event, torch.cuda.Event, str]] = []
         self._saved: dict[str, Any] = {}
 
     def _wrap(self, name: str, call):
@@ -134,7 +134,8 @@ class CollectiveTimeline:
             begin.record()
             result = call(*args, **kwargs)
             end.record()
-            self.marks.append((name, begin, end))
+            where = "side" if torch.cuda.current_stream() == self.side_stream else "main"
+            self.marks.append((name, begin, end, where))
             return result
         return wrapped
 
@@ -149,20 +150,22 @@ class CollectiveTimeline:
             setattr(dist, name, call)
 
     def replay(self, step, batches, replays: int = 10) -> list[dict[str, Any]]:
-        """Median µs, over ``replays`` steps, of each segment of the captured step: ``compute`` before each
-        collective, the collective itself, and the compute after the last one."""
-        spans: list[list[float]] = []
+        """Each collective's begin and end, µs after the step's start (median over ``replays`` steps), the stream
+        it was issued from, and the step's end: with the lookup on a side stream, the bottom MLP's work runs
+        between the first collective's begin and the last forward collective's end."""
+        rows: list[list[float]] = []
         for k in range(replays):
             start, stop = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
             start.record()
             step(*batches[k % len(batches)])
             stop.record()
             stop.synchronize()
-            edges = [0.0] + [start.elapsed_time(ev) for _, b0, e0 in self.marks for ev in (b0, e0)]
-            edges.append(start.elapsed_time(stop))
-            spans.append([1e3 * (b - a) for a, b in itertools.pairwise(edges)])
-        names = [x for n, _, _ in self.marks for x in ("compute", n)] + ["compute"]
-        return [{"segment": n, "us": statistics.median(col)} for n, col in zip(names, zip(*spans))]
+            rows.append([1e3 * start.elapsed_time(ev) for _, b0, e0, _ in self.marks for ev in (b0, e0)]
+                        + [1e3 * start.elapsed_time(stop)])
+        med = [statistics.median(col) for col in zip(*rows)]
+        out = [{"segment": name, "stream": where, "begin_us": med[2 * i], "end_us": med[2 * i + 1]}
+               for i, (name, _, _, where) in enumerate(self.marks)]
+        return [*out, {"segment": "step", "end_us": med[-1]}]
 
 
 def _measure(step, batches, device: torch.device, steps: int, windows: int) -> dict[str, Any]:
@@ -180,6 +183,19 @@ def _peak_gb(device: torch.device) -> float | None:
     if device.type != "cuda":
         return None
     return _slowest(torch.cuda.max_memory_allocated(device) / 1e9, device)
+
+
+@torch.no_grad()
+def _digest(model: torch.nn.Module, device: torch.device) -> float:
+    """Sum over the ranks of every float tensor's sum and sum of squares, in float64: two runs of the same steps
+    from the same start give the same digest when their weights are bit for bit the same (one rounding apart
+    moves it)."""
+    tensors = [t for t in model.state_dict().values() if t.is_floating_point()]
+    total = sum((t.double().sum() + t.double().square().sum()) for t in tensors)
+    value = torch.as_tensor(total, dtype=torch.float64, device=device).reshape(1)
+    if dist.is_initialized() and dist.get_world_size() > 1:
+        dist.all_reduce(value)
+    return float(value)
 
 
 def _say(ctx, text: str) -> None:
@@ -206,22 +222,28 @@ def worker(spec: dict[str, Any]) -> None:
     modes = [m for m in spec["modes"] if not (on_cpu and m == "cuda_graph")]
     if world == 1 and not on_cpu and spec.get("single", True):
         modes.append("single")
-    for mode in modes:
+    variants = [(mode, overlap) for mode in modes for overlap in spec.get("overlap", [False])]
+    for mode, overlap in variants:
         faulthandler.dump_traceback_later(spec["hang_s"], exit=True)
-        _say(ctx, f"{mode}: build")
+        name = f"{mode}{' +overlap' if overlap else ''}"
+        _say(ctx, f"{name}: build")
         if ctx.device.type == "cuda":
             torch.cuda.reset_peak_memory_stats(ctx.device)
         if mode == "single":
             model = DLRM.from_config(cfg.__class__(**{**cfg.to_dict(), "kernels": "fuselab"}), sizes).to(ctx.device)
             optimizers = Optimizers(model, lr_dense=cfg.lr_dense, lr_sparse=cfg.lr_sparse)
-            step = TrainStep(model, optimizers, precision=cfg.precision, mode="cuda_graph")
+            step = TrainStep(model, optimizers, precision=cfg.precision, mode="cuda_graph",
+                             options=StepOptions(overlap=overlap))
             plan = None
         else:
-            model, optimizers, step, plan = build_hybrid(cfg, sizes, ctx, kernels=kernels, mode=mode)
-        run: dict[str, Any] = {"mode": mode, "ranks": world, "batch_per_rank": batch, "global_batch": batch * world}
+            model, optimizers, step, plan = build_hybrid(cfg, sizes, ctx, kernels=kernels, mode=mode,
+                                                         overlap=overlap)
+        run: dict[str, Any] = {"mode": mode, "overlap": overlap, "ranks": world, "batch_per_rank": batch,
+                               "global_batch": batch * world}
         try:
-            _say(ctx, f"{mode}: measure")
-            timeline = CollectiveTimeline() if spec.get("timeline") and mode == "cuda_graph" else None
+            _say(ctx, f"{name}: measure")
+            side = step._side.stream if step._side is not None else None
+            timeline = CollectiveTimeline(side) if spec.get("timeline") and mode == "cuda_graph" else None
             if timeline is None:
                 run.update(_measure(step, batches, ctx.device, spec["steps"], spec["windows"]))
             else:
@@ -232,13 +254,14 @@ def worker(spec: dict[str, Any]) -> None:
                     gathered = [None] * world
                     dist.all_gather_object(gathered, run["timeline"])
                     run["timeline"] = gathered
-            _say(ctx, f"{mode}: {run['step_ms']:.3f} ms/step; profile")
+            _say(ctx, f"{name}: {run['step_ms']:.3f} ms/step; profile")
             run["samples_per_s"] = batch * world / (run["step_ms"] / 1e3)
             # torch.profiler over replays of a graph holding NCCL kernels hung at 2 ranks (H100, torch 2.11): the
             # eager mode's profile gives the communication kernels' times there
             if not spec.get("no_profile") and (mode != "cuda_graph" or world == 1):
                 run.update(_comm_profile(step, batches, ctx.device))
             run["peak_gb"] = _peak_gb(ctx.device)
+            run["weights_digest"] = _digest(model, ctx.device)
             if plan is not None and ctx.is_main:
                 run["plan"] = plan.format_table()
         except Exception as exc:  # recorded; the other modes still run
@@ -288,10 +311,22 @@ def launch(world: int, spec: dict[str, Any], limit_s: int) -> list[dict[str, Any
 
 def efficiencies(runs: list[dict[str, Any]]) -> None:
     """Weak-scaling efficiency of each run: samples/s over (ranks x the same mode's samples/s at one rank)."""
-    base = {r["mode"]: r["samples_per_s"] for r in runs if r.get("ranks") == 1 and "samples_per_s" in r}
+    def key(r: dict[str, Any]) -> tuple:
+        return r.get("mode"), bool(r.get("overlap"))
+    base = {key(r): r["samples_per_s"] for r in runs if r.get("ranks") == 1 and "samples_per_s" in r}
     for r in runs:
-        if "samples_per_s" in r and r.get("mode") in base:
-            r["efficiency"] = r["samples_per_s"] / (r["ranks"] * base[r["mode"]])
+        if "samples_per_s" in r and key(r) in base:
+            r["efficiency"] = r["samples_per_s"] / (r["ranks"] * base[key(r)])
+
+
+def same_weights(runs: list[dict[str, Any]]) -> None:
+    """Each overlapped run's ``same_weights_as_plain``: its weights digest equals the plain run's (same ranks and
+    mode, the same steps from the same start)."""
+    plain = {(r.get("ranks"), r.get("mode")): r.get("weights_digest") for r in runs if not r.get("overlap")}
+    for r in runs:
+        ref = plain.get((r.get("ranks"), r.get("mode")))
+        if r.get("overlap") and ref is not None and r.get("weights_digest") is not None:
+            r["same_weights_as_plain"] = r["weights_digest"] == ref
 
 
 def _num(run: dict[str, Any], key: str, fmt: str) -> str:
@@ -300,15 +335,17 @@ def _num(run: dict[str, Any], key: str, fmt: str) -> str:
 
 
 def print_table(runs: list[dict[str, Any]]) -> None:
-    print(f"{'ranks':>5} {'mode':>10} {'samples/s':>12} {'step ms':>8} {'eff':>5} {'a2a us':>7} {'allred us':>9} "
-          f"{'peak GB':>7}")
+    print(f"{'ranks':>5} {'mode':>10} {'overlap':>7} {'samples/s':>12} {'step ms':>8} {'eff':>5} {'a2a us':>7} "
+          f"{'allred us':>9} {'peak GB':>7} {'same w':>6}")
     for r in runs:
+        flag = "yes" if r.get("overlap") else "no"
         if "error" in r:
-            print(f"{r.get('ranks', '?'):>5} {r.get('mode', '?'):>10} ERROR {r['error'][:80]}")
+            print(f"{r.get('ranks', '?'):>5} {r.get('mode', '?'):>10} {flag:>7} ERROR {r['error'][:80]}")
             continue
-        print(f"{r['ranks']:>5} {r['mode']:>10} {r['samples_per_s']:>12,.0f} {r['step_ms']:>8.3f} "
+        same = {True: "yes", False: "NO"}.get(r.get("same_weights_as_plain"), "-")
+        print(f"{r['ranks']:>5} {r['mode']:>10} {flag:>7} {r['samples_per_s']:>12,.0f} {r['step_ms']:>8.3f} "
               f"{_num(r, 'efficiency', '.3f'):>5} {_num(r, 'all_to_all_us', '.0f'):>7} "
-              f"{_num(r, 'all_reduce_us', '.0f'):>9} {_num(r, 'peak_gb', '.1f'):>7}")
+              f"{_num(r, 'all_reduce_us', '.0f'):>9} {_num(r, 'peak_gb', '.1f'):>7} {same:>6}")
 
 
 def _record(path: Path, spec: dict[str, Any]) -> dict[str, Any]:
@@ -340,6 +377,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--optimizer", default="rowwise_adagrad")
     parser.add_argument("--ids", choices=("powerlaw", "uniform"), default="powerlaw")
     parser.add_argument("--modes", default=",".join(MODES))
+    parser.add_argument("--overlap", choices=("on", "off", "both"), default="both",
+                        help="the lookup and its exchanges on a side stream beside the bottom MLP (both: each mode "
+                             "with and without, and whether their weights end the same)")
     parser.add_argument("--steps", type=int, default=20)
     parser.add_argument("--windows", type=int, default=5)
     parser.add_argument("--device", choices=("cuda", "cpu"), default="cuda" if torch.cuda.is_available() else "cpu")
@@ -371,12 +411,14 @@ def main(argv: list[str] | None = None) -> int:
             "modes": args.modes.split(","), "steps": 3 if args.quick else args.steps,
             "windows": 2 if args.quick else args.windows, "device": args.device, "no_profile": args.no_profile,
             "timeline": args.timeline,
+            "overlap": {"on": [True], "off": [False], "both": [False, True]}[args.overlap],
             "hang_s": args.hang_s}
     record = _record(out / "dlrm_scaling.json", spec)
     for world in worlds:
         record["runs"] = [r for r in record["runs"] if r.get("ranks") != world] + launch(world, spec, args.limit_s)
-        record["runs"].sort(key=lambda r: (r.get("ranks", 0), str(r.get("mode"))))
+        record["runs"].sort(key=lambda r: (r.get("ranks", 0), str(r.get("mode")), bool(r.get("overlap"))))
         efficiencies(record["runs"])
+        same_weights(record["runs"])
         atomic_write_json(out / "dlrm_scaling.json", record, "scaling results")
     print_table(record["runs"])
     return 0

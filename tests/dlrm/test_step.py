@@ -13,7 +13,7 @@ from dlrm_models import tiny_model
 from fuselab.dlrm.config import OPTIMIZERS
 from fuselab.dlrm.model import DLRM
 from fuselab.dlrm.optim import Optimizers
-from fuselab.dlrm.step import TrainStep
+from fuselab.dlrm.step import StepOptions, TrainStep
 
 SIZES = [5, 1, 40, 9]
 
@@ -106,7 +106,43 @@ def test_bad_arguments_and_cuda_graph_on_cpu():
     with pytest.raises(ValueError, match="mode"):
         TrainStep(model, opts, mode="graph")
     with pytest.raises(ValueError, match="warmup_steps"):
-        TrainStep(model, opts, warmup_steps=0)
+        TrainStep(model, opts, options=StepOptions(warmup_steps=0))
+    model.ddp = True  # a model whose dense gradients DDP reduces cannot split its forward
+    with pytest.raises(ValueError, match=r"overlap.*ddp=False"):
+        TrainStep(model, opts, options=StepOptions(overlap=True))
+
+
+@pytest.mark.parametrize("kernels", ["torch", "fuselab"])
+def test_overlapped_step_equals_the_plain_step(kernels):
+    """The split forward (lookup, bottom MLP, then interaction and top MLP) gives the same losses and weights, bit
+    for bit (on a CPU the side stream is a no-op: the same ops in another order)."""
+    a = _model(kernels, optimizer="rowwise_adagrad")
+    b = copy.deepcopy(a)
+    plain = TrainStep(a, Optimizers(a, lr_dense=0.05, lr_sparse=0.1), precision="bf16")
+    overlapped = TrainStep(b, Optimizers(b, lr_dense=0.05, lr_sparse=0.1), precision="bf16",
+                           options=StepOptions(overlap=True))
+    assert overlapped._side is not None and not overlapped._side.active
+    for batch in _batches(4):
+        assert torch.equal(overlapped(*batch), plain(*batch))
+    for (name, pa), pb in zip(a.state_dict().items(), b.state_dict().values()):
+        assert torch.equal(pa, pb), name
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("mode", ["eager", "cuda_graph"])
+def test_overlapped_step_equals_the_plain_step_on_gpu(mode):
+    """On CUDA the lookup and the update run on the side stream: the same losses and weights, bit for bit."""
+    a = _model("fuselab", optimizer="rowwise_adagrad").cuda()
+    b = copy.deepcopy(a)
+    plain = TrainStep(a, Optimizers(a, lr_dense=0.05, lr_sparse=0.1), precision="bf16", mode=mode)
+    overlapped = TrainStep(b, Optimizers(b, lr_dense=0.05, lr_sparse=0.1), precision="bf16", mode=mode,
+                           options=StepOptions(overlap=True))
+    assert overlapped._side.active
+    for batch in _batches(6):
+        batch = [t.cuda() for t in batch]
+        assert torch.equal(overlapped(*batch), plain(*batch))
+    for (name, pa), pb in zip(a.state_dict().items(), b.state_dict().values()):
+        assert torch.equal(pa, pb), name
 
 
 @pytest.mark.gpu

@@ -129,7 +129,14 @@ class DLRM(nn.Module):
 
     def dense_forward(self, dense: Tensor, emb: Tensor) -> Tensor:
         """Everything but the embedding lookup: dense (B, 13), emb (B, F, D) -> logits (B,)."""
-        x = self.dense_arch(dense)
+        return self.top_forward(self.bottom_forward(dense), emb)
+
+    def bottom_forward(self, dense: Tensor) -> Tensor:
+        """The dense arch alone: dense (B, 13) -> (B, D_dense) (runs while the lookup does: :mod:`.overlap`)."""
+        return self.dense_arch(dense)
+
+    def top_forward(self, x: Tensor, emb: Tensor) -> Tensor:
+        """The interaction and the over arch: x (B, D_dense), emb (B, F, D) -> logits (B,)."""
         return self.over_arch(self.interaction_arch(x, emb)).squeeze(1)
 
     def compile_dense(self, **kwargs) -> None:

@@ -28,6 +28,12 @@ Modes:
 ``grad_sync`` (optional): called after every backward, before the updates (in the captured graph too): the
 hybrid-parallel model's :meth:`~fuselab.dlrm.distributed.DistributedDLRM.reduce_gradients`.
 
+``StepOptions.overlap`` (any mode): the lookup (with its exchanges) runs on a side stream beside the bottom MLP, and
+its backward (the embedding update) beside the bottom MLP's backward and the dense updates
+(:mod:`fuselab.dlrm.overlap`); the forward is then split into ``model.bottom_forward`` and ``model.top_forward``
+(compiled separately in the compile modes, the lookup eager). The results are those of the step without it. Needs a
+model whose dense gradients are not reduced by DDP (DDP expects one forward per backward): ValueError otherwise.
+
 The returned loss is a fresh tensor (in graph mode a copy of the static one), so keeping it is safe.
 Raises ValueError for an unknown precision or mode, and for ``"cuda_graph"`` on a CPU model or a sparse arch that
 cannot be captured (``model.sparse_arch.capturable``).
@@ -37,6 +43,7 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Callable
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
@@ -47,6 +54,7 @@ from fuselab.core.compile import compile_quietly
 from fuselab.core.precision import float32_matmul_precision
 
 from .optim import Optimizers
+from .overlap import SideStream
 
 PRECISIONS = ("fp32", "tf32", "bf16")
 MODES = ("eager", "compile", "cuda_graph", "compile_graph")
@@ -54,13 +62,26 @@ MODES = ("eager", "compile", "cuda_graph", "compile_graph")
 GRAPH_MODES = ("cuda_graph", "compile_graph")
 
 
+@dataclass(frozen=True)
+class StepOptions:
+    """How a :class:`TrainStep` runs (module docstring): ``compile_options`` for ``torch.compile``;
+    ``compile_embedding`` (compile the lookup with the rest of the forward when the sparse arch allows it);
+    ``compile_optimizer`` (the dense update); ``warmup_steps`` (eager steps before a capture, >= 1); ``overlap``
+    (the lookup on a side stream beside the bottom MLP)."""
+
+    compile_options: dict[str, Any] = field(default_factory=dict)
+    compile_embedding: bool = True
+    compile_optimizer: bool = True
+    warmup_steps: int = 3
+    overlap: bool = False
+
+
 class TrainStep:
-    """A training step of ``model`` with ``optimizers`` (see the module docstring for precision and modes)."""
+    """A training step of ``model`` with ``optimizers`` (see the module docstring for precision, modes and
+    ``options``)."""
 
     def __init__(self, model: nn.Module, optimizers: Optimizers, *, precision: str = "fp32", mode: str = "eager",
-                 compile_options: dict[str, Any] | None = None, compile_embedding: bool = True,
-                 compile_optimizer: bool = True, warmup_steps: int = 3,
-                 grad_sync: Callable[[], None] | None = None):
+                 options: StepOptions = StepOptions(), grad_sync: Callable[[], None] | None = None):
         if precision not in PRECISIONS:
             raise ValueError(f"precision must be one of {PRECISIONS}, got {precision!r}")
         if mode not in MODES:
@@ -75,18 +96,26 @@ class TrainStep:
             if not self.capturable:
                 raise ValueError(f"mode={mode!r} needs kernels='fuselab' (and, on several ranks, whole tables): "
                                  "this sparse arch's update synchronizes with the host and cannot be captured")
-        if warmup_steps < 1:
-            raise ValueError(f"warmup_steps must be >= 1, got {warmup_steps}")
-        self.warmup_steps = warmup_steps
+        if options.warmup_steps < 1:
+            raise ValueError(f"warmup_steps must be >= 1, got {options.warmup_steps}")
+        if options.overlap and getattr(model, "ddp", False):
+            raise ValueError("overlap splits the forward around the lookup, which DDP does not allow: build the "
+                             "model with ddp=False (its step then reduces the gradients through grad_sync)")
+        self.warmup_steps = options.warmup_steps
         self._grad_sync = grad_sync
-        self._whole = self.capturable and compile_embedding  # forward + loss: one function of (dense, sparse, labels)
+        self._side = SideStream(self.device) if options.overlap else None
+        # forward + loss: one function of (dense, sparse, labels) when the lookup can be compiled with the rest
+        self._whole = self.capturable and options.compile_embedding and not options.overlap
         self._loss_fn = self._forward_loss if self._whole else self._dense_loss
+        self._bottom, self._top_loss = self._bottom_forward, self._top_forward_loss
         self._dense_step = optimizers.dense_step
         if mode in ("compile", "compile_graph"):
-            options = compile_options or {}
-            self._loss_fn = compile_quietly(self._loss_fn, **options)
-            if compile_optimizer:
-                self._dense_step = compile_quietly(optimizers.dense_step, **options)
+            self._loss_fn = compile_quietly(self._loss_fn, **options.compile_options)
+            if options.overlap:
+                self._bottom = compile_quietly(self._bottom_forward, **options.compile_options)
+                self._top_loss = compile_quietly(self._top_forward_loss, **options.compile_options)
+            if options.compile_optimizer:
+                self._dense_step = compile_quietly(optimizers.dense_step, **options.compile_options)
         self._graph: torch.cuda.CUDAGraph | None = None
         self.static_inputs: tuple[Tensor, Tensor, Tensor] | None = None
         self._static_loss: Tensor | None = None
@@ -107,7 +136,25 @@ class TrainStep:
             logits = self.model.dense_forward(dense, emb)
         return F.binary_cross_entropy_with_logits(logits.float(), labels)
 
+    def _bottom_forward(self, dense: Tensor) -> Tensor:
+        with self._autocast():
+            return self.model.bottom_forward(dense)
+
+    def _top_forward_loss(self, x: Tensor, emb: Tensor, labels: Tensor) -> Tensor:
+        with self._autocast():
+            logits = self.model.top_forward(x, emb)
+        return F.binary_cross_entropy_with_logits(logits.float(), labels)
+
+    def _overlapped_loss(self, dense: Tensor, sparse: Tensor, labels: Tensor) -> Tensor:
+        with self._side.fork(self.model.sparse_arch):
+            emb = self.model.sparse_forward(sparse)
+        x = self._bottom(dense)
+        self._side.join(emb)
+        return self._top_loss(x, emb, labels)
+
     def _loss(self, dense: Tensor, sparse: Tensor, labels: Tensor) -> Tensor:
+        if self._side is not None:
+            return self._overlapped_loss(dense, sparse, labels)
         if self._whole:
             return self._loss_fn(dense, sparse, labels)
         return self._loss_fn(dense, self.model.sparse_forward(sparse), labels)
@@ -121,6 +168,8 @@ class TrainStep:
         if self._grad_sync is not None:
             self._grad_sync()
         self._dense_step()
+        if self._side is not None:  # the embedding update ran beside the dense updates
+            self._side.join()
 
     def _eager(self, dense: Tensor, sparse: Tensor, labels: Tensor) -> Tensor:
         self.optimizers.zero_grad()

@@ -10,6 +10,7 @@ import torch.distributed as dist
 from torch import Tensor, nn
 
 from fuselab.core.embedding_optimizer import RowwiseAdagrad, embedding_optimizer
+from fuselab.dlrm.config import DLRMConfig
 from fuselab.dlrm.distributed import (
     DistributedDLRM,
     ShardedEmbeddingCollection,
@@ -21,6 +22,7 @@ from fuselab.dlrm.distributed import (
     slice_bags,
     torch_factory,
 )
+from fuselab.dlrm.distributed.hybrid import build_hybrid
 from fuselab.dlrm.interaction import DCNConfig, DCNInteraction
 
 SIZES = [50, 7, 300, 13, 1]  # table 2 is split row-wise (row_wise_share below)
@@ -61,7 +63,7 @@ def embedding_steps(cfg: dict, ctx) -> dict:
     plan = make_plan(ctx.world_size)
     factory = fused_factory if cfg.get("factory") == "fused" else torch_factory
     emb = ShardedEmbeddingCollection(plan, ctx.rank, factory=factory, optimizer=embedding_optimizer(cfg["optimizer"]),
-                                     lr=0.3, pooling=cfg["pooling"], seed=5, grad_divisor=1.0,
+                                     lr=0.3, pooling=cfg["pooling"], seed=5, grad_divisor=cfg.get("grad_divisor", 1.0),
                                      group=ctx.embedding_group, comm_dtype=cfg.get("comm_dtype"))
     gen = torch.Generator().manual_seed(11)
     outs = []
@@ -238,6 +240,37 @@ def static_vs_dynamic(cfgs: list[dict], ctx=None) -> list[dict]:
                            "shards": [(s.table, w.clone(), None if m is None else m.clone())
                                       for s, w, m in emb.shard_states()]}
         results.append(paths)
+    if ctx.world_size > 1:
+        shutdown()
+    return results
+
+
+def overlap_vs_plain(cfg: dict, ctx=None) -> dict:
+    """:func:`~fuselab.dlrm.distributed.hybrid.build_hybrid`'s eager step with overlap (split forward around the
+    lookup, one flat all-reduce of the dense gradients) and without it (DDP), ``cfg["steps"]`` steps each on this
+    rank's slice of the same global batches (one id per table, whole tables: the static exchange, rows sent as
+    int32, pooled rows in bf16 under ``cfg["precision"] == "bf16"``). Returns each variant's losses, dense
+    parameters and shard rows."""
+    ctx = ctx or _context()
+    conf = DLRMConfig(name="test", embedding_dim=DIM, bottom_mlp=[8, DIM], top_mlp=[6, 1], seed=3,
+                      precision=cfg["precision"], optimizer="rowwise_adagrad", lr_dense=0.3, lr_sparse=0.2,
+                      batch_size=cfg["batch"] * ctx.world_size).validate()
+    part = local_slice(cfg["batch"] * ctx.world_size, ctx.rank, ctx.world_size)
+    results = {}
+    for overlap in (False, True):
+        model, _, step, _ = build_hybrid(conf, SIZES, ctx, kernels="torch", mode="eager", overlap=overlap)
+        assert model.ddp != overlap
+        losses = []
+        for k in range(cfg["steps"]):
+            gen = torch.Generator().manual_seed(1000 + k)
+            total = cfg["batch"] * ctx.world_size
+            dense = torch.rand(total, 13, generator=gen)
+            ids = torch.randint(-1000, 1000, (total, len(SIZES)), generator=gen)
+            labels = (dense[:, 0] + 0.3 * torch.rand(total, generator=gen) < 0.5).float()
+            losses.append(float(step(dense[part], ids[part], labels[part])))
+        results[overlap] = {"losses": losses, "dense": [p.detach().clone() for p in model.dense_parameters()],
+                            "shards": [w.clone() for _, w, _ in model.sparse.shard_states()]}
+        model.unwrap()
     if ctx.world_size > 1:
         shutdown()
     return results

@@ -28,13 +28,17 @@ def test_scaling_smoke(tmp_path):
     done = _run("--nproc", "1,2", "--out", str(tmp_path))
     assert done.returncode == 0, done.stderr
     record = json.loads((tmp_path / "dlrm_scaling.json").read_text())
-    runs = {(r["ranks"], r["mode"]): r for r in record["runs"]}
-    assert set(runs) == {(1, "eager"), (2, "eager")}
+    runs = {(r["ranks"], r["mode"], r["overlap"]): r for r in record["runs"]}
+    assert set(runs) == {(w, "eager", overlap) for w in (1, 2) for overlap in (False, True)}
     for run in runs.values():
         assert run["samples_per_s"] > 0 and run["global_batch"] == run["ranks"] * run["batch_per_rank"]
-    assert runs[(1, "eager")]["efficiency"] == 1.0 and runs[(2, "eager")]["efficiency"] > 0
-    assert "ranks" in done.stdout and "samples/s" in done.stdout
-    again = _run("--nproc", "1", "--optimizer", "sgd", "--out", str(tmp_path))  # another spec: a new file
+    for overlap in (False, True):
+        assert runs[(1, "eager", overlap)]["efficiency"] == 1.0 and runs[(2, "eager", overlap)]["efficiency"] > 0
+    # the overlapped step (split forward, one flat all-reduce) ends with the plain step's (DDP's) weights
+    assert runs[(2, "eager", True)]["same_weights_as_plain"] is True
+    assert runs[(2, "eager", True)]["weights_digest"] != runs[(1, "eager", True)]["weights_digest"]
+    assert "ranks" in done.stdout and "samples/s" in done.stdout and "same w" in done.stdout
+    again = _run("--nproc", "1", "--optimizer", "sgd", "--overlap", "off", "--out", str(tmp_path))  # a new file
     assert again.returncode == 0, again.stderr
     record = json.loads((tmp_path / "dlrm_scaling.json").read_text())
     assert [r["ranks"] for r in record["runs"]] == [1] and record["spec"]["optimizer"] == "sgd"

@@ -49,7 +49,7 @@ from fuselab.dlrm.data.random import random_batches
 from fuselab.dlrm.data.shards import KAGGLE_CARDINALITIES
 from fuselab.dlrm.model import DLRM
 from fuselab.dlrm.optim import Optimizers
-from fuselab.dlrm.step import TrainStep
+from fuselab.dlrm.step import StepOptions, TrainStep
 
 #: the table scale of the default MLPerf cases: 20.4M rows, 10.4 GB of fp32 tables
 MLPERF_SCALE = 0.1
@@ -201,7 +201,7 @@ def _dlrm_step(kernels: str, mode: str):
         model = build_dlrm(shared, kernels, device)
         optimizers = Optimizers(model, lr_dense=shared.lr_dense, lr_sparse=shared.lr_sparse)
         step = TrainStep(model, optimizers, precision="bf16" if _autocast(case) else "fp32", mode=mode,
-                         compile_options={"dynamic": False})
+                         options=StepOptions(compile_options={"dynamic": False}))
         return lambda dense, ids, labels, _shared: step(dense, ids, labels)
 
     return build

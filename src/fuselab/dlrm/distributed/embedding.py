@@ -17,7 +17,8 @@ The backward of the local module applies the optimizer to the rows (fused update
 
 Static exchange (``uniform_batch=True``, 2-D ids: one id per table or fixed-size bags, every table whole on one
 rank: the Kaggle model's table-wise plans): every split size follows from the plan, the bag sizes and B, so steps
-1-2 are one column gather and one ``all_to_all_single`` with sizes known on the host. No host synchronization is
+1-2 are one column gather and one ``all_to_all_single`` of the rows (int32 when every table's rows fit it) with
+sizes known on the host. No host synchronization is
 left in the forward or backward, and a training step with it can be captured in a CUDA graph.
 """
 
@@ -39,13 +40,17 @@ from .plan import Shard, ShardingPlan
 
 
 class _Exchange(torch.autograd.Function):
-    """all_to_all_single along dim 0 of flat tensors; backward: the reverse exchange, scaled by ``scale``."""
+    """all_to_all_single along dim 0 of flat tensors, sent as ``wire_dtype`` (None: as they are; the result stays in
+    it). Backward: the reverse exchange in the gradient's dtype, then one pass that scales it by ``scale`` and casts
+    it to the input's dtype."""
 
     @staticmethod
-    def forward(ctx, send: Tensor, send_splits: list[int], recv_splits: list[int], group, scale: float) -> Tensor:
-        ctx.splits, ctx.group, ctx.scale = (send_splits, recv_splits), group, scale
-        recv = send.new_empty(sum(recv_splits))
-        dist.all_to_all_single(recv, send.contiguous(), recv_splits, send_splits, group=group)
+    def forward(ctx, send: Tensor, send_splits: list[int], recv_splits: list[int], group, scale: float,
+                wire_dtype: torch.dtype | None = None) -> Tensor:
+        ctx.splits, ctx.group, ctx.scale, ctx.in_dtype = (send_splits, recv_splits), group, scale, send.dtype
+        wire = send if wire_dtype is None else send.to(wire_dtype)
+        recv = wire.new_empty(sum(recv_splits))
+        dist.all_to_all_single(recv, wire.contiguous(), recv_splits, send_splits, group=group)
         return recv
 
     @staticmethod
@@ -53,9 +58,9 @@ class _Exchange(torch.autograd.Function):
         send_splits, recv_splits = ctx.splits
         out = grad.new_empty(sum(send_splits))
         dist.all_to_all_single(out, grad.contiguous(), send_splits, recv_splits, group=ctx.group)
-        if ctx.scale != 1.0:
-            out = out * ctx.scale
-        return out, None, None, None, None
+        if ctx.scale != 1.0:  # a 1-element tensor of the input's dtype: the product is computed and kept in it
+            out = out * torch.full((1,), ctx.scale, dtype=ctx.in_dtype, device=out.device)
+        return out.to(ctx.in_dtype), None, None, None, None, None
 
 
 def _as_words(src: Tensor, dst: Tensor) -> tuple[Tensor, Tensor]:
@@ -175,6 +180,9 @@ class ShardedEmbeddingCollection(nn.Module):
                                  persistent=False)
             self.register_buffer("_column_rows", self.table_sizes.repeat_interleave(
                 torch.tensor(self.bag_sizes, device=self.table_sizes.device)), persistent=False)
+            self.register_buffer("_send_rows", self._column_rows[self._send_columns, None], persistent=False)
+            #: rows travel as int32 when every table's rows fit it (half the bytes of int64)
+            self._id_dtype = torch.int32 if max(plan.table_sizes) <= torch.iinfo(torch.int32).max else torch.int64
             self._columns_of = [sum(self.bag_sizes[s.table] for s in plan.shards_of(q)) for q in range(self.world)]
             local_sizes = [self.bag_sizes[s.table] for s in self.local_shards]
             self._local_bags = FixedBags(local_sizes).to(device) if any(n > 1 for n in local_sizes) else None
@@ -261,8 +269,9 @@ class ShardedEmbeddingCollection(nn.Module):
         if ids.dtype.is_floating_point or ids.dtype.is_complex or ids.dtype == torch.bool:
             raise TypeError(f"ids must be an integer tensor, got {ids.dtype}")
         batch, s_self = ids.shape[0], self._columns_of[self.rank]
-        rows = ids.to(torch.int64).remainder(self._column_rows)
-        send = rows.t()[self._send_columns]  # (S, B): the tables' columns in exchange order (owner, local order)
+        # (S, B): the tables' columns in exchange order (owner, local order), each id reduced to its row
+        send = ids.new_empty((len(self._send_columns), batch), dtype=self._id_dtype)
+        torch.remainder(ids.t()[self._send_columns], self._send_rows, out=send)
         if self.world == 1:
             local_ids = send.t()
         else:
@@ -291,10 +300,9 @@ class ShardedEmbeddingCollection(nn.Module):
                 return pooled
             flat = pooled.reshape(-1)
         else:
-            send = pooled.reshape(-1)
-            flat = _Exchange.apply(send if self.comm_dtype is None else send.to(self.comm_dtype),
-                                   [batch * k_self * dim] * self.world, [batch * c * dim for c in self.counts],
-                                   self.group, self.grad_scale)
+            flat = _Exchange.apply(pooled.reshape(-1), [batch * k_self * dim] * self.world,
+                                   [batch * c * dim for c in self.counts], self.group, self.grad_scale,
+                                   self.comm_dtype)
         return _TableOrder.apply(flat, batch, self._exchange_tables.split(self.counts), self._table_rows(batch))
 
     def _table_rows(self, batch: int) -> Tensor:
@@ -343,9 +351,8 @@ class ShardedEmbeddingCollection(nn.Module):
         else:
             send_splits = [b * counts[self.rank] * dim for b in batches]
             recv_splits = [batch * c * dim for c in counts]
-            send = pooled_local.reshape(-1)
-            flat = _Exchange.apply(send if self.comm_dtype is None else send.to(self.comm_dtype), send_splits,
-                                   recv_splits, self.group, self.grad_scale).to(pooled_local.dtype)
+            flat = _Exchange.apply(pooled_local.reshape(-1), send_splits, recv_splits, self.group, self.grad_scale,
+                                   self.comm_dtype).to(pooled_local.dtype)
             received = torch.cat([p.view(batch, c, dim) for p, c in zip(flat.split(recv_splits), counts)], dim=1)
         out = torch.zeros(batch, self.num_features, dim, dtype=received.dtype, device=received.device)
         return out.index_add(1, self.shard_table, received)

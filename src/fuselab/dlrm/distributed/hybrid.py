@@ -34,7 +34,7 @@ from ..config import DLRMConfig
 from ..model import DLRM
 from ..optim import Optimizers
 from ..parallelism import Restored, TrainingParts, local_stop
-from ..step import GRAPH_MODES, TrainStep
+from ..step import GRAPH_MODES, StepOptions, TrainStep
 from . import checkpoint as dckpt
 from .embedding import ShardedEmbeddingCollection
 from .local import fused_factory, torch_factory
@@ -48,13 +48,16 @@ __all__ = ["HybridParallel", "build_hybrid"]
 
 
 def build_hybrid(cfg: DLRMConfig, sizes: list[int], ctx: ParallelContext, *, kernels: str, mode: str,
-                 budget_bytes: int | None = None) -> tuple[DistributedDLRM, Optimizers, TrainStep, ShardingPlan]:
+                 budget_bytes: int | None = None, overlap: bool | None = None
+                 ) -> tuple[DistributedDLRM, Optimizers, TrainStep, ShardingPlan]:
     """The hybrid-parallel model of ``cfg`` on this rank (tables ``sizes``), its optimizers and training step.
 
     Tables: :func:`.plan.plan_sharding` (``cfg.row_wise_share``; None: whole tables unless over ``budget_bytes``),
     the local module fused (``kernels="fuselab"``) or torch, the static exchange (uniform batches), pooled
     embeddings sent in bf16 under ``precision="bf16"``. Dense part: the DLRM's MLPs and interaction without
-    tables, through DDP, or (``mode="cuda_graph"``) with the flat all-reduce inside the captured step."""
+    tables, through DDP, or (the graph modes, and ``overlap``) with the flat all-reduce inside the step.
+    ``overlap``: the lookup and its exchanges on a side stream beside the bottom MLP (:mod:`..overlap`); None:
+    ``cfg.overlap`` on CUDA in the graph modes (in the eager and compile modes DDP overlaps its all-reduce)."""
     share = cfg.row_wise_share if cfg.row_wise_share is not None else math.inf
     optimizer = cfg.embedding_optimizer
     plan = plan_sharding(sizes, cfg.embedding_dim, ctx.world_size, optimizer=optimizer,
@@ -65,10 +68,13 @@ def build_hybrid(cfg: DLRMConfig, sizes: list[int], ctx: ParallelContext, *, ker
         uniform_batch=True, comm_dtype=torch.bfloat16 if cfg.precision == "bf16" else None,
         multi_hot_sizes=cfg.multi_hot_sizes, pooling=cfg.pooling)
     dense = DLRM.from_config(dataclasses.replace(cfg, kernels=kernels), sizes, embeddings=False)
-    model = DistributedDLRM(sparse, DenseParts(dense).to(ctx.device), device=ctx.device, ddp=mode not in GRAPH_MODES)
+    if overlap is None:
+        overlap = cfg.overlap and ctx.device.type == "cuda" and mode in GRAPH_MODES
+    model = DistributedDLRM(sparse, DenseParts(dense).to(ctx.device), device=ctx.device,
+                            ddp=mode not in GRAPH_MODES and not overlap)
     optimizers = Optimizers(model, lr_dense=cfg.lr_dense, lr_sparse=cfg.lr_sparse)
-    step = TrainStep(model, optimizers, precision=cfg.precision, mode=mode, compile_embedding=False,
-                     grad_sync=model.reduce_gradients)
+    step = TrainStep(model, optimizers, precision=cfg.precision, mode=mode, grad_sync=model.reduce_gradients,
+                     options=StepOptions(compile_embedding=False, overlap=overlap))
     return model, optimizers, step, plan
 
 

@@ -155,7 +155,11 @@ class DenseParts(nn.Module):
             model.over_arch
 
     def forward(self, dense: Tensor, emb: Tensor) -> Tensor:
-        return self.over_arch(self.interaction_arch(self.dense_arch(dense), emb)).squeeze(1)
+        return self.top_forward(self.dense_arch(dense), emb)
+
+    def top_forward(self, x: Tensor, emb: Tensor) -> Tensor:
+        """x (B, D_dense) the dense arch's output, emb (B, F, D) -> logits (B,)."""
+        return self.over_arch(self.interaction_arch(x, emb)).squeeze(1)
 
 
 class DistributedDLRM(nn.Module):
@@ -213,6 +217,23 @@ class DistributedDLRM(nn.Module):
     def dense_forward(self, dense: Tensor, emb: Tensor) -> Tensor:
         """Everything after the lookup (through DDP when it is on): dense (B, I), emb (B, F, D) -> logits (B,)."""
         return self.dense(dense, emb)
+
+    def bottom_forward(self, dense: Tensor) -> Tensor:
+        """The dense arch alone, dense (B, I) -> (B, D_dense), outside DDP: with ``ddp=False`` only (the step then
+        reduces the gradients itself); with :meth:`top_forward` it splits :meth:`dense_forward` around the lookup's
+        wait (:mod:`fuselab.dlrm.overlap`). Raises RuntimeError under DDP, which needs one forward per backward."""
+        self._no_ddp("bottom_forward")
+        return self.dense_module.dense_arch(dense)
+
+    def top_forward(self, x: Tensor, emb: Tensor) -> Tensor:
+        """The interaction and the over arch: x (B, D_dense), emb (B, F, D) -> logits (B,) (``ddp=False``)."""
+        self._no_ddp("top_forward")
+        return self.dense_module.top_forward(x, emb)
+
+    def _no_ddp(self, name: str) -> None:
+        if self.ddp:
+            raise RuntimeError(f"{name} runs outside DDP: build the model with ddp=False and reduce the gradients "
+                               "with reduce_gradients()")
 
     def dense_parameters(self) -> list[nn.Parameter]:
         return list(self.dense_module.parameters())
