@@ -38,8 +38,10 @@ def make_bags(gen: torch.Generator, batch: int, sizes: list[int], max_bag: int) 
     return ids, torch.cat([torch.zeros(1, dtype=torch.int64), lengths.cumsum(0)])
 
 
-def make_plan(world: int, sizes: list[int] = SIZES):
-    return plan_sharding(sizes, DIM, world, pooling_factors=[2.0] * len(sizes), row_wise_share=0.5)
+def make_plan(world: int, sizes: list[int] = SIZES, global_batch: int | None = None):
+    """Table 2 split row-wise; with ``global_batch``, the small tables replicated (data-parallel)."""
+    return plan_sharding(sizes, DIM, world, pooling_factors=[2.0] * len(sizes), row_wise_share=0.5,
+                         global_batch=global_batch)
 
 
 def _context(timeout_s: float = TIMEOUT_S):
@@ -60,7 +62,7 @@ def embedding_cases(cfgs: list[dict], ctx=None) -> list[dict]:
 def embedding_steps(cfg: dict, ctx) -> dict:
     """Two forward/backward steps of the sharded collection on this rank's slice of fixed global batches; returns
     the outputs of each step and the final local shard rows."""
-    plan = make_plan(ctx.world_size)
+    plan = make_plan(ctx.world_size, global_batch=cfg.get("replicate_batch"))
     factory = fused_factory if cfg.get("factory") == "fused" else torch_factory
     emb = ShardedEmbeddingCollection(plan, ctx.rank, factory=factory, optimizer=embedding_optimizer(cfg["optimizer"]),
                                      lr=0.3, pooling=cfg["pooling"], seed=5, grad_divisor=cfg.get("grad_divisor", 1.0),
@@ -76,7 +78,9 @@ def embedding_steps(cfg: dict, ctx) -> dict:
         outs.append(out.detach())
     shards = [(s.table, s.row_start, s.row_end, w.clone(), None if m is None else m.clone())
               for s, w, m in emb.shard_states()]
-    return {"outs": outs, "shards": shards}
+    replicated = [] if emb.replicas is None else [(t, w.clone(), None if m is None else m.clone())
+                                                  for t, w, m in emb.replicas.table_states()]
+    return {"outs": outs, "shards": shards, "replicated": replicated}
 
 
 class TinyDense(nn.Module):
@@ -214,9 +218,10 @@ def static_vs_dynamic(cfgs: list[dict], ctx=None) -> list[dict]:
     from fuselab.dlrm.bags import FixedBags
 
     ctx = ctx or _context()
-    plan = plan_sharding(SIZES, DIM, ctx.world_size, row_wise_share=float("inf"))
     results = []
     for cfg in cfgs:
+        plan = plan_sharding(SIZES, DIM, ctx.world_size, row_wise_share=float("inf"),
+                             global_batch=cfg.get("replicate_batch"))
         factory = fused_factory if cfg.get("factory") == "fused" else torch_factory
         sizes = BAG_SIZES if cfg.get("bags") else None
         bags = FixedBags(sizes or [1] * len(SIZES))
@@ -236,9 +241,11 @@ def static_vs_dynamic(cfgs: list[dict], ctx=None) -> list[dict]:
                 out = emb(ids[part]) if uniform or sizes is None else emb(*bags(ids[part]))
                 (out.float() * weight[part]).sum().backward()
                 outs.append(out.detach().float())
-            paths[name] = {"outs": outs, "taken": emb.static,
+            replicas = [] if emb.replicas is None else emb.replicas.table_states()
+            paths[name] = {"outs": outs, "taken": emb.static, "replicated": list(plan.replicated),
                            "shards": [(s.table, w.clone(), None if m is None else m.clone())
-                                      for s, w, m in emb.shard_states()]}
+                                      for s, w, m in emb.shard_states()]
+                           + [(t, w.clone(), None if m is None else m.clone()) for t, w, m in replicas]}
         results.append(paths)
     if ctx.world_size > 1:
         shutdown()

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from fuselab.core.embedding_optimizer import SGD, Adagrad, RowwiseAdagrad
-from fuselab.dlrm.distributed.plan import Shard, ShardingPlan, plan_sharding, row_bytes
+from fuselab.dlrm.distributed.plan import Shard, ShardingPlan, plan_sharding, replicates, row_bytes
 
 
 def _check_cover(plan: ShardingPlan) -> None:
@@ -115,3 +115,47 @@ def test_mlperf_v2_tables_on_8_ranks():
     assert max(looks) / (sum(bags) / 8) < 1.5
     with pytest.raises(ValueError, match="budgets total"):
         plan_sharding(sizes, 128, 8, budget_bytes=10 * 2**30)
+
+
+def test_replicates_counts_the_bytes_each_way():
+    """Data-parallel when the ring all-reduce of the fp32 gradient, 2 (W - 1) x rows x D x 4 bytes over all ranks,
+    is below the exchange of (W - 1) / W of the samples' ids (int32) and pooled rows and their gradients."""
+    # W = 2, B = 1024, D = 8, bf16 wire, one id: exchange 0.5 * 1024 * (2*8*2 + 4) = 18432; all-reduce 64 * rows
+    assert plan_replicates(287) and not plan_replicates(288)
+    assert not replicates(1, 8, 1, 1024)  # one rank: nothing to save
+    # a bag of 100 ids per sample sends 400 bytes of ids: larger tables are worth replicating
+    assert replicates(3000, 8, 2, 1024, pooling_factor=100.0, wire_bytes=2) and not plan_replicates(3000)
+
+
+def plan_replicates(rows: int) -> bool:
+    return replicates(rows, 8, 2, 1024, wire_bytes=2)
+
+
+def test_kaggle_small_tables_are_replicated_on_two_ranks():
+    from fuselab.dlrm.data.shards import KAGGLE_CARDINALITIES
+
+    sizes = list(KAGGLE_CARDINALITIES)
+    plan = plan_sharding(sizes, 16, 2, global_batch=131072, wire_bytes=2)
+    assert plan.replicated == [t for t, n in enumerate(sizes) if n < 34816]  # 131072 * 68 / 256
+    assert len(plan.replicated) == 18
+    assert {s.table for s in plan.shards} == set(range(26)) - set(plan.replicated)
+    assert all(plan.kinds[t] == "replicated" for t in plan.replicated)
+    replica_bytes = sum(sizes[t] for t in plan.replicated) * plan.bytes_per_row
+    assert sum(plan.rank_bytes()) == sum(n for t, n in enumerate(sizes) if t not in plan.replicated) \
+        * plan.bytes_per_row + 2 * replica_bytes
+    assert ShardingPlan.from_dict(json.loads(json.dumps(plan.to_dict()))) == plan
+    assert "every rank (data-parallel" in plan.format_table() and "t8" in plan.format_table().splitlines()[-1]
+    assert plan_sharding(sizes, 16, 1, global_batch=131072).replicated == []  # one rank: whole tables
+    assert plan_sharding(sizes, 16, 2).replicated == []  # no batch given: no replication
+
+
+def test_replicated_plans_are_validated():
+    with pytest.raises(ValueError, match="replicated table"):
+        ShardingPlan(2, 4, [10, 3], [Shard(0, 0, 0, 10), Shard(1, 1, 0, 3)], 20, [1.0, 1.0], replicated=[1]).validate()
+    with pytest.raises(ValueError, match="ascending"):
+        ShardingPlan(2, 4, [10, 3, 2], [Shard(0, 0, 0, 10)], 20, [1.0] * 3, replicated=[2, 1]).validate()
+    with pytest.raises(ValueError, match="ascending"):
+        ShardingPlan(2, 4, [10], [Shard(0, 0, 0, 10)], 20, [1.0], replicated=[3]).validate()
+    ShardingPlan(2, 4, [10, 3], [Shard(0, 1, 0, 10)], 20, [1.0, 1.0], replicated=[1]).validate()
+    with pytest.raises(ValueError, match="global_batch"):
+        plan_sharding([3], 4, 2, global_batch=0)

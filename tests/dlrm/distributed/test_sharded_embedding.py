@@ -22,7 +22,11 @@ CASES = [{"optimizer": "adagrad", "pooling": "mean", "batch": 8},
          {"optimizer": "rowwise_adagrad", "pooling": "sum", "batch": 10},
          {"optimizer": "sgd", "pooling": "sum", "batch": 4},
          {"optimizer": "sgd", "pooling": "sum", "batch": 6, "comm_dtype": torch.bfloat16},
-         {"optimizer": "sgd", "pooling": "sum", "batch": 6, "comm_dtype": torch.bfloat16, "grad_divisor": 4.0}]
+         {"optimizer": "sgd", "pooling": "sum", "batch": 6, "comm_dtype": torch.bfloat16, "grad_divisor": 4.0},
+         # tables 1, 3 and 4 replicated (data-parallel) at 2 and 4 ranks
+         {"optimizer": "adagrad", "pooling": "mean", "batch": 8, "replicate_batch": 64},
+         {"optimizer": "rowwise_adagrad", "pooling": "sum", "batch": 8, "grad_divisor": 4.0, "replicate_batch": 64},
+         {"optimizer": "sgd", "pooling": "sum", "batch": 6, "comm_dtype": torch.bfloat16, "replicate_batch": 64}]
 #: per case: (atol, rtol) of outputs and rows; bf16 on the wire rounds outputs and gradients to 8 bits
 TOLERANCE = {None: (1e-6, 1e-5), torch.bfloat16: (2e-2, 1e-2)}
 
@@ -61,8 +65,10 @@ def reference(cfg: dict, world: int) -> tuple[list[torch.Tensor], list[torch.Ten
 
 
 def _compare(results: list[list[dict]], world: int) -> None:
-    plan = make_plan(world)
     for c, cfg in enumerate(CASES):  # FUSED: the same cases
+        plan = make_plan(world, global_batch=cfg.get("replicate_batch"))
+        if cfg.get("replicate_batch") and world > 1:
+            assert plan.replicated == [1, 3, 4]
         ref_outs, ref_tables, ref_state = reference(cfg, world)
         atol, rtol = TOLERANCE[cfg.get("comm_dtype") if world > 1 else None]
         for step in range(2):
@@ -81,7 +87,14 @@ def _compare(results: list[list[dict]], world: int) -> None:
                 else:
                     torch.testing.assert_close(m.double(), ref_state[table][lo:hi], atol=1e-6, rtol=1e-5)
                 seen += hi - lo
-        assert seen == sum(SIZES)
+            replicas = results[r][c]["replicated"]  # every rank holds them whole, with the same state
+            assert [t for t, _, _ in replicas] == plan.replicated
+            for table, w, m in replicas:
+                torch.testing.assert_close(w.double(), ref_tables[table], atol=atol, rtol=rtol)
+                if m is not None:
+                    torch.testing.assert_close(m.double(), ref_state[table], atol=1e-6, rtol=1e-5)
+                    assert torch.equal(m, results[0][c]["replicated"][plan.replicated.index(table)][2])
+        assert seen == sum(n for t, n in enumerate(SIZES) if t not in plan.replicated)
 
 
 def test_init_rows_independent_of_sharding():
@@ -153,7 +166,8 @@ def test_two_ranks_fused_local_module_equals_reference():
 
 
 STATIC = [{"optimizer": "rowwise_adagrad", "batch": 6}, {"optimizer": "adagrad", "batch": 5},
-          {"optimizer": "sgd", "batch": 4, "comm_dtype": torch.bfloat16}]
+          {"optimizer": "sgd", "batch": 4, "comm_dtype": torch.bfloat16},
+          {"optimizer": "rowwise_adagrad", "batch": 6, "replicate_batch": 48}]  # small tables replicated
 
 
 def _compare_static(results: list[list[dict]], world: int, cases: list[dict]) -> None:
@@ -163,6 +177,7 @@ def _compare_static(results: list[list[dict]], world: int, cases: list[dict]) ->
         for r in range(world):
             static, dynamic = results[r][c]["static"], results[r][c]["dynamic"]
             assert static["taken"] and not dynamic["taken"]
+            assert bool(static["replicated"]) == (bool(cfg.get("replicate_batch")) and world > 1)
             for a, b in zip(static["outs"], dynamic["outs"]):
                 assert a.shape == b.shape == (cfg["batch"], len(SIZES), DIM)
                 torch.testing.assert_close(a, b, atol=atol, rtol=rtol)
@@ -187,7 +202,8 @@ def test_static_exchange_equals_dynamic(world):
 
 
 MULTI_HOT = [{"optimizer": "rowwise_adagrad", "pooling": "sum", "batch": 5, "bags": True},
-             {"optimizer": "adagrad", "pooling": "mean", "batch": 4, "bags": True}]
+             {"optimizer": "adagrad", "pooling": "mean", "batch": 4, "bags": True},
+             {"optimizer": "adagrad", "pooling": "mean", "batch": 4, "bags": True, "replicate_batch": 32}]
 
 
 def test_static_exchange_of_fixed_bags_one_rank():
@@ -203,32 +219,42 @@ def test_static_exchange_of_fixed_bags_two_ranks():
     _compare_static(spawn_local(2, static_vs_dynamic, (MULTI_HOT,)), 2, MULTI_HOT)
 
 
+@pytest.mark.parametrize("replicated_tables", [[], [3, 6]])
 @pytest.mark.parametrize("dtype, dim", [(torch.float32, 3), (torch.bfloat16, 16), (torch.float32, 4)])
-def test_table_order_copies_every_row_both_ways(dtype, dim):
-    """_TableOrder against a per-(sample, table) loop: owners' blocks -> table order, and the gradient back; odd
-    row widths (no 64-bit view) and word-sized rows, an owner without tables; every element compared (the expected
-    gradient starts as NaN, so a row the reference misses fails too)."""
+def test_table_order_copies_every_row_both_ways(dtype, dim, replicated_tables):
+    """_TableOrder against a per-(sample, table) loop: owners' blocks and the replicated tables' rows (fp32, cast to
+    the blocks' dtype) -> table order, and the gradient back; odd row widths (no 64-bit view) and word-sized rows,
+    an owner without tables; every element compared (the expected gradient starts as NaN, so a row the reference
+    misses fails too)."""
     from fuselab.dlrm.distributed.embedding import _TableOrder
 
     gen = torch.Generator().manual_seed(3)
-    batch, owners = 5, [[4, 0, 2], [], [1, 5, 3, 6]]
-    f_count = sum(len(t) for t in owners)
-    flat = torch.randn(batch * f_count * dim, generator=gen).to(dtype).requires_grad_()
+    batch, owners = 5, [[4, 0, 2], [], [1, 5]] if replicated_tables else [[4, 0, 2], [], [1, 5, 3, 6]]
+    f_count = sum(len(t) for t in owners) + len(replicated_tables)
+    flat = torch.randn(batch * (f_count - len(replicated_tables)) * dim, generator=gen).to(dtype).requires_grad_()
+    replicated = torch.randn(batch, len(replicated_tables), dim, generator=gen).requires_grad_()
     where, start = {}, 0  # (b, f) -> row of flat viewed as (rows, dim)
     for tables in owners:
         for b in range(batch):
             for k, f in enumerate(tables):
                 where[b, f] = start + b * len(tables) + k
         start += batch * len(tables)
+    for b in range(batch):  # the replicated rows follow the flat ones
+        for r, f in enumerate(replicated_tables):
+            where[b, f] = start + b * len(replicated_tables) + r
     row_index = torch.tensor([[where[b, f] for f in range(f_count)] for b in range(batch)])
     owner_tables = [torch.tensor(t, dtype=torch.int64) for t in owners]
-    out = _TableOrder.apply(flat, batch, owner_tables, row_index)
-    rows = flat.detach().view(-1, dim)
+    out = _TableOrder.apply(flat, batch, owner_tables, row_index, replicated,
+                            torch.tensor(replicated_tables, dtype=torch.int64))
+    rows = torch.cat([flat.detach().view(-1, dim), replicated.detach().to(dtype).reshape(-1, dim)])
     expected = torch.stack([torch.stack([rows[where[b, f]] for f in range(f_count)]) for b in range(batch)])
-    assert torch.equal(out, expected)
+    assert out.dtype == dtype and torch.equal(out, expected)
     grad = torch.randn(batch, f_count, dim, generator=gen).to(dtype)
     out.backward(grad)
-    grad_rows = torch.full((flat.numel() // dim, dim), float("nan"), dtype=dtype)
+    grad_rows = torch.full((rows.shape[0], dim), float("nan"), dtype=dtype)
     for (b, f), r in where.items():
         grad_rows[r] = grad[b, f]
-    assert torch.equal(flat.grad.view(-1, dim), grad_rows)
+    flat_rows = flat.numel() // dim
+    assert torch.equal(flat.grad.view(-1, dim), grad_rows[:flat_rows])
+    assert replicated.grad.dtype == torch.float32
+    assert torch.equal(replicated.grad.reshape(-1, dim), grad_rows[flat_rows:].float())

@@ -99,7 +99,14 @@ def embedding_state(sparse: ShardedEmbeddingCollection) -> dict[str, Any]:
     for shard, weight, state in sparse.shard_states():
         local.setdefault(shard.table, []).append((shard.row_start, weight, state))
     out: dict[str, Any] = {}
+    replicas = [] if sparse.replicas is None else sparse.replicas.table_states()
+    for t, weight, state in replicas:  # every rank holds them: plain tensors, which DCP saves once
+        out[f"t{t}/weight"] = weight
+        if state is not None:
+            out[f"t{t}/state"] = state
     for t, n in enumerate(plan.table_sizes):
+        if t in plan.replicated:
+            continue
         mine = local.get(t, [])
         layout = [(s.rank, s.row_start, s.rows) for s in plan.shards_of_table(t)]
         template = sparse.local.state if sparse.local is not None else None

@@ -35,8 +35,10 @@ from fuselab.core.embedding_optimizer import ROWWISE_ADAGRAD, EmbeddingOptimizer
 from fuselab.core.reductions import REDUCTIONS
 
 from ..bags import FixedBags, check_sizes
+from ..sparse import TableSpec
 from .local import LocalFactory, fused_factory, init_rows
 from .plan import Shard, ShardingPlan
+from .replicated import ReplicatedTables
 
 
 class _Exchange(torch.autograd.Function):
@@ -75,16 +77,20 @@ def _as_words(src: Tensor, dst: Tensor) -> tuple[Tensor, Tensor]:
 
 
 class _TableOrder(torch.autograd.Function):
-    """The owners' blocks of pooled rows, back to back in ``flat`` (owner q's ``(B, K_q, D)``), -> ``(B, F, D)``
-    in table order. Forward: one ``index_copy_`` along the table dim per owner; backward: one ``index_copy_`` of the
-    gradient's rows into the flat layout (``row_index`` (B, F): the row of (b, f) in ``flat`` viewed as rows of D).
-    Both on 64-bit words: on an H100, ``index_select`` of the (B*F, D) rows took 1.03 ms where these take 58 and
-    56 µs (B = 65536, F = 26, D = 16 bf16; ``benchmarks/results/h100/table_order.json``)."""
+    """The owners' blocks of pooled rows, back to back in ``flat`` (owner q's ``(B, K_q, D)``), and the replicated
+    tables' rows ``replicated`` ``(B, F_r, D)`` (tables ``replicated_tables``; F_r may be 0) -> ``(B, F, D)`` in
+    table order, in ``flat``'s dtype. Forward: one ``index_copy_`` along the table dim per block; backward: one
+    ``index_copy_`` of the gradient's rows into [the flat layout, then the replicated block] (``row_index`` (B, F):
+    the row of (b, f) there, viewed as rows of D). Both on 64-bit words: on an H100, ``index_select`` of the
+    (B*F, D) rows took 1.03 ms where these take 58 and 56 µs (B = 65536, F = 26, D = 16 bf16;
+    ``benchmarks/results/h100/table_order.json``)."""
 
     @staticmethod
-    def forward(ctx, flat: Tensor, batch: int, owner_tables: Sequence[Tensor], row_index: Tensor) -> Tensor:
-        dim = flat.numel() // row_index.numel()
+    def forward(ctx, flat: Tensor, batch: int, owner_tables: Sequence[Tensor], row_index: Tensor,
+                replicated: Tensor, replicated_tables: Tensor) -> Tensor:
+        dim = replicated.shape[-1]
         ctx.save_for_backward(row_index)
+        ctx.flat_rows, ctx.replicated_dtype = flat.numel() // dim, replicated.dtype
         out = flat.new_empty(batch, row_index.shape[1], dim)
         src, dst = _as_words(flat.view(-1, dim), out)
         start = 0
@@ -93,6 +99,9 @@ class _TableOrder(torch.autograd.Function):
             if count:
                 dst.index_copy_(1, tables, src[start: start + count].view(batch, tables.numel(), src.shape[-1]))
             start += count
+        if replicated_tables.numel():
+            rows, dst = _as_words(replicated.to(out.dtype), out)
+            dst.index_copy_(1, replicated_tables, rows)
         return out
 
     @staticmethod
@@ -102,7 +111,10 @@ class _TableOrder(torch.autograd.Function):
         rows = grad.new_empty(row_index.numel(), grad.shape[-1])
         src, dst = _as_words(grad, rows)
         dst.index_copy_(0, row_index.reshape(-1), src.reshape(-1, src.shape[-1]))
-        return rows.reshape(-1), None, None, None
+        flat, replicated = rows[: ctx.flat_rows], rows[ctx.flat_rows:]
+        batch, dim = grad.shape[0], grad.shape[-1]
+        replicated = replicated.view(batch, replicated.shape[0] // batch, dim).to(ctx.replicated_dtype)
+        return flat.reshape(-1), None, None, None, replicated, None
 
 
 class ShardedEmbeddingCollection(nn.Module):
@@ -158,15 +170,22 @@ class ShardedEmbeddingCollection(nn.Module):
         self.bag_sizes = (check_sizes(multi_hot_sizes, self.num_features) if multi_hot_sizes is not None
                           else [1] * self.num_features)
         self.bags = FixedBags(self.bag_sizes).to(device)
+        self.replicas = self._replicas(plan, optimizer, lr, pooling, seed, device)
         self._build_routing(device)
         #: the static exchange applies to 2-D ids (B, S): every table whole on one rank, the same B on every rank
         self.static = bool(uniform_batch) and all(s.rows == plan.table_sizes[s.table] for s in plan.shards)
         #: a training step with it can be captured: a static exchange and a capturable local module
         self.capturable = self.static and (self.local is None or self.local.capturable)
+        start = [0, *itertools.accumulate(self.bag_sizes)]
+        replicated_columns = [c for t in plan.replicated for c in range(start[t], start[t + 1])]
+        self.register_buffer("_replicated_columns", torch.tensor(replicated_columns, dtype=torch.int64,
+                                                                 device=device), persistent=False)
         if self.static:  # where table f arrives: owner's block start (in shards), block width, index in it
             exchange = [s for q in range(self.world) for s in plan.shards_of(q)]
             where = {s.table: (sum(self.counts[:s.rank]), self.counts[s.rank], plan.shards_of(s.rank).index(s))
                      for s in exchange}
+            # a replicated table's rows follow the exchanged ones: block start sum(counts), width F_r
+            where.update({t: (sum(self.counts), len(plan.replicated), r) for r, t in enumerate(plan.replicated)})
             for name, column in (("_block_start", 0), ("_block_width", 1), ("_local_index", 2)):
                 values = [where[f][column] for f in range(self.num_features)]
                 self.register_buffer(name, torch.tensor(values, dtype=torch.int64, device=device), persistent=False)
@@ -190,6 +209,18 @@ class ShardedEmbeddingCollection(nn.Module):
                                  persistent=False)
             self._row_index: dict[int, Tensor] = {}
 
+    def _replicas(self, plan: ShardingPlan, optimizer: EmbeddingOptimizer, lr: float, pooling: str, seed: int,
+                  device) -> ReplicatedTables | None:
+        """The plan's replicated tables, whole on this rank (None without any)."""
+        if not plan.replicated:
+            return None
+        bags = [self.bag_sizes[t] for t in plan.replicated]
+        spec = TableSpec(tuple(plan.table_sizes[t] for t in plan.replicated), self.dim, pooling,
+                         tuple(bags) if any(n > 1 for n in bags) else None)
+        return ReplicatedTables(spec, list(plan.replicated), seed=seed, group=self.group,
+                                grad_scale=self.grad_scale if self.world > 1 else 1.0, optimizer=optimizer, lr=lr,
+                                device=device)
+
     def _build_routing(self, device) -> None:
         plan = self.plan
         shards = [s for q in range(self.world) for s in plan.shards_of(q)]  # exchange order: owner, then local
@@ -206,14 +237,19 @@ class ShardedEmbeddingCollection(nn.Module):
             "shard_table": torch.tensor([s.table for s in shards], dtype=torch.int64),
             "shards_per_rank": torch.tensor([len(plan.shards_of(q)) for q in range(self.world)]),
             "shards_before": torch.tensor([len([s for s in shards if s.rank < q]) for q in range(self.world)]),
+            # a feature's place among the replicated tables (-1: sharded)
+            "replicated_index": torch.tensor([plan.replicated.index(f) if f in plan.replicated else -1
+                                              for f in range(self.num_features)]),
+            "replicated_tables": torch.tensor(plan.replicated, dtype=torch.int64),
         }
         for name, value in buffers.items():
             self.register_buffer(name, value.to(device=device, dtype=torch.int64), persistent=False)
         self.counts = [len(plan.shards_of(q)) for q in range(self.world)]
 
     def set_lr(self, value: float) -> None:
-        if self.local is not None:
-            self.local.set_lr(value)
+        for module in (self.local, self.replicas):
+            if module is not None:
+                module.set_lr(value)
 
     def _bags(self, ids: Tensor, offsets: Tensor | None) -> tuple[Tensor, Tensor, int]:
         """(values (N,), bag of each value (N,), B) from (B, F) ids or flat ids + (B*F + 1,) offsets."""
@@ -247,6 +283,13 @@ class ShardedEmbeddingCollection(nn.Module):
         f_count, counts = self.num_features, self.counts
         feature = bag.remainder(f_count)
         row = values.remainder(self.table_sizes[feature])
+        replicated = None
+        if self.replicas is not None:  # their bags stay here; the others go to their owners
+            local = self.replicated_index[feature]
+            mine = local >= 0
+            replicated = self._replicated_bags(row[mine], bag[mine] // f_count, local[mine], batch)
+            keep = ~mine
+            bag, feature, row = bag[keep], feature[keep], row[keep]
         pos = torch.searchsorted(self.bound, self.table_start[feature] + row, right=True) - 1
         owner, local_shard = self.sorted_owner[pos], self.sorted_local[pos]
         # slot of each id in the send buffer of bag lengths: owner-major, then sample, then owner's local shard
@@ -259,7 +302,17 @@ class ShardedEmbeddingCollection(nn.Module):
         if self.pooling == "mean":
             bag_len = torch.bincount(bag, minlength=batch * f_count).view(batch, f_count)
             out = out / bag_len.clamp(min=1).unsqueeze(-1).to(out.dtype)
+        if replicated is not None:
+            out = out.index_copy(1, self.replicated_tables, replicated.to(out.dtype))
         return out
+
+    def _replicated_bags(self, rows: Tensor, sample: Tensor, local: Tensor, batch: int) -> Tensor:
+        """The replicated tables' bags of this rank's samples, as CSR (rows in bag order, each bag's sample and
+        replicated table) -> (B, F_r, D) from :attr:`replicas` (empty bags zero)."""
+        f_rep = self.replicated_tables.numel()
+        lengths = torch.bincount(sample * f_rep + local, minlength=batch * f_rep)
+        offsets = torch.cat([lengths.new_zeros(1), lengths.cumsum(0)])
+        return self.replicas(rows, offsets)
 
     def _forward_static(self, ids: Tensor) -> Tensor:
         """(B, S) ids -> (B, F, D) with split sizes from the plan (``uniform_batch``): no host synchronization."""
@@ -288,9 +341,13 @@ class ShardedEmbeddingCollection(nn.Module):
             pooled = self.local(*self._local_bags(local_ids))
             if self.pooling == "mean":  # every bag of local table k holds bag_sizes[k] ids
                 pooled = pooled * self._mean_scale[:, None]
-        return self._return_static(pooled, batch)
+        replicated = pooled.new_zeros(batch, 0, self.dim)
+        if self.replicas is not None:  # (B, S_r) rows of the replicated tables' columns, looked up here
+            columns = ids[:, self._replicated_columns]
+            replicated = self.replicas(columns.remainder(self._column_rows[self._replicated_columns]))
+        return self._return_static(pooled, batch, replicated)
 
-    def _return_static(self, pooled: Tensor, batch: int) -> Tensor:
+    def _return_static(self, pooled: Tensor, batch: int, replicated: Tensor) -> Tensor:
         """(W*B, K, D) pooled rows of this rank's tables -> (B, F, D) of this rank's samples, in table order: one
         all_to_all (in ``comm_dtype``: the result stays in it) and one copy that puts the owners' blocks in table
         order (none with one rank holding the tables in order)."""
@@ -303,7 +360,8 @@ class ShardedEmbeddingCollection(nn.Module):
             flat = _Exchange.apply(pooled.reshape(-1), [batch * k_self * dim] * self.world,
                                    [batch * c * dim for c in self.counts], self.group, self.grad_scale,
                                    self.comm_dtype)
-        return _TableOrder.apply(flat, batch, self._exchange_tables.split(self.counts), self._table_rows(batch))
+        return _TableOrder.apply(flat, batch, self._exchange_tables.split(self.counts), self._table_rows(batch),
+                                 replicated, self.replicated_tables)
 
     def _table_rows(self, batch: int) -> Tensor:
         """(B, F): the row of (sample b, table f) in the received buffer viewed as rows of D, i.e. owner q's

@@ -52,7 +52,9 @@ def build_hybrid(cfg: DLRMConfig, sizes: list[int], ctx: ParallelContext, *, ker
                  ) -> tuple[DistributedDLRM, Optimizers, TrainStep, ShardingPlan]:
     """The hybrid-parallel model of ``cfg`` on this rank (tables ``sizes``), its optimizers and training step.
 
-    Tables: :func:`.plan.plan_sharding` (``cfg.row_wise_share``; None: whole tables unless over ``budget_bytes``),
+    Tables: :func:`.plan.plan_sharding` (``cfg.row_wise_share``; None: whole tables unless over ``budget_bytes``;
+    ``cfg.data_parallel_tables``: the tables cheaper to replicate than to exchange, for ``cfg.batch_size`` samples
+    per step over all ranks, held by every rank),
     the local module fused (``kernels="fuselab"``) or torch, the static exchange (uniform batches), pooled
     embeddings sent in bf16 under ``precision="bf16"``. Dense part: the DLRM's MLPs and interaction without
     tables, through DDP, or (the graph modes, and ``overlap``) with the flat all-reduce inside the step.
@@ -60,8 +62,12 @@ def build_hybrid(cfg: DLRMConfig, sizes: list[int], ctx: ParallelContext, *, ker
     ``cfg.overlap`` on CUDA in the graph modes (in the eager and compile modes DDP overlaps its all-reduce)."""
     share = cfg.row_wise_share if cfg.row_wise_share is not None else math.inf
     optimizer = cfg.embedding_optimizer
+    bags = cfg.multi_hot_sizes
     plan = plan_sharding(sizes, cfg.embedding_dim, ctx.world_size, optimizer=optimizer,
-                         budget_bytes=budget_bytes, row_wise_share=share)
+                         budget_bytes=budget_bytes, row_wise_share=share,
+                         pooling_factors=None if bags is None else [float(n) for n in bags],
+                         global_batch=cfg.batch_size if cfg.data_parallel_tables else None,
+                         wire_bytes=2 if cfg.precision == "bf16" else 4)
     sparse = ShardedEmbeddingCollection(
         plan, ctx.rank, factory=fused_factory if kernels == "fuselab" else torch_factory, optimizer=optimizer,
         lr=cfg.lr_sparse, seed=cfg.seed, group=ctx.embedding_group, device=ctx.device,
