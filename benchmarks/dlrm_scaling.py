@@ -212,7 +212,7 @@ def worker(spec: dict[str, Any]) -> None:
         torch.set_num_threads(1)
     batch, world = spec["batch"], ctx.world_size
     cfg = load_config(spec["model"], precision=spec["precision"], optimizer=spec["optimizer"],
-                      batch_size=batch * world, seed=0)
+                      batch_size=batch * world, seed=0, data_parallel_tables=spec.get("data_parallel_tables", True))
     sizes = [max(2, round(n * spec["scale"])) for n in (cfg.cardinalities or KAGGLE_CARDINALITIES)]
     sizes = [min(n, cfg.max_rows_per_table or n) for n in sizes]
     kernels = "torch" if on_cpu else "fuselab"
@@ -377,6 +377,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--optimizer", default="rowwise_adagrad")
     parser.add_argument("--ids", choices=("powerlaw", "uniform"), default="powerlaw")
     parser.add_argument("--modes", default=",".join(MODES))
+    parser.add_argument("--no-data-parallel-tables", action="store_true",
+                        help="shard every table (default: the planner replicates the small ones)")
     parser.add_argument("--overlap", choices=("on", "off", "both"), default="both",
                         help="the lookup and its exchanges on a side stream beside the bottom MLP (both: each mode "
                              "with and without, and whether their weights end the same)")
@@ -412,6 +414,7 @@ def main(argv: list[str] | None = None) -> int:
             "windows": 2 if args.quick else args.windows, "device": args.device, "no_profile": args.no_profile,
             "timeline": args.timeline,
             "overlap": {"on": [True], "off": [False], "both": [False, True]}[args.overlap],
+            "data_parallel_tables": not args.no_data_parallel_tables,
             "hang_s": args.hang_s}
     record = _record(out / "dlrm_scaling.json", spec)
     for world in worlds:

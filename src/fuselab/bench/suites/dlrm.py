@@ -194,14 +194,14 @@ def build_dlrm(shared: Setup, kernels: str, device: torch.device) -> DLRM:
     return model
 
 
-def _dlrm_step(kernels: str, mode: str):
+def _dlrm_step(kernels: str, mode: str, overlap: bool = False):
     def build(case: BenchCase):
         _fresh()
         shared, device = setup(case.params["config"], case.params["scale"]), _device()
         model = build_dlrm(shared, kernels, device)
         optimizers = Optimizers(model, lr_dense=shared.lr_dense, lr_sparse=shared.lr_sparse)
         step = TrainStep(model, optimizers, precision="bf16" if _autocast(case) else "fp32", mode=mode,
-                         options=StepOptions(compile_options={"dynamic": False}))
+                         options=StepOptions(compile_options={"dynamic": False}, overlap=overlap))
         return lambda dense, ids, labels, _shared: step(dense, ids, labels)
 
     return build
@@ -252,6 +252,12 @@ SPEC = OpSpec(
                  description="--kernels fuselab --cuda-graph: the whole step in one CUDA graph"),
         Provider("fuselab-compile-graph", _dlrm_step("fuselab", "compile_graph"), triton=True, cuda_only=True,
                  description="--kernels fuselab --compile --cuda-graph: the compiled step in one CUDA graph"),
+        Provider("fuselab-graph-overlap", _dlrm_step("fuselab", "cuda_graph", overlap=True), triton=True,
+                 cuda_only=True, description="fuselab-graph with the lookup and the embedding update on a side "
+                 "stream beside the bottom MLP"),
+        Provider("fuselab-compile-graph-overlap", _dlrm_step("fuselab", "compile_graph", overlap=True),
+                 triton=True, cuda_only=True, description="fuselab-compile-graph with the lookup on a side stream "
+                 "(bottom MLP and the rest compiled apart)"),
         Provider("torchrec-dmp", _peer_step(peers.DMPStep), requires=peers.REQUIRES, cuda_only=True,
                  description="TorchRec DistributedModelParallel, one GPU, fused TBE, row-wise Adagrad in backward"),
         Provider("fbgemm-tbe", _peer_step(peers.TBEStep), requires=peers.REQUIRES, cuda_only=True,

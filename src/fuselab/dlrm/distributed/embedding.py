@@ -342,9 +342,8 @@ class ShardedEmbeddingCollection(nn.Module):
             if self.pooling == "mean":  # every bag of local table k holds bag_sizes[k] ids
                 pooled = pooled * self._mean_scale[:, None]
         replicated = pooled.new_zeros(batch, 0, self.dim)
-        if self.replicas is not None:  # (B, S_r) rows of the replicated tables' columns, looked up here
-            columns = ids[:, self._replicated_columns]
-            replicated = self.replicas(columns.remainder(self._column_rows[self._replicated_columns]))
+        if self.replicas is not None:  # the replicated tables' columns (B, S_r), looked up here
+            replicated = self.replicas(ids[:, self._replicated_columns])  # raw ids: the kernel folds them
         return self._return_static(pooled, batch, replicated)
 
     def _return_static(self, pooled: Tensor, batch: int, replicated: Tensor) -> Tensor:
