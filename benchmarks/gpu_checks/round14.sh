@@ -31,5 +31,10 @@ else
     fuselab-graph-overlap fuselab-compile-graph fuselab-compile-graph-overlap --out "$OUT/dlrm_suite" \
     > "$OUT/dlrm_suite.log" 2>&1
   echo "dlrm suite exit $?"; grep -E "│ +│ [a-z]|kaggle" "$OUT/dlrm_suite.log" | cut -c1-130
+  # the eager hybrid step at W = 2 with its kernel profile, with and without replicated tables
+  for extra in "" --no-data-parallel-tables; do
+    timeout 150 python3 benchmarks/dlrm_scaling.py --nproc 2 --modes eager --overlap off --hang-s 60 --limit-s 140 \
+      $extra --out "$OUT/eager_profile$extra" 2>>"$OUT/scaling.err" | tail -1
+  done
 fi
 tail -5 "$OUT/scaling.err" 2>/dev/null
