@@ -118,8 +118,8 @@ class DLRMConfig:
     #: several ranks: split a table row-wise when it holds more than this share of the tables' bytes per rank
     #: (None: only when it does not fit a rank's memory; whole tables keep the embedding exchange static)
     row_wise_share: float | None = None
-    #: several ranks: replicate the tables whose gradient all-reduce moves fewer bytes than exchanging their pooled
-    #: rows (small tables; the plan lists them)
+    #: several ranks, CUDA-graph step: replicate the tables whose gradient all-reduce moves fewer bytes than
+    #: exchanging their pooled rows (small tables; the plan lists them)
     data_parallel_tables: bool = True
 
     def __post_init__(self) -> None:

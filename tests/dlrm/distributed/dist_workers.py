@@ -255,9 +255,9 @@ def static_vs_dynamic(cfgs: list[dict], ctx=None) -> list[dict]:
 def overlap_vs_plain(cfg: dict, ctx=None) -> dict:
     """:func:`~fuselab.dlrm.distributed.hybrid.build_hybrid`'s eager step with overlap (split forward around the
     lookup, one flat all-reduce of the dense gradients) and without it (DDP), ``cfg["steps"]`` steps each on this
-    rank's slice of the same global batches (one id per table, whole tables: the static exchange, rows sent as
-    int32, pooled rows in bf16 under ``cfg["precision"] == "bf16"``). Returns each variant's losses, dense
-    parameters and shard rows."""
+    rank's slice of the same global batches (one id per table, whole tables but the replicated 1-row one: the
+    static exchange, rows sent as int32, pooled rows in bf16 under ``cfg["precision"] == "bf16"``). Returns each
+    variant's losses, dense parameters and shard rows."""
     ctx = ctx or _context()
     conf = DLRMConfig(name="test", embedding_dim=DIM, bottom_mlp=[8, DIM], top_mlp=[6, 1], seed=3,
                       precision=cfg["precision"], optimizer="rowwise_adagrad", lr_dense=0.3, lr_sparse=0.2,
@@ -265,8 +265,9 @@ def overlap_vs_plain(cfg: dict, ctx=None) -> dict:
     part = local_slice(cfg["batch"] * ctx.world_size, ctx.rank, ctx.world_size)
     results = {}
     for overlap in (False, True):
-        model, _, step, _ = build_hybrid(conf, SIZES, ctx, kernels="torch", mode="eager", overlap=overlap)
-        assert model.ddp != overlap
+        model, _, step, plan = build_hybrid(conf, SIZES, ctx, kernels="torch", mode="eager", overlap=overlap,
+                                            replicate=True)
+        assert model.ddp != overlap and plan.replicated == [4]  # the 1-row table: data-parallel
         losses = []
         for k in range(cfg["steps"]):
             gen = torch.Generator().manual_seed(1000 + k)

@@ -48,13 +48,14 @@ __all__ = ["HybridParallel", "build_hybrid"]
 
 
 def build_hybrid(cfg: DLRMConfig, sizes: list[int], ctx: ParallelContext, *, kernels: str, mode: str,
-                 budget_bytes: int | None = None, overlap: bool | None = None
+                 budget_bytes: int | None = None, overlap: bool | None = None, replicate: bool | None = None
                  ) -> tuple[DistributedDLRM, Optimizers, TrainStep, ShardingPlan]:
     """The hybrid-parallel model of ``cfg`` on this rank (tables ``sizes``), its optimizers and training step.
 
     Tables: :func:`.plan.plan_sharding` (``cfg.row_wise_share``; None: whole tables unless over ``budget_bytes``;
-    ``cfg.data_parallel_tables``: the tables cheaper to replicate than to exchange, for ``cfg.batch_size`` samples
-    per step over all ranks, held by every rank),
+    ``replicate``: the tables cheaper to replicate than to exchange, for ``cfg.batch_size`` samples per step over
+    all ranks, held by every rank; None: ``cfg.data_parallel_tables`` in the graph modes, where it was measured
+    faster; in the eager modes it was measured slower: ``benchmarks/notes/dlrm_scaling.md``),
     the local module fused (``kernels="fuselab"``) or torch, the static exchange (uniform batches), pooled
     embeddings sent in bf16 under ``precision="bf16"``. Dense part: the DLRM's MLPs and interaction without
     tables, through DDP, or (the graph modes, and ``overlap``) with the flat all-reduce inside the step.
@@ -63,10 +64,12 @@ def build_hybrid(cfg: DLRMConfig, sizes: list[int], ctx: ParallelContext, *, ker
     share = cfg.row_wise_share if cfg.row_wise_share is not None else math.inf
     optimizer = cfg.embedding_optimizer
     bags = cfg.multi_hot_sizes
+    if replicate is None:
+        replicate = cfg.data_parallel_tables and mode in GRAPH_MODES
     plan = plan_sharding(sizes, cfg.embedding_dim, ctx.world_size, optimizer=optimizer,
                          budget_bytes=budget_bytes, row_wise_share=share,
                          pooling_factors=None if bags is None else [float(n) for n in bags],
-                         global_batch=cfg.batch_size if cfg.data_parallel_tables else None,
+                         global_batch=cfg.batch_size if replicate else None,
                          wire_bytes=2 if cfg.precision == "bf16" else 4)
     sparse = ShardedEmbeddingCollection(
         plan, ctx.rank, factory=fused_factory if kernels == "fuselab" else torch_factory, optimizer=optimizer,
