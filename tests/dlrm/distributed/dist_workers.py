@@ -277,7 +277,8 @@ def overlap_vs_plain(cfg: dict, ctx=None) -> dict:
             labels = (dense[:, 0] + 0.3 * torch.rand(total, generator=gen) < 0.5).float()
             losses.append(float(step(dense[part], ids[part], labels[part])))
         results[overlap] = {"losses": losses, "dense": [p.detach().clone() for p in model.dense_parameters()],
-                            "shards": [w.clone() for _, w, _ in model.sparse.shard_states()]}
+                            "shards": [w.clone() for _, w, _ in model.sparse.shard_states()]
+                            + [w.clone() for _, w, _ in model.sparse.replicas.table_states()]}
         model.unwrap()
     if ctx.world_size > 1:
         shutdown()
