@@ -12,7 +12,8 @@ What changes against one process (``docs/dlrm_distributed.md``):
   rows of every batch (both loaders' ``part``), and evaluation gathers every rank's predictions;
 * **checkpoints**: ``torch.distributed.checkpoint`` folders (:mod:`.checkpoint`), resumable at another world size;
 * **stopping**: a signal or the time budget stops every rank at the same step (the ranks agree every
-  :attr:`HybridParallel.AGREE_EVERY` steps), then the checkpoint is written collectively.
+  :attr:`HybridParallel.AGREE_EVERY` steps, on the flags each sent one interval earlier, so that the host never
+  waits for the step in flight), then the checkpoint is written collectively.
 
 With one rank (``--nproc 1``) the same code runs without any collective: the reference of the scaling runs.
 Rank 0 logs, shows progress and writes the JSON summary, profile and TensorBoard files.
@@ -87,6 +88,27 @@ def build_hybrid(cfg: DLRMConfig, sizes: list[int], ctx: ParallelContext, *, ker
     return model, optimizers, step, plan
 
 
+class _Agreement:
+    """An all-reduce of stop flags in flight: their copy to the host (pinned, non-blocking on CUDA) and the number
+    of losses they covered."""
+
+    def __init__(self, flags: torch.Tensor, losses: int):
+        self.losses = losses
+        self.done: torch.cuda.Event | None = None
+        if flags.is_cuda:
+            self.host = torch.empty(flags.shape, dtype=flags.dtype, pin_memory=True)
+            self.host.copy_(flags, non_blocking=True)
+            self.done = torch.cuda.Event()
+            self.done.record()
+        else:
+            self.host = flags
+
+    def result(self) -> tuple[int, ...]:
+        if self.done is not None:
+            self.done.synchronize()  # recorded an interval of steps ago: long done
+        return tuple(int(x) for x in self.host.tolist())
+
+
 class HybridParallel:
     """Tables sharded over the ranks of ``context`` (default: :meth:`join`, from torchrun's variables), the MLPs
     replicated: ``Trainer(cfg, data, options, parallelism=HybridParallel.join(cfg))``.
@@ -102,6 +124,7 @@ class HybridParallel:
         self.owns_group = owns_group  # then close() leaves the process group
         self.plan: ShardingPlan | None = None
         self._agreed_at, self._agreed = -1, (0, 0, 0)
+        self._pending: _Agreement | None = None
 
     @property
     def world_size(self) -> int:
@@ -207,21 +230,33 @@ class HybridParallel:
 
     def stopping(self, trainer: Trainer) -> bool:
         """Every rank stops at the same step: the local reasons (signal, time budget, a loss that is not finite) are
-        combined every :attr:`AGREE_EVERY` steps (one small all-reduce; the losses are checked on the device)."""
+        combined every :attr:`AGREE_EVERY` steps by one small all-reduce, whose result is read at the next
+        agreement, :attr:`AGREE_EVERY` steps later (on CUDA through pinned memory: reading it at once would make the
+        host wait for the steps in flight and leave the GPU idle while it queues the next ones; measured in
+        ``benchmarks/notes/dlrm_scaling.md``). Every rank reads the same result at the same step."""
         if self.world_size == 1:
             return local_stop(trainer)
         step = trainer.step_count
         if step != self._agreed_at and step % self.AGREE_EVERY == 0:
-            count = len(trainer.losses)
-            fresh = trainer.losses[trainer.finite.checked:]
-            flags = torch.tensor([trainer.signals.signum or 0, int(trainer.out_of_time), 0], device=trainer.device)
-            if fresh:
-                flags[2] = (~torch.isfinite(torch.stack(fresh))).any()
-            dist.all_reduce(flags, op=dist.ReduceOp.MAX, group=self.ctx.embedding_group)
-            self._agreed_at, self._agreed = step, tuple(int(x) for x in flags.tolist())
-            if not self._agreed[2]:
-                trainer.finite.passed(count)
+            self._agreed_at = step
+            if self._pending is not None:
+                self._agreed = self._pending.result()
+                if not self._agreed[2]:
+                    trainer.finite.passed(self._pending.losses)
+            self._pending = self._agree(trainer)
         return any(self._agreed)
+
+    def _agree(self, trainer: Trainer) -> _Agreement:
+        """Launch the all-reduce of this rank's stop flags (signal, out of time, a non-finite loss since the last
+        check), with the copy of its result to the host."""
+        count = len(trainer.losses)
+        fresh = trainer.losses[trainer.finite.checked:]
+        flags = torch.zeros(3, dtype=torch.int64, device=trainer.device)
+        flags[0], flags[1] = trainer.signals.signum or 0, int(trainer.out_of_time)  # fills: no copy from the host
+        if fresh:
+            flags[2] = (~torch.isfinite(torch.stack(fresh))).any()
+        dist.all_reduce(flags, op=dist.ReduceOp.MAX, group=self.ctx.embedding_group)
+        return _Agreement(flags, count)
 
     def interrupt_signal(self, trainer: Trainer) -> int | None:
         if self.world_size == 1:
