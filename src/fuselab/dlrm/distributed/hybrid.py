@@ -255,7 +255,9 @@ class HybridParallel:
         flags[0], flags[1] = trainer.signals.signum or 0, int(trainer.out_of_time)  # fills: no copy from the host
         if fresh:
             flags[2] = (~torch.isfinite(torch.stack(fresh))).any()
-        dist.all_reduce(flags, op=dist.ReduceOp.MAX, group=self.ctx.embedding_group)
+        # on the default group: a collective outside the captured step on the embedding exchanges' communicator,
+        # which the graphs use, stalled the --nproc 2 step (``benchmarks/notes/dlrm_scaling.md``)
+        dist.all_reduce(flags, op=dist.ReduceOp.MAX)
         return _Agreement(flags, count)
 
     def interrupt_signal(self, trainer: Trainer) -> int | None:
