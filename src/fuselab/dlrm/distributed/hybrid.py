@@ -116,8 +116,10 @@ class HybridParallel:
     ``check`` raises ``ValueError`` when ``batch_size`` is not a multiple of the world size. With one rank the same
     code runs without any collective."""
 
-    #: steps between two agreements of the ranks on stopping (a signal, the time budget, a loss that is not finite)
-    AGREE_EVERY = 8
+    #: steps between two agreements of the ranks on stopping (a signal, the time budget, a loss that is not finite):
+    #: a collective between two replays of the captured step costs the Kaggle --nproc 2 run 6% every 8 steps
+    #: (``benchmarks/notes/dlrm_scaling.md``); a stop then takes effect within two intervals
+    AGREE_EVERY = 64
 
     def __init__(self, context: ParallelContext, *, owns_group: bool = False):
         self.ctx = context
