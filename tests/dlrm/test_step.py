@@ -129,20 +129,22 @@ def test_overlapped_step_equals_the_plain_step(kernels):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("mode", ["eager", "cuda_graph"])
+@pytest.mark.parametrize("mode", ["eager", "cuda_graph", "compile_graph"])
 def test_overlapped_step_equals_the_plain_step_on_gpu(mode):
-    """On CUDA the lookup and the update run on the side stream: the same losses and weights, bit for bit."""
+    """On CUDA the lookup and the update run on the side stream: the same losses and weights, bit for bit (compiled:
+    the bottom MLP and the rest compile apart, so Inductor may fuse and round differently: to a tolerance)."""
     a = _model("fuselab", optimizer="rowwise_adagrad").cuda()
     b = copy.deepcopy(a)
     plain = TrainStep(a, Optimizers(a, lr_dense=0.05, lr_sparse=0.1), precision="bf16", mode=mode)
     overlapped = TrainStep(b, Optimizers(b, lr_dense=0.05, lr_sparse=0.1), precision="bf16", mode=mode,
                            options=StepOptions(overlap=True))
     assert overlapped._side.active
+    tol = dict(rtol=0, atol=0) if mode != "compile_graph" else dict(rtol=1e-4, atol=1e-5)
     for batch in _batches(6):
         batch = [t.cuda() for t in batch]
-        assert torch.equal(overlapped(*batch), plain(*batch))
+        torch.testing.assert_close(overlapped(*batch), plain(*batch), **tol)
     for (name, pa), pb in zip(a.state_dict().items(), b.state_dict().values()):
-        assert torch.equal(pa, pb), name
+        torch.testing.assert_close(pa, pb, **tol, msg=name)
 
 
 @pytest.mark.gpu

@@ -108,7 +108,7 @@ class DLRMConfig:
     compile: bool = False
     cuda_graph: bool = False  # capture the whole step in a CUDA graph (with compile: the compiled step)
     data_on_device: bool = False  # hold the train split on the device, shuffle and batch there
-    #: several ranks on CUDA, CUDA-graph step: the lookup and its exchanges on a side stream beside the bottom MLP
+    #: CUDA-graph step on CUDA: the lookup (and its exchanges) on a side stream beside the bottom MLP
     overlap: bool = True
     seed: int = 0
     shuffle: str = "batch"  # batch (contiguous batches, order permuted) | row (full permutation) | none

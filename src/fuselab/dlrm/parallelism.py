@@ -24,7 +24,7 @@ from .memory import check_device
 from .model import DLRM
 from .optim import Optimizers
 from .runtime import resolve_device
-from .step import TrainStep
+from .step import GRAPH_MODES, StepOptions, TrainStep
 
 if TYPE_CHECKING:
     from .trainer import RunOptions, Trainer
@@ -113,8 +113,11 @@ class SingleProcess:
                      trainer.log)
         model = DLRM.from_config(dataclasses.replace(cfg, kernels=trainer.kernels), trainer.sizes).to(device)
         optimizers = Optimizers(model, lr_dense=cfg.lr_dense, lr_sparse=cfg.lr_sparse)
+        # the lookup beside the bottom MLP where it was measured faster: a CUDA graph step
+        overlap = cfg.overlap and device.type == "cuda" and trainer.step_mode in GRAPH_MODES
         return TrainingParts(model, optimizers, TrainStep(model, optimizers, precision=cfg.precision,
-                                                          mode=trainer.step_mode))
+                                                          mode=trainer.step_mode,
+                                                          options=StepOptions(overlap=overlap)))
 
     def loader_part(self) -> tuple[int, int] | None:
         return None
