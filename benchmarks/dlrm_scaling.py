@@ -46,6 +46,8 @@ from fuselab import envinfo
 
 envinfo.enable_interpreter_if_no_cuda()  # before anything imports triton
 
+from collective_timeline import CollectiveTimeline  # noqa: E402  (benchmarks/, beside this script)
+
 from fuselab._io import atomic_write_json, writable_dir  # noqa: E402
 from fuselab.dlrm.config import load_config  # noqa: E402
 from fuselab.dlrm.data.random import random_batches  # noqa: E402
@@ -112,60 +114,6 @@ def _comm_profile(step, batches, device: torch.device, steps: int = 5) -> dict[s
     return {"all_to_all_us": total("alltoall", "all_to_all", "sendrecv"), "all_reduce_us": total("allreduce"),
             "kernel_us": sum(r.total_us for r in rows) / steps, "kernels": sum(r.calls for r in rows) / steps,
             "top_kernels": top}
-
-
-class CollectiveTimeline:
-    """While active, every ``all_to_all_single`` / ``all_reduce`` issued during a CUDA graph capture is bracketed by
-    two timing events recorded into the graph (``external=True``): one replay then gives each collective's time
-    (its transfer plus any wait for the other ranks) and the compute between collectives, on this rank."""
-
-    NAMES = ("all_to_all_single", "all_reduce")
-
-    def __init__(self, side_stream: torch.cuda.Stream | None = None) -> None:
-        self.side_stream = side_stream  # the step's side stream (overlap), to tell where each collective ran
-        self.marks: list[tuple[str, torch.cuda.Event, torch.cuda.Event, str]] = []
-        self._saved: dict[str, Any] = {}
-
-    def _wrap(self, name: str, call):
-        def wrapped(*args, **kwargs):
-            if not torch.cuda.is_current_stream_capturing():
-                return call(*args, **kwargs)
-            begin, end = (torch.cuda.Event(enable_timing=True, external=True) for _ in range(2))
-            begin.record()
-            result = call(*args, **kwargs)
-            end.record()
-            where = "side" if torch.cuda.current_stream() == self.side_stream else "main"
-            self.marks.append((name, begin, end, where))
-            return result
-        return wrapped
-
-    def __enter__(self) -> CollectiveTimeline:
-        for name in self.NAMES:
-            self._saved[name] = getattr(dist, name)
-            setattr(dist, name, self._wrap(name, self._saved[name]))
-        return self
-
-    def __exit__(self, *exc) -> None:
-        for name, call in self._saved.items():
-            setattr(dist, name, call)
-
-    def replay(self, step, batches, replays: int = 10) -> list[dict[str, Any]]:
-        """Each collective's begin and end, µs after the step's start (median over ``replays`` steps), the stream
-        it was issued from, and the step's end: with the lookup on a side stream, the bottom MLP's work runs
-        between the first collective's begin and the last forward collective's end."""
-        rows: list[list[float]] = []
-        for k in range(replays):
-            start, stop = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            start.record()
-            step(*batches[k % len(batches)])
-            stop.record()
-            stop.synchronize()
-            rows.append([1e3 * start.elapsed_time(ev) for _, b0, e0, _ in self.marks for ev in (b0, e0)]
-                        + [1e3 * start.elapsed_time(stop)])
-        med = [statistics.median(col) for col in zip(*rows)]
-        out = [{"segment": name, "stream": where, "begin_us": med[2 * i], "end_us": med[2 * i + 1]}
-               for i, (name, _, _, where) in enumerate(self.marks)]
-        return [*out, {"segment": "step", "end_us": med[-1]}]
 
 
 def _measure(step, batches, device: torch.device, steps: int, windows: int) -> dict[str, Any]:

@@ -222,11 +222,11 @@ def test_static_exchange_of_fixed_bags_two_ranks():
 @pytest.mark.parametrize("replicated_tables", [[], [3, 6]])
 @pytest.mark.parametrize("dtype, dim", [(torch.float32, 3), (torch.bfloat16, 16), (torch.float32, 4)])
 def test_table_order_copies_every_row_both_ways(dtype, dim, replicated_tables):
-    """_TableOrder against a per-(sample, table) loop: owners' blocks and the replicated tables' rows (fp32, cast to
+    """TableOrder against a per-(sample, table) loop: owners' blocks and the replicated tables' rows (fp32, cast to
     the blocks' dtype) -> table order, and the gradient back; odd row widths (no 64-bit view) and word-sized rows,
     an owner without tables; every element compared (the expected gradient starts as NaN, so a row the reference
     misses fails too)."""
-    from fuselab.dlrm.distributed.embedding import _TableOrder
+    from fuselab.dlrm.distributed.exchange import TableOrder
 
     gen = torch.Generator().manual_seed(3)
     batch, owners = 5, [[4, 0, 2], [], [1, 5]] if replicated_tables else [[4, 0, 2], [], [1, 5, 3, 6]]
@@ -244,7 +244,7 @@ def test_table_order_copies_every_row_both_ways(dtype, dim, replicated_tables):
             where[b, f] = start + b * len(replicated_tables) + r
     row_index = torch.tensor([[where[b, f] for f in range(f_count)] for b in range(batch)])
     owner_tables = [torch.tensor(t, dtype=torch.int64) for t in owners]
-    out = _TableOrder.apply(flat, batch, owner_tables, row_index, replicated,
+    out = TableOrder.apply(flat, batch, owner_tables, row_index, replicated,
                             torch.tensor(replicated_tables, dtype=torch.int64))
     rows = torch.cat([flat.detach().view(-1, dim), replicated.detach().to(dtype).reshape(-1, dim)])
     expected = torch.stack([torch.stack([rows[where[b, f]] for f in range(f_count)]) for b in range(batch)])
