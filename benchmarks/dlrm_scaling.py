@@ -190,8 +190,8 @@ def worker(spec: dict[str, Any]) -> None:
                                "global_batch": batch * world}
         try:
             _say(ctx, f"{name}: measure")
-            side = step._side.stream if step._side is not None else None
-            timeline = CollectiveTimeline(side) if spec.get("timeline") and mode == "cuda_graph" else None
+            timeline = (CollectiveTimeline(step.side_stream) if spec.get("timeline") and mode == "cuda_graph"
+                        else None)
             if timeline is None:
                 run.update(_measure(step, batches, ctx.device, spec["steps"], spec["windows"]))
             else:

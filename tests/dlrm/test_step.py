@@ -121,9 +121,12 @@ def test_overlapped_step_equals_the_plain_step(kernels):
     plain = TrainStep(a, Optimizers(a, lr_dense=0.05, lr_sparse=0.1), precision="bf16")
     overlapped = TrainStep(b, Optimizers(b, lr_dense=0.05, lr_sparse=0.1), precision="bf16",
                            options=StepOptions(overlap=True))
-    assert overlapped._side is not None and not overlapped._side.active
+    assert overlapped.side_stream is None and plain.side_stream is None  # a CPU: no side stream
+    bottom, calls = b.bottom_forward, []
+    b.bottom_forward = lambda dense: (calls.append(dense.shape), bottom(dense))[1]  # the split forward's first half
     for batch in _batches(4):
         assert torch.equal(overlapped(*batch), plain(*batch))
+    assert len(calls) == 4
     for (name, pa), pb in zip(a.state_dict().items(), b.state_dict().values()):
         assert torch.equal(pa, pb), name
 
@@ -138,7 +141,7 @@ def test_overlapped_step_equals_the_plain_step_on_gpu(mode):
     plain = TrainStep(a, Optimizers(a, lr_dense=0.05, lr_sparse=0.1), precision="bf16", mode=mode)
     overlapped = TrainStep(b, Optimizers(b, lr_dense=0.05, lr_sparse=0.1), precision="bf16", mode=mode,
                            options=StepOptions(overlap=True))
-    assert overlapped._side.active
+    assert overlapped.side_stream is not None and plain.side_stream is None
     tol = dict(rtol=0, atol=0) if mode != "compile_graph" else dict(rtol=1e-4, atol=1e-5)
     for batch in _batches(6):
         batch = [t.cuda() for t in batch]

@@ -120,6 +120,11 @@ class TrainStep:
         self.static_inputs: tuple[Tensor, Tensor, Tensor] | None = None
         self._static_loss: Tensor | None = None
 
+    @property
+    def side_stream(self) -> torch.cuda.Stream | None:
+        """The stream the lookup runs on with ``overlap`` on CUDA (None otherwise)."""
+        return self._side.stream if self._side is not None else None
+
     # -- the pieces -------------------------------------------------------------------------------------------
     def _autocast(self):
         # no autocast weight cache: a cache inside a CUDA graph capture would keep stale casts
