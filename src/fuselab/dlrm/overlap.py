@@ -36,10 +36,6 @@ class SideStream:
         self.device = device
         self.stream = torch.cuda.Stream(device) if device.type == "cuda" else None
 
-    @property
-    def active(self) -> bool:
-        return self.stream is not None
-
     @contextlib.contextmanager
     def fork(self, module: nn.Module) -> Iterator[None]:
         """Run the block on the side stream, after everything queued so far on the current stream. ``module``: the

@@ -204,13 +204,13 @@ def plan_sharding(table_sizes: Sequence[int], dim: int, world_size: int, *,
     replicated = [t for t, n in enumerate(sizes) if global_batch is not None
                   and replicates(n, dim, world_size, global_batch, pf[t], wire_bytes)]
     table_bytes = [0 if t in replicated else n * per_row for t, n in enumerate(sizes)]
+    # what each rank's budget leaves for the sharded tables once it holds every replicated one
     replica_bytes = sum(sizes[t] for t in replicated) * per_row
-    if budgets is not None:
-        budgets = [b - replica_bytes for b in budgets]
-    if budgets is not None and sum(table_bytes) > sum(budgets):
-        raise ValueError(f"tables need {sum(table_bytes)} bytes, the ranks' budgets total {sum(budgets)}")
+    room = None if budgets is None else [b - replica_bytes for b in budgets]
+    if room is not None and sum(table_bytes) > sum(room):
+        raise ValueError(f"tables need {sum(table_bytes)} bytes, the ranks' budgets total {sum(room)}")
     share = row_wise_share * sum(table_bytes) / world_size
-    smallest_budget = min(budgets) if budgets else None
+    smallest_budget = min(room) if room else None
     row_wise = [world_size > 1 and (b > share or (smallest_budget is not None and b > smallest_budget))
                 for b in table_bytes]
     used, looks = [0] * world_size, [0.0] * world_size
@@ -224,10 +224,10 @@ def plan_sharding(table_sizes: Sequence[int], dim: int, world_size: int, *,
     order = sorted((t for t in range(len(sizes)) if not row_wise[t] and t not in replicated),
                    key=lambda t: -(table_bytes[t] / total_b + pf[t] / total_l))
     for t in order:
-        fits = [r for r in range(world_size) if budgets is None or used[r] + table_bytes[t] <= budgets[r]]
+        fits = [r for r in range(world_size) if room is None or used[r] + table_bytes[t] <= room[r]]
         if not fits:
             raise ValueError(f"table {t} ({sizes[t]} rows, {table_bytes[t]} bytes) fits no rank's remaining budget "
-                             f"(free: {[b - u for b, u in zip(budgets or [], used)]}); raise budget_bytes or "
+                             f"(free: {[b - u for b, u in zip(room or [], used)]}); raise budget_bytes or "
                              f"lower row_wise_share to split it")
         r = min(fits, key=lambda r: (max((used[r] + table_bytes[t]) / total_b, (looks[r] + pf[t]) / total_l),
                                      used[r], r))
@@ -236,6 +236,4 @@ def plan_sharding(table_sizes: Sequence[int], dim: int, world_size: int, *,
         looks[r] += pf[t]
     shards.sort(key=lambda s: (s.rank, s.table, s.row_start))
     kinds = ["replicated" if t in replicated else "row" if rw else "table" for t, rw in enumerate(row_wise)]
-    if budgets is not None:
-        budgets = [b + replica_bytes for b in budgets]
     return ShardingPlan(world_size, dim, sizes, shards, per_row, pf, budgets, kinds, replicated).validate()

@@ -16,13 +16,12 @@ from __future__ import annotations
 
 import torch
 import torch.distributed as dist
-from torch import Tensor, nn
+from torch import Tensor
 
 from fuselab.core.embedding_optimizer import ROWWISE_ADAGRAD, SGD, EmbeddingOptimizer
 from fuselab.ops.embedding import embedding_bag_lookup, embedding_bag_update_
 
-from ..bags import FixedBags
-from ..sparse import TableSpec
+from ..sparse import FusedEmbeddingCollection, TableSpec
 from .local import init_rows
 
 __all__ = ["ReplicatedTables"]
@@ -39,7 +38,7 @@ class _ReplicatedLookup(torch.autograd.Function):
     def forward(ctx, anchor: Tensor, ids: Tensor, offsets: Tensor | None, module: ReplicatedTables) -> Tensor:
         ctx.module, ctx.index = module, (ids, offsets)
         return embedding_bag_lookup(module.weight, ids, module.table_sizes, module.row_offsets, offsets,
-                                    pooling=module.pooling)
+                                    pooling=module.pooling, config=module.config)
 
     @staticmethod
     def backward(ctx, grad: Tensor):
@@ -47,58 +46,48 @@ class _ReplicatedLookup(torch.autograd.Function):
         return None, None, None, None
 
 
-class ReplicatedTables(nn.Module):
-    """The replicated tables (``spec``: their sizes, dim, pooling, fixed bag sizes), fp32 rows from
-    :func:`.local.init_rows` (``seed`` and each table's index ``tables[k]`` in the whole model: the values a sharded
-    copy holds).
+class ReplicatedTables(FusedEmbeddingCollection):
+    """The replicated tables (``spec``: their sizes, dim, pooling, fixed bag sizes; fp32), the fused collection's
+    buffers and lookup, rows from :func:`.local.init_rows` (``seed`` and each table's index ``tables[k]`` in the
+    whole model: the values a sharded copy holds).
 
     ``forward(ids (B, F_r))`` raw ids (``id mod n_k`` picks the row) / ``(B, S_r)`` fixed bags / ``(N,) + offsets
-    (B*F_r + 1,)`` -> ``(B, F_r, D)`` fp32. Backward: the rows' gradient summed over this rank's samples, then over
-    the ranks of ``group`` (when it has several), times ``grad_scale``, then ``optimizer.update_`` on every row.
-    Raises ValueError when ``tables`` does not name one table per spec table.
+    (B*F_r + 1,)`` -> ``(B, F_r, D)`` fp32. Backward (instead of the fused collection's update): the rows' gradient
+    summed over this rank's samples, then over the ranks of ``group`` (when it has several), times ``grad_scale``,
+    then ``optimizer.update_`` on every row. Raises ValueError when ``tables`` does not name one table per spec
+    table, and as :class:`~fuselab.dlrm.sparse.FusedEmbeddingCollection`.
     """
-
-    capturable = True
 
     def __init__(self, spec: TableSpec, tables: list[int], *, seed: int, group=None, grad_scale: float = 1.0,
                  optimizer: EmbeddingOptimizer = ROWWISE_ADAGRAD, lr: float = 0.01,
                  device: torch.device | str | None = None):
-        super().__init__()
         if len(tables) != spec.num_features:
             raise ValueError(f"{len(tables)} table indices for {spec.num_features} tables")
-        self.spec, self.tables, self.optimizer = spec, list(tables), optimizer
-        self.dim, self.pooling, self.group, self.grad_scale = spec.dim, spec.pooling, group, float(grad_scale)
-        starts = torch.tensor([0, *spec.sizes], dtype=torch.int64).cumsum(0)
-        weight = torch.cat([init_rows(seed, t, n, 0, n, spec.dim, device=device) for t, n in zip(tables, spec.sizes)])
-        self.register_buffer("weight", weight)
-        self.register_buffer("state", torch.zeros(optimizer.state_shape(*weight.shape), device=weight.device))
-        self.register_buffer("row_offsets", starts[:-1].to(weight.device), persistent=False)
-        self.register_buffer("table_sizes", torch.tensor(spec.sizes, device=weight.device), persistent=False)
-        self.register_buffer("lr", torch.tensor(float(lr), device=weight.device), persistent=False)
-        self.register_buffer("_gradient", torch.zeros_like(weight), persistent=False)
-        self.register_buffer("_minus_one", torch.tensor(-1.0, device=weight.device), persistent=False)
-        self.register_buffer("_no_state", torch.zeros(0, device=weight.device), persistent=False)
-        self.bags = None if spec.multi_hot_sizes is None else FixedBags(spec.multi_hot_sizes).to(weight.device)
-        self.grad_anchor = nn.Parameter(torch.empty(0, device=weight.device))
-
-    def set_lr(self, value: float) -> None:
-        self.lr.fill_(value)
+        # a generator of its own: the draw is overwritten below and must not move the global one
+        super().__init__(spec, optimizer=optimizer, lr=lr, generator=torch.Generator(), device=device)
+        self.tables, self.group, self.grad_scale = list(tables), group, float(grad_scale)
+        device = self.weight.device
+        with torch.no_grad():
+            for t, n, start in zip(self.tables, spec.sizes, self.row_offsets.tolist()):
+                self.weight[start: start + n] = init_rows(seed, t, n, 0, n, spec.dim, device=device)
+        self.register_buffer("_gradient", torch.zeros_like(self.weight), persistent=False)
+        self.register_buffer("_minus_one", torch.tensor(-1.0, device=device), persistent=False)
+        self.register_buffer("_no_state", torch.zeros(0, device=device), persistent=False)
 
     def forward(self, ids: Tensor, offsets: Tensor | None = None) -> Tensor:
+        if not (self.training and torch.is_grad_enabled()):
+            return super().forward(ids, offsets)  # the lookup alone
         if offsets is None and self.bags is not None:
             ids, offsets = self.bags(ids)
-        if self.training and torch.is_grad_enabled():
-            return _ReplicatedLookup.apply(self.grad_anchor, ids, offsets, self)
-        return embedding_bag_lookup(self.weight, ids, self.table_sizes, self.row_offsets, offsets,
-                                    pooling=self.pooling)
+        return _ReplicatedLookup.apply(self.grad_anchor, ids, offsets, self)
 
     @torch.no_grad()
     def apply_gradient(self, grad: Tensor, ids: Tensor, offsets: Tensor | None) -> None:
         """One update from the pooled gradient ``grad`` (B, F_r, D) of the lookup of ``ids`` / ``offsets``."""
         total = self._gradient
         total.zero_()
-        embedding_bag_update_(total, self._no_state, self._minus_one, grad.float().contiguous(), ids,
-                              self.table_sizes, self.row_offsets, offsets, pooling=self.pooling, optimizer=_SUM)
+        embedding_bag_update_(total, self._no_state, self._minus_one, grad.float().contiguous(), ids, self.table_sizes,
+                              self.row_offsets, offsets, pooling=self.pooling, optimizer=_SUM, config=self.config)
         if dist.is_initialized() and dist.get_world_size(self.group) > 1:
             dist.all_reduce(total, group=self.group)
         if self.grad_scale != 1.0:
