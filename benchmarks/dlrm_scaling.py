@@ -13,7 +13,7 @@ code at all), measured in the same run for reference.
 Per (ranks, mode): samples/s of the global batch over the slowest rank's median window step time (``--windows`` x
 ``--steps`` steps, CUDA events, no synchronization inside a window), weak-scaling efficiency against the same mode
 at one rank, device time per step of NCCL's all_to_all and all_reduce kernels and of all kernels (torch.profiler,
-rank 0), peak memory (largest rank). One launcher process per world size starts the ranks (torch's elastic
+rank 0), peak memory (largest rank). One launch per (world size, mode) starts the ranks (torch's elastic
 launcher); results: ``--out DIR/dlrm_scaling.json``.
 
     python3 benchmarks/dlrm_scaling.py --out benchmarks/results/h100x2            # 1 and 2 GPUs, ~3 min
@@ -138,9 +138,11 @@ def _digest(model: torch.nn.Module, device: torch.device) -> float:
     """Sum over the ranks of every float tensor's sum and sum of squares, in float64: two runs of the same steps
     from the same start give the same digest when their weights are bit for bit the same (one rounding apart
     moves it)."""
-    tensors = [t for t in model.state_dict().values() if t.is_floating_point()]
-    total = sum((t.double().sum() + t.double().square().sum()) for t in tensors)
-    value = torch.as_tensor(total, dtype=torch.float64, device=device).reshape(1)
+    pieces = [p for t in model.state_dict().values() if t.is_floating_point() and t.numel()
+              for p in t.reshape(-1).split(1 << 26)]  # in pieces: a whole MLPerf table in float64 would not fit
+    value = torch.zeros(1, dtype=torch.float64, device=device)
+    for p in pieces:
+        value += (p.double().sum() + p.double().square().sum()).to(device)
     if dist.is_initialized() and dist.get_world_size() > 1:
         dist.all_reduce(value)
     return float(value)
@@ -158,9 +160,11 @@ def worker(spec: dict[str, Any]) -> None:
     ctx = init_from_env(backend="gloo" if on_cpu else None, timeout_s=spec["hang_s"])
     if on_cpu:
         torch.set_num_threads(1)
-    batch, world = spec["batch"], ctx.world_size
+    world = ctx.world_size
+    batch = spec["global_batch"] // world if spec.get("global_batch") else spec["batch"]
     cfg = load_config(spec["model"], precision=spec["precision"], optimizer=spec["optimizer"],
-                      batch_size=batch * world, seed=0, data_parallel_tables=spec.get("data_parallel_tables", True))
+                      batch_size=batch * world, seed=0, data_parallel_tables=spec.get("data_parallel_tables", True),
+                      embedding_dtype=spec.get("embedding_dtype", "fp32"))
     sizes = [max(2, round(n * spec["scale"])) for n in (cfg.cardinalities or KAGGLE_CARDINALITIES)]
     sizes = [min(n, cfg.max_rows_per_table or n) for n in sizes]
     kernels = "torch" if on_cpu else "fuselab"
@@ -168,8 +172,6 @@ def worker(spec: dict[str, Any]) -> None:
                              multi_hot_sizes=cfg.multi_hot_sizes)
     runs = []
     modes = [m for m in spec["modes"] if not (on_cpu and m == "cuda_graph")]
-    if world == 1 and not on_cpu and spec.get("single", True):
-        modes.append("single")
     variants = [(mode, overlap) for mode in modes for overlap in spec.get("overlap", [False])]
     for mode, overlap in variants:
         faulthandler.dump_traceback_later(spec["hang_s"], exit=True)
@@ -178,7 +180,8 @@ def worker(spec: dict[str, Any]) -> None:
         if ctx.device.type == "cuda":
             torch.cuda.reset_peak_memory_stats(ctx.device)
         if mode == "single":
-            model = DLRM.from_config(cfg.__class__(**{**cfg.to_dict(), "kernels": "fuselab"}), sizes).to(ctx.device)
+            with torch.device(ctx.device):  # MLPerf's full tables are drawn where they train
+                model = DLRM.from_config(cfg.__class__(**{**cfg.to_dict(), "kernels": "fuselab"}), sizes)
             optimizers = Optimizers(model, lr_dense=cfg.lr_dense, lr_sparse=cfg.lr_sparse)
             step = TrainStep(model, optimizers, precision=cfg.precision, mode="cuda_graph",
                              options=StepOptions(overlap=overlap))
@@ -186,6 +189,8 @@ def worker(spec: dict[str, Any]) -> None:
         else:
             model, optimizers, step, plan = build_hybrid(cfg, sizes, ctx, kernels=kernels, mode=mode,
                                                          overlap=overlap)
+        if overlap is None:  # the default of the mode: what build_hybrid chose
+            overlap = getattr(step, "side_stream", None) is not None
         run: dict[str, Any] = {"mode": mode, "overlap": overlap, "ranks": world, "batch_per_rank": batch,
                                "global_batch": batch * world}
         try:
@@ -254,17 +259,19 @@ def launch(world: int, spec: dict[str, Any], limit_s: int) -> list[dict[str, Any
             signal.alarm(0)
             signal.signal(signal.SIGALRM, previous)
         runs = json.loads(result.read_text()) if result.is_file() else []
-        return runs + ([{"ranks": world, "error": error}] if error else [])
+        return runs + ([{"ranks": world, "mode": ",".join(spec["modes"]), "error": error}] if error else [])
 
 
 def efficiencies(runs: list[dict[str, Any]]) -> None:
-    """Weak-scaling efficiency of each run: samples/s over (ranks x the same mode's samples/s at one rank)."""
+    """Each run's ``speedup`` (samples/s over the same mode's at one rank) and ``efficiency`` (speedup / ranks):
+    weak scaling with a batch per rank, strong scaling with ``--global-batch``."""
     def key(r: dict[str, Any]) -> tuple:
         return r.get("mode"), bool(r.get("overlap"))
     base = {key(r): r["samples_per_s"] for r in runs if r.get("ranks") == 1 and "samples_per_s" in r}
     for r in runs:
         if "samples_per_s" in r and key(r) in base:
-            r["efficiency"] = r["samples_per_s"] / (r["ranks"] * base[key(r)])
+            r["speedup"] = r["samples_per_s"] / base[key(r)]
+            r["efficiency"] = r["speedup"] / r["ranks"]
 
 
 def same_weights(runs: list[dict[str, Any]]) -> None:
@@ -317,7 +324,11 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--worker", help=argparse.SUPPRESS)
     parser.add_argument("--nproc", default=None, help="world sizes, e.g. 1,2 (default: 1, 2, 4, ... GPUs here)")
-    parser.add_argument("--batch", type=int, default=65536, help="samples per rank")
+    parser.add_argument("--batch", type=int, default=65536, help="samples per rank (weak scaling)")
+    parser.add_argument("--global-batch", type=int, default=None,
+                        help="strong scaling: this many samples per step split over the ranks (instead of --batch)")
+    parser.add_argument("--embedding-dtype", choices=("fp32", "fp16", "bf16"), default="fp32",
+                        help="the sharded tables' weights (half precision: half the memory)")
     parser.add_argument("--model", choices=("kaggle", "mlperf-v2"), default="kaggle",
                         help="kaggle, or MLPerf's DLRM-DCNv2 (D=128, DCNv2, multi-hot bags, the 1TB tables)")
     parser.add_argument("--scale", type=float, default=1.0, help="multiply the table sizes by this")
@@ -327,9 +338,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--modes", default=",".join(MODES))
     parser.add_argument("--no-data-parallel-tables", action="store_true",
                         help="shard every table (default: the planner replicates the small ones)")
-    parser.add_argument("--overlap", choices=("on", "off", "both"), default="both",
+    parser.add_argument("--overlap", choices=("on", "off", "both", "auto"), default="both",
                         help="the lookup and its exchanges on a side stream beside the bottom MLP (both: each mode "
-                             "with and without, and whether their weights end the same)")
+                             "with and without, and whether their weights end the same; auto: each mode's default, "
+                             "as the CLI trains)")
     parser.add_argument("--steps", type=int, default=20)
     parser.add_argument("--windows", type=int, default=5)
     parser.add_argument("--device", choices=("cuda", "cpu"), default="cuda" if torch.cuda.is_available() else "cpu")
@@ -337,7 +349,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--no-profile", action="store_true")
     parser.add_argument("--timeline", action="store_true",
                         help="cuda_graph: time each collective and the compute between them inside the graph")
-    parser.add_argument("--limit-s", type=int, default=240, help="wall-time limit of each world size's launch")
+    parser.add_argument("--limit-s", type=int, default=240, help="wall-time limit of each (world size, mode) launch")
     parser.add_argument("--hang-s", type=float, default=120.0,
                         help="a mode still running after this many seconds is a hang: stacks printed, ranks ended")
     parser.add_argument("--out", help="folder of dlrm_scaling.json (required)")
@@ -353,6 +365,8 @@ def main(argv: list[str] | None = None) -> int:
               else [w for w in (1, 2, 4, 8, 16) if w <= max(1, gpus)])
     if args.device == "cuda" and max(worlds) > gpus:
         parser.error(f"--nproc asks for {max(worlds)} ranks, this host has {gpus} GPUs")
+    if args.global_batch is not None and (args.global_batch <= 0 or any(args.global_batch % w for w in worlds)):
+        parser.error(f"--global-batch {args.global_batch} must be a positive multiple of every world size {worlds}")
     for key, value in MULTICAST_OFF.items():
         os.environ.setdefault(key, value)
     spec = {"batch": 512 if args.quick else args.batch, "scale": 1e-4 if args.quick else args.scale,
@@ -361,12 +375,18 @@ def main(argv: list[str] | None = None) -> int:
             "modes": args.modes.split(","), "steps": 3 if args.quick else args.steps,
             "windows": 2 if args.quick else args.windows, "device": args.device, "no_profile": args.no_profile,
             "timeline": args.timeline,
-            "overlap": {"on": [True], "off": [False], "both": [False, True]}[args.overlap],
+            "overlap": {"on": [True], "off": [False], "both": [False, True], "auto": [None]}[args.overlap],
+            "global_batch": args.global_batch, "embedding_dtype": args.embedding_dtype,
             "data_parallel_tables": not args.no_data_parallel_tables,
             "hang_s": args.hang_s}
     record = _record(out / "dlrm_scaling.json", spec)
     for world in worlds:
-        record["runs"] = [r for r in record["runs"] if r.get("ranks") != world] + launch(world, spec, args.limit_s)
+        on_cuda = args.device == "cuda"
+        modes = [*(m for m in spec["modes"] if on_cuda or m != "cuda_graph"), *(["single"] if world == 1 and on_cuda
+                                                                                 else [])]
+        # one launch per mode: each builds its tables in fresh processes (MLPerf's fill most of a GPU)
+        runs = [run for mode in modes for run in launch(world, {**spec, "modes": [mode]}, args.limit_s)]
+        record["runs"] = [r for r in record["runs"] if r.get("ranks") != world] + runs
         record["runs"].sort(key=lambda r: (r.get("ranks", 0), str(r.get("mode")), bool(r.get("overlap"))))
         efficiencies(record["runs"])
         same_weights(record["runs"])

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from fuselab.dlrm.config import load_config
-from fuselab.dlrm.memory import GIB, RESERVE_BYTES, DoesNotFit, plan, run_shape, ways_out
+from fuselab.dlrm.memory import GIB, RESERVE_BYTES, DoesNotFit, data_bytes, non_table_bytes, plan, run_shape, ways_out
 
 
 def _mlperf(table_dtype="fp32", batch=65536):
@@ -25,6 +25,17 @@ def test_tables_and_state_are_counted_exactly():
     assert shape.ids_per_sample == sum(cfg.multi_hot_sizes) == 214
     assert 97 < by_name["embedding tables"] / GIB < 98  # 204.2M rows x 128 x 4 bytes
     assert p.fits()
+
+
+def test_what_a_rank_needs_besides_its_tables():
+    """A sharding plan's budget: the plan's total less the tables and their state (dense, activations, data)."""
+    cfg, rows, shape = _mlperf(batch=32768)
+    by_name = {item.name: item.bytes for item in plan(shape, None, "t").items}
+    assert non_table_bytes(shape) == by_name["dense parameters"] + by_name["activations"] > 0
+    on_device = load_config("mlperf-v2", data_on_device=True)
+    assert data_bytes(cfg, 214, 1000) == 0 and data_bytes(on_device, 214, 1000) == 1000 * (52 + 856 + 4)
+    with_data = run_shape(on_device, rows, 32768, data_bytes(on_device, 214, 1000))
+    assert non_table_bytes(with_data) == non_table_bytes(run_shape(on_device, rows, 32768)) + 1000 * 912
 
 
 def test_half_precision_tables_halve_the_tables():

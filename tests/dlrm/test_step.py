@@ -157,11 +157,39 @@ def test_cuda_graph_needs_fuselab_kernels_on_gpu():
         TrainStep(model, Optimizers(model, lr_dense=0.1, lr_sparse=0.1), mode="cuda_graph")
 
 
+@pytest.mark.parametrize("embedding_dtype", ["fp32", "bf16"])
+@pytest.mark.parametrize("optimizer", OPTIMIZERS)
+def test_warm_up_restores_the_state_without_copying_the_tables(optimizer, embedding_dtype, monkeypatch):
+    """A capture's warm-up (steps on a zero gradient) ends with every tensor of the model and of the dense
+    optimizer bit for bit as before (half-precision tables and their rounding seed too), and copies neither the
+    tables nor their optimizer state (at MLPerf's size they are most of a GPU)."""
+    model = _model("fuselab", optimizer=optimizer, embedding_dtype=embedding_dtype)
+    opts = Optimizers(model, lr_dense=0.05, lr_sparse=0.1)
+    step = TrainStep(model, opts, options=StepOptions(warmup_steps=2))
+    for batch in _batches(2):  # optimizer state that a step would change
+        step(*batch)
+    before = {name: t.clone() for name, t in model.state_dict().items()}
+    dense_before = [t.clone() for t in opts.dense_state]
+    copied, clone = [], torch.Tensor.clone
+    monkeypatch.setattr(torch.Tensor, "clone", lambda t, *a, **k: copied.append(t.data_ptr()) or clone(t, *a, **k))
+    step._warm_up(*_batches(1, seed=5)[0])
+    monkeypatch.undo()
+    tables = model.sparse_arch
+    assert copied and all(t.data_ptr() not in copied for t in (tables.weight, tables.state) if t.numel())
+    for name, t in model.state_dict().items():
+        assert torch.equal(t, before[name]), name
+    for t, b in zip(opts.dense_state, dense_before, strict=True):
+        assert torch.equal(t, b)
+    step(*_batches(1, seed=6)[0])  # the step after it still trains the tables
+    assert not torch.equal(tables.weight, before["sparse_arch.weight"])
+
+
 @pytest.mark.gpu
+@pytest.mark.parametrize("embedding_dtype", ["fp32", "bf16"])
 @pytest.mark.parametrize("graph", ["cuda_graph", "compile_graph"])
 @pytest.mark.parametrize("optimizer", OPTIMIZERS)
-def test_cuda_graph_equals_eager_and_sees_new_lr(optimizer, graph):
-    a = _model("fuselab", optimizer=optimizer).cuda()
+def test_cuda_graph_equals_eager_and_sees_new_lr(optimizer, graph, embedding_dtype):
+    a = _model("fuselab", optimizer=optimizer, embedding_dtype=embedding_dtype).cuda()
     b = copy.deepcopy(a)
     steps = [TrainStep(m, Optimizers(m, lr_dense=0.05, lr_sparse=0.1), mode=mode)
              for m, mode in ((a, "eager"), (b, graph))]

@@ -114,6 +114,22 @@ def plan(shape: RunShape, capacity: int | None, device_name: str) -> MemoryPlan:
     return MemoryPlan(tuple(items), capacity, device_name)
 
 
+#: the plan's items that are the tables themselves (what a sharding plan places)
+TABLE_ITEMS = ("embedding tables", "optimizer state")
+
+
+def non_table_bytes(shape: RunShape) -> int:
+    """What a run of ``shape`` needs besides its tables and their optimizer state: the dense parameters, the
+    activations and the data on the device."""
+    return sum(item.bytes for item in plan(shape, None, "").items if item.name not in TABLE_ITEMS)
+
+
+def data_bytes(cfg, num_id_columns: int, rows: int) -> int:
+    """Device bytes of ``rows`` samples of the train split under ``--data-on-device`` (ids held as int32); 0
+    without it."""
+    return rows * (13 * 4 + num_id_columns * 4 + 4) if cfg.data_on_device else 0
+
+
 def run_shape(cfg, table_rows: list[int], batch: int, data_bytes: int = 0) -> RunShape:
     """The :class:`RunShape` of a :class:`~fuselab.dlrm.config.DLRMConfig` run over tables of ``table_rows``."""
     dim, f_count = cfg.embedding_dim, len(table_rows)
@@ -165,8 +181,7 @@ def check_device(cfg, table_rows: list[int], num_id_columns: int, train_rows: in
     if device.type != "cuda":
         return None
     free, _ = torch.cuda.mem_get_info(device_index(device))
-    data = train_rows * (13 * 4 + num_id_columns * 4 + 4) if cfg.data_on_device else 0  # ids held as int32
-    shape = run_shape(cfg, table_rows, cfg.batch_size, data)
+    shape = run_shape(cfg, table_rows, cfg.batch_size, data_bytes(cfg, num_id_columns, train_rows))
     result = plan(shape, free, f"{torch.cuda.get_device_name(device)} ({free / GIB:.1f} GiB free)")
     for line in result.lines():
         log(line)

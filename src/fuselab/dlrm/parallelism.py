@@ -111,7 +111,9 @@ class SingleProcess:
         cfg, device = trainer.cfg, trainer.device
         check_device(cfg, trainer.sizes, trainer.ds.num_sparse, len(range(*trainer.split["train"])), device,
                      trainer.log)
-        model = DLRM.from_config(dataclasses.replace(cfg, kernels=trainer.kernels), trainer.sizes).to(device)
+        # built where it trains: tables of MLPerf's size would otherwise be drawn and held on the host first
+        with torch.device(device):
+            model = DLRM.from_config(dataclasses.replace(cfg, kernels=trainer.kernels), trainer.sizes)
         optimizers = Optimizers(model, lr_dense=cfg.lr_dense, lr_sparse=cfg.lr_sparse)
         # the lookup beside the bottom MLP where it was measured faster: a CUDA graph step
         overlap = cfg.overlap and device.type == "cuda" and trainer.step_mode in GRAPH_MODES

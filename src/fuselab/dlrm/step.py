@@ -16,8 +16,10 @@ Modes:
   (``compile_optimizer``).
 * ``"cuda_graph"`` (a capturable sparse arch on CUDA only, ``kernels="fuselab"``: the torch path's sparse update
   synchronizes with the host):
-  the first call copies the batch into static buffers, runs ``warmup_steps`` eager steps on a side stream (the
-  model and optimizer state are restored afterwards, so warm-up does not train), then captures the whole step
+  the first call copies the batch into static buffers, runs ``warmup_steps`` eager steps on a side stream with a
+  zero gradient (warm-up does not train: the tables and their optimizer state are left bit for bit as they were by
+  such an update, so that no copy of them is needed; the rest of the state is copied and restored), then captures the
+  whole step
   (forward, loss, backward with the fused embedding update, dense update) in one CUDA graph; each later call
   copies its batch into the static buffers (skipped for a tensor that *is* the static buffer: write into
   :attr:`TrainStep.static_inputs` directly to avoid the copy) and replays. Shapes and dtypes are fixed by the
@@ -52,6 +54,7 @@ from torch import Tensor, nn
 
 from fuselab.core.compile import compile_quietly
 from fuselab.core.precision import float32_matmul_precision
+from fuselab.ops.embedding import EmbeddingBagCollection
 
 from .optim import Optimizers
 from .overlap import SideStream
@@ -176,12 +179,27 @@ class TrainStep:
         if self._side is not None:  # the embedding update ran beside the dense updates
             self._side.join()
 
-    def _eager(self, dense: Tensor, sparse: Tensor, labels: Tensor) -> Tensor:
+    def _eager(self, dense: Tensor, sparse: Tensor, labels: Tensor, grad_scale: float = 1.0) -> Tensor:
         self.optimizers.zero_grad()
         loss = self._loss(dense, sparse, labels)
-        loss.backward()
+        (loss if grad_scale == 1.0 else loss * grad_scale).backward()
         self._update()
         return loss.detach()
+
+    def _warm_up(self, dense: Tensor, sparse: Tensor, labels: Tensor) -> None:
+        """``warmup_steps`` steps on a zero gradient (what a capture needs run once: compilation, autotuning, the
+        allocator's pools), the state as it was afterwards. A zero gradient's update leaves the tables and their
+        optimizer state as they were (``w - lr·0``, ``state + 0²``, stochastic rounding of a value it can hold), so
+        only the rest of the state is copied and restored: MLPerf's tables fill most of a GPU."""
+        tables = {t.data_ptr() for m in self.model.modules() if isinstance(m, EmbeddingBagCollection)
+                  for t in (m.weight, m.state)}
+        state = [t for t in self._state() if t.data_ptr() not in tables or t.numel() == 0]
+        saved = [t.clone() for t in state]
+        for _ in range(self.warmup_steps):
+            self._eager(dense, sparse, labels, grad_scale=0.0)
+        with torch.no_grad():
+            for t, s in zip(state, saved):
+                t.copy_(s)
 
     # -- the call ---------------------------------------------------------------------------------------------
     def __call__(self, dense: Tensor, sparse: Tensor, labels: Tensor) -> Tensor:
@@ -218,18 +236,11 @@ class TrainStep:
 
     def _capture(self, dense: Tensor, sparse: Tensor, labels: Tensor) -> None:
         self.static_inputs = tuple(t.detach().clone() for t in (dense, sparse, labels))
-        state = self._state()
-        saved = [t.clone() for t in state]
         side = torch.cuda.Stream(self.device)
         side.wait_stream(torch.cuda.current_stream(self.device))
         with torch.cuda.stream(side):
-            for _ in range(self.warmup_steps):
-                self._eager(*self.static_inputs)
+            self._warm_up(*self.static_inputs)
         torch.cuda.current_stream(self.device).wait_stream(side)
-        with torch.no_grad():
-            for t, s in zip(state, saved):
-                t.copy_(s)
-        del saved
         self.optimizers.zero_grad()
         graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(graph):

@@ -66,7 +66,8 @@ def embedding_steps(cfg: dict, ctx) -> dict:
     factory = fused_factory if cfg.get("factory") == "fused" else torch_factory
     emb = ShardedEmbeddingCollection(plan, ctx.rank, factory=factory, optimizer=embedding_optimizer(cfg["optimizer"]),
                                      lr=0.3, pooling=cfg["pooling"], seed=5, grad_divisor=cfg.get("grad_divisor", 1.0),
-                                     group=ctx.embedding_group, comm_dtype=cfg.get("comm_dtype"))
+                                     group=ctx.embedding_group, comm_dtype=cfg.get("comm_dtype"),
+                                     table_dtype=cfg.get("table_dtype", "fp32"))
     gen = torch.Generator().manual_seed(11)
     outs = []
     for _ in range(2):

@@ -63,10 +63,14 @@ def test_balance_by_bytes():
 
 
 def test_impossible_budget_is_a_clear_error():
-    with pytest.raises(ValueError, match="budgets total"):
+    from fuselab.dlrm.distributed.plan import PlanDoesNotFit
+
+    with pytest.raises(PlanDoesNotFit, match="budgets total"):
         plan_sharding([100, 100], 4, 2, budget_bytes=50 * 20)
+    # half-precision elements: 4 x 2 bytes + 4 of state per row, the same tables fit
+    assert plan_sharding([100, 100], 4, 2, budget_bytes=12 * 100, element_bytes=2).rank_bytes() == [1200, 1200]
     # total fits, but the split leaves a table that fits no rank's remainder
-    with pytest.raises(ValueError, match="fits no rank"):
+    with pytest.raises(PlanDoesNotFit, match="fits no rank"):
         plan_sharding([60, 60, 60], 4, 2, budget_bytes=[95 * 20, 95 * 20], row_wise_share=10.0)
 
 

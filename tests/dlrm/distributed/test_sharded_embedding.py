@@ -29,6 +29,10 @@ CASES = [{"optimizer": "adagrad", "pooling": "mean", "batch": 8},
          {"optimizer": "sgd", "pooling": "sum", "batch": 6, "comm_dtype": torch.bfloat16, "replicate_batch": 64}]
 #: per case: (atol, rtol) of outputs and rows; bf16 on the wire rounds outputs and gradients to 8 bits
 TOLERANCE = {None: (1e-6, 1e-5), torch.bfloat16: (2e-2, 1e-2)}
+#: half-precision tables: the initial rows rounded to the table's dtype, each update rounded stochastically (within
+#: one unit in the last place: 2^-8 relative for bf16, 2^-11 for fp16, per update)
+HALF_TOLERANCE = {"bf16": (1e-3, 2e-2), "fp16": (1e-4, 3e-3)}
+HALF_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
 
 
 def reference(cfg: dict, world: int) -> tuple[list[torch.Tensor], list[torch.Tensor], list[torch.Tensor]]:
@@ -36,6 +40,10 @@ def reference(cfg: dict, world: int) -> tuple[list[torch.Tensor], list[torch.Ten
     divided by ``grad_divisor`` when an exchange runs (``world`` > 1)."""
     divisor = cfg.get("grad_divisor", 1.0) if world > 1 else 1.0
     tables = [init_rows(5, t, n, 0, n, DIM).double() for t, n in enumerate(SIZES)]
+    if cfg.get("table_dtype") in HALF_DTYPES:  # the sharded tables start rounded; replicated ones stay fp32
+        plan = make_plan(world, global_batch=cfg.get("replicate_batch"))
+        tables = [t if i in plan.replicated else t.to(HALF_DTYPES[cfg["table_dtype"]]).double()
+                  for i, t in enumerate(tables)]
     rowwise = cfg["optimizer"] == "rowwise_adagrad"
     state = [torch.zeros(n, dtype=torch.float64) if rowwise else torch.zeros(n, DIM, dtype=torch.float64)
              for n in SIZES]
@@ -64,13 +72,15 @@ def reference(cfg: dict, world: int) -> tuple[list[torch.Tensor], list[torch.Ten
     return outs, tables, state
 
 
-def _compare(results: list[list[dict]], world: int) -> None:
-    for c, cfg in enumerate(CASES):  # FUSED: the same cases
+def _compare(results: list[list[dict]], world: int, cases: list[dict] = CASES) -> None:
+    for c, cfg in enumerate(cases):
         plan = make_plan(world, global_batch=cfg.get("replicate_batch"))
         if cfg.get("replicate_batch") and world > 1:
             assert plan.replicated == [1, 3, 4]
         ref_outs, ref_tables, ref_state = reference(cfg, world)
-        atol, rtol = TOLERANCE[cfg.get("comm_dtype") if world > 1 else None]
+        half = cfg.get("table_dtype") in HALF_DTYPES
+        atol, rtol = (HALF_TOLERANCE[cfg["table_dtype"]] if half else
+                      TOLERANCE[cfg.get("comm_dtype") if world > 1 else None])
         for step in range(2):
             got = torch.cat([results[r][c]["outs"][step] for r in range(world)]).double()
             torch.testing.assert_close(got, ref_outs[step], atol=atol, rtol=rtol)
@@ -81,6 +91,7 @@ def _compare(results: list[list[dict]], world: int) -> None:
             for table, lo, hi, w, m in results[r][c]["shards"]:
                 assert any(s.rank == r and s.table == table and (s.row_start, s.row_end) == (lo, hi)
                            for s in plan.shards)
+                assert w.dtype == (HALF_DTYPES[cfg["table_dtype"]] if half else torch.float32)
                 torch.testing.assert_close(w.double(), ref_tables[table][lo:hi], atol=atol, rtol=rtol)
                 if cfg["optimizer"] == "sgd":
                     assert m is None
@@ -90,6 +101,7 @@ def _compare(results: list[list[dict]], world: int) -> None:
             replicas = results[r][c]["replicated"]  # every rank holds them whole, with the same state
             assert [t for t, _, _ in replicas] == plan.replicated
             for table, w, m in replicas:
+                assert w.dtype == torch.float32
                 torch.testing.assert_close(w.double(), ref_tables[table], atol=atol, rtol=rtol)
                 if m is not None:
                     torch.testing.assert_close(m.double(), ref_state[table], atol=1e-6, rtol=1e-5)
@@ -163,6 +175,31 @@ def test_one_rank_fused_local_module_equals_reference():
 @pytest.mark.slow
 def test_two_ranks_fused_local_module_equals_reference():
     _compare(spawn_local(2, embedding_cases, (FUSED,)), 2)
+
+
+#: half-precision sharded tables (fused local module), the small tables replicated in fp32 at 2 ranks
+HALF = [{"optimizer": "rowwise_adagrad", "pooling": "sum", "batch": 8, "factory": "fused", "table_dtype": "bf16"},
+        {"optimizer": "sgd", "pooling": "mean", "batch": 6, "factory": "fused", "table_dtype": "fp16",
+         "replicate_batch": 64}]
+
+
+def test_half_tables_one_rank_equal_reference(monkeypatch):
+    """Half-precision shards: the initial rows written in pieces (here of 3 rows) and rounded once, then the
+    reference's outputs and updates within the dtype's rounding."""
+    from fuselab.dlrm.distributed import embedding
+
+    monkeypatch.setattr(embedding, "INIT_ROWS_PER_PIECE", 3)
+    _compare([embedding_cases(HALF, ctx=_single())], 1, HALF)
+
+
+@pytest.mark.slow
+def test_half_tables_two_ranks_equal_reference():
+    _compare(spawn_local(2, embedding_cases, (HALF,)), 2, HALF)
+
+
+def test_half_tables_need_the_fused_module():
+    with pytest.raises(ValueError, match="fp32 tables"):
+        ShardedEmbeddingCollection(make_plan(1), 0, factory=torch_factory, table_dtype="bf16")
 
 
 STATIC = [{"optimizer": "rowwise_adagrad", "batch": 6}, {"optimizer": "adagrad", "batch": 5},

@@ -43,6 +43,9 @@ from .local import LocalFactory, fused_factory, init_rows
 from .plan import Shard, ShardingPlan
 from .replicated import ReplicatedTables
 
+#: rows per piece of the initial values written into the local weight
+INIT_ROWS_PER_PIECE = 1 << 22
+
 
 class ShardedEmbeddingCollection(nn.Module):
     """The shards of ``plan`` held by ``rank``, and the exchanges that serve every rank's lookups.
@@ -59,7 +62,9 @@ class ShardedEmbeddingCollection(nn.Module):
     ``uniform_batch``: the caller promises that every rank passes the same B at every call in training mode; with
     2-D ids and a plan of whole tables the exchange is then static (module docstring); otherwise, and in eval mode,
     the flag changes nothing. ``multi_hot_sizes``: 2-D ids are fixed-size bags (B, S), ``S = sum(sizes)``, table
-    ``f``'s bag in its own columns (:mod:`fuselab.dlrm.bags`); None: one id per table.
+    ``f``'s bag in its own columns (:mod:`fuselab.dlrm.bags`); None: one id per table. ``table_dtype``: the sharded
+    tables' weights (``fp32``; ``fp16`` or ``bf16`` with the fused factory: half the memory, updates rounded
+    stochastically); replicated tables stay fp32 (their gradients are summed in their weight's dtype).
 
     Raises ``ValueError`` for a plan/rank mismatch, a bad pooling, or malformed ids/offsets in :meth:`forward`
     (``TypeError`` for non-integer ones).
@@ -69,7 +74,8 @@ class ShardedEmbeddingCollection(nn.Module):
                  optimizer: EmbeddingOptimizer = ROWWISE_ADAGRAD, lr: float = 0.01, pooling: str = "sum",
                  seed: int = 0, grad_divisor: float | None = None, group=None,
                  device: torch.device | str | None = None, comm_dtype: torch.dtype | None = None,
-                 uniform_batch: bool = False, multi_hot_sizes: Sequence[int] | None = None):
+                 uniform_batch: bool = False, multi_hot_sizes: Sequence[int] | None = None,
+                 table_dtype: str = "fp32"):
         super().__init__()
         plan.validate()
         if not 0 <= rank < plan.world_size:
@@ -88,12 +94,15 @@ class ShardedEmbeddingCollection(nn.Module):
         self.local = None
         if self.local_shards:
             self.local = factory([s.rows for s in self.local_shards], self.dim, optimizer=optimizer, lr=lr,
-                                 device=device)
+                                 device=device, dtype=table_dtype)
             with torch.no_grad():
                 for s, start in zip(self.local_shards, self.local.row_offsets.tolist()):
-                    self.local.weight[start: start + s.rows] = init_rows(
-                        seed, s.table, plan.table_sizes[s.table], s.row_start, s.row_end, self.dim,
-                        device=self.local.weight.device)
+                    # in pieces: a whole 40M-row table's fp32 rows would need 20 GB beside the weight
+                    for a in range(s.row_start, s.row_end, INIT_ROWS_PER_PIECE):
+                        z = min(s.row_end, a + INIT_ROWS_PER_PIECE)
+                        self.local.weight[start + a - s.row_start: start + z - s.row_start] = init_rows(
+                            seed, s.table, plan.table_sizes[s.table], a, z, self.dim,
+                            device=self.local.weight.device)
         self.bag_sizes = (check_sizes(multi_hot_sizes, self.num_features) if multi_hot_sizes is not None
                           else [1] * self.num_features)
         self.bags = FixedBags(self.bag_sizes).to(device)

@@ -32,6 +32,17 @@ import torch
 import torch.distributed as dist
 
 from ..config import DLRMConfig
+from ..memory import (
+    GIB,
+    RESERVE_BYTES,
+    TABLE_DTYPE_BYTES,
+    DoesNotFit,
+    RunShape,
+    data_bytes,
+    non_table_bytes,
+    run_shape,
+    ways_out,
+)
 from ..model import DLRM
 from ..optim import Optimizers
 from ..parallelism import Restored, TrainingParts, local_stop
@@ -40,7 +51,7 @@ from . import checkpoint as dckpt
 from .embedding import ShardedEmbeddingCollection
 from .local import fused_factory, torch_factory
 from .parallel import DenseParts, DistributedDLRM, ParallelContext, gather_rows, init_from_env, shutdown
-from .plan import ShardingPlan, plan_sharding
+from .plan import PlanDoesNotFit, ShardingPlan, plan_sharding
 
 if TYPE_CHECKING:
     from ..trainer import RunOptions, Trainer
@@ -71,12 +82,13 @@ def build_hybrid(cfg: DLRMConfig, sizes: list[int], ctx: ParallelContext, *, ker
                          budget_bytes=budget_bytes, row_wise_share=share,
                          pooling_factors=None if bags is None else [float(n) for n in bags],
                          global_batch=cfg.batch_size if replicate else None,
+                         element_bytes=TABLE_DTYPE_BYTES[cfg.embedding_dtype],
                          wire_bytes=2 if cfg.precision == "bf16" else 4)
     sparse = ShardedEmbeddingCollection(
         plan, ctx.rank, factory=fused_factory if kernels == "fuselab" else torch_factory, optimizer=optimizer,
         lr=cfg.lr_sparse, seed=cfg.seed, group=ctx.embedding_group, device=ctx.device,
         uniform_batch=True, comm_dtype=torch.bfloat16 if cfg.precision == "bf16" else None,
-        multi_hot_sizes=cfg.multi_hot_sizes, pooling=cfg.pooling)
+        multi_hot_sizes=cfg.multi_hot_sizes, pooling=cfg.pooling, table_dtype=cfg.embedding_dtype)
     dense = DLRM.from_config(dataclasses.replace(cfg, kernels=kernels), sizes, embeddings=False)
     if overlap is None:
         overlap = cfg.overlap and ctx.device.type == "cuda" and mode in GRAPH_MODES
@@ -173,21 +185,38 @@ class HybridParallel:
             if removed:
                 log(f"removed {len(removed)} unfinished checkpoint save(s) of an interrupted run in {folder}")
 
-    def _memory_budget(self) -> int | None:
-        """Bytes of tables each rank may hold: 60% of the smallest free device memory among the ranks (None on
-        CPU: unbounded)."""
+    def _memory_shape(self, trainer: Trainer) -> RunShape:
+        """One rank's share of the run for the memory count: its batch and its part of the train split."""
+        cfg, world = trainer.cfg, self.world_size
+        start, stop = trainer.split["train"]
+        data = data_bytes(cfg, trainer.ds.num_sparse, -(-(stop - start) // world))
+        return run_shape(cfg, trainer.sizes, max(1, cfg.batch_size // world), data)
+
+    def _memory_budget(self, shape: RunShape) -> int | None:
+        """Bytes of tables (with their optimizer state) each rank may hold: the smallest free device memory among
+        the ranks, less what the rest of a step needs at a rank's batch (:func:`..memory.non_table_bytes`) and the
+        reserve for the CUDA context and workspaces (None on CPU: unbounded)."""
         device = self.ctx.device
         if device.type != "cuda":
             return None
         free = torch.tensor([torch.cuda.mem_get_info(device)[0]], device=device, dtype=torch.int64)
         if self.world_size > 1:
             dist.all_reduce(free, op=dist.ReduceOp.MIN, group=self.ctx.embedding_group)
-        return int(0.6 * int(free))
+        return max(0, int(free) - non_table_bytes(shape) - RESERVE_BYTES)
 
     def build(self, trainer: Trainer) -> TrainingParts:
-        model, optimizers, step, self.plan = build_hybrid(
-            trainer.cfg, trainer.sizes, self.ctx, kernels=trainer.kernels, mode=trainer.step_mode,
-            budget_bytes=self._memory_budget())
+        """The rank's parts (:func:`build_hybrid`); :class:`~..memory.DoesNotFit` naming the ways out when the
+        tables do not fit the ranks' memory."""
+        shape = self._memory_shape(trainer)
+        budget = self._memory_budget(shape)
+        try:
+            model, optimizers, step, self.plan = build_hybrid(
+                trainer.cfg, trainer.sizes, self.ctx, kernels=trainer.kernels, mode=trainer.step_mode,
+                budget_bytes=budget)
+        except PlanDoesNotFit as exc:
+            room = f"{budget / GIB:.1f} GiB for tables on each of {self.world_size} rank(s) after the rest of a step"
+            raise DoesNotFit("\n".join([f"{exc} ({room}); ways out:",
+                                        *(f"  {w}" for w in ways_out(shape))])) from None
         trainer.log(f"sharding plan over {self.world_size} rank(s):\n{self.plan.format_table()}")
         return TrainingParts(model, optimizers, step)
 

@@ -1,7 +1,8 @@
 """Local embedding modules: what one rank runs on the shards it holds.
 
 A local module is a sparse arch of :mod:`fuselab.dlrm.sparse` over the rows of each local shard (shard ``k`` =
-rows ``[row_offsets[k], row_offsets[k] + n_k)`` of ``weight`` (R, D) fp32; ``state`` the optimizer's):
+rows ``[row_offsets[k], row_offsets[k] + n_k)`` of ``weight`` (R, D) in the factory's ``dtype``: ``fp32``, or
+``fp16`` / ``bf16`` on the fused module; ``state`` the optimizer's):
 ``forward(ids (N,) int64, offsets (B*K + 1,) int64) -> (B, K, D)`` sum-pooled bags, bag ``b*K + k`` of shard ``k``
 holding ids in ``[0, n_k)``, and ``forward(ids (B, K)) -> (B, K, D)``, one id per bag; the gradient of the output
 applies the optimizer to the looked-up rows during the backward; ``set_lr(value)``; ``capturable``.
@@ -22,22 +23,24 @@ from fuselab.core.embedding_optimizer import ROWWISE_ADAGRAD, EmbeddingOptimizer
 
 from ..sparse import FusedEmbeddingCollection, TableSpec, TorchEmbeddingCollection
 
-#: ``factory(shard_rows, dim, optimizer=..., lr=..., device=...) -> local module``
+#: ``factory(shard_rows, dim, optimizer=..., lr=..., device=..., dtype=...) -> local module``
 LocalFactory = Callable[..., nn.Module]
 
 
 def torch_factory(shard_rows: Sequence[int], dim: int, *, optimizer: EmbeddingOptimizer = ROWWISE_ADAGRAD,
-                  lr: float = 0.01, device: torch.device | str | None = None) -> nn.Module:
+                  lr: float = 0.01, device: torch.device | str | None = None, dtype: str = "fp32") -> nn.Module:
     """A :class:`~fuselab.dlrm.sparse.TorchEmbeddingCollection` over the shards (sum pooling; rows drawn at random:
-    the caller copies its initial rows in)."""
-    return TorchEmbeddingCollection(TableSpec(tuple(shard_rows), dim), optimizer=optimizer, lr=lr, device=device)
+    the caller copies its initial rows in). Raises ValueError for a ``dtype`` other than ``fp32``."""
+    return TorchEmbeddingCollection(TableSpec(tuple(shard_rows), dim, dtype=dtype), optimizer=optimizer, lr=lr,
+                                    device=device)
 
 
 def fused_factory(shard_rows: Sequence[int], dim: int, *, optimizer: EmbeddingOptimizer = ROWWISE_ADAGRAD,
-                  lr: float = 0.01, device: torch.device | str | None = None) -> nn.Module:
+                  lr: float = 0.01, device: torch.device | str | None = None, dtype: str = "fp32") -> nn.Module:
     """A :class:`~fuselab.dlrm.sparse.FusedEmbeddingCollection` over the shards (sum pooling, deterministic; rows
-    drawn at random: the caller copies its initial rows in)."""
-    return FusedEmbeddingCollection(TableSpec(tuple(shard_rows), dim), optimizer=optimizer, lr=lr, device=device)
+    drawn at random: the caller copies its initial rows in), weights in ``dtype`` (``fp32``, ``fp16``, ``bf16``)."""
+    return FusedEmbeddingCollection(TableSpec(tuple(shard_rows), dim, dtype=dtype), optimizer=optimizer, lr=lr,
+                                    device=device)
 
 
 _MASK32 = 0xFFFFFFFF

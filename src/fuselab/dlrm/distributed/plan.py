@@ -166,6 +166,10 @@ def _row_ranges(rows: int, parts: int) -> list[tuple[int, int]]:
     return [(bounds[k], bounds[k + 1]) for k in range(parts) if bounds[k + 1] > bounds[k]]
 
 
+class PlanDoesNotFit(ValueError):
+    """The tables do not fit the ranks' memory budgets."""
+
+
 def plan_sharding(table_sizes: Sequence[int], dim: int, world_size: int, *,
                   pooling_factors: Sequence[float] | None = None, optimizer: EmbeddingOptimizer = ROWWISE_ADAGRAD,
                   element_bytes: int = 4, budget_bytes: int | Sequence[int] | None = None,
@@ -181,7 +185,8 @@ def plan_sharding(table_sizes: Sequence[int], dim: int, world_size: int, *,
     the ranks with room. ``pooling_factors``
     defaults to 1 lookup per sample per table.
 
-    Raises ``ValueError`` for bad arguments, and when the tables cannot fit the budgets (naming the table or rank).
+    Raises ``ValueError`` for bad arguments, and :class:`PlanDoesNotFit` (a ``ValueError``) when the tables cannot
+    fit the budgets (naming the table or rank).
     """
     sizes = [int(n) for n in table_sizes]
     if not sizes or any(n <= 0 for n in sizes):
@@ -208,7 +213,7 @@ def plan_sharding(table_sizes: Sequence[int], dim: int, world_size: int, *,
     replica_bytes = sum(sizes[t] for t in replicated) * per_row
     room = None if budgets is None else [b - replica_bytes for b in budgets]
     if room is not None and sum(table_bytes) > sum(room):
-        raise ValueError(f"tables need {sum(table_bytes)} bytes, the ranks' budgets total {sum(room)}")
+        raise PlanDoesNotFit(f"tables need {sum(table_bytes)} bytes, the ranks' budgets total {sum(room)}")
     share = row_wise_share * sum(table_bytes) / world_size
     smallest_budget = min(room) if room else None
     row_wise = [world_size > 1 and (b > share or (smallest_budget is not None and b > smallest_budget))
@@ -226,7 +231,7 @@ def plan_sharding(table_sizes: Sequence[int], dim: int, world_size: int, *,
     for t in order:
         fits = [r for r in range(world_size) if room is None or used[r] + table_bytes[t] <= room[r]]
         if not fits:
-            raise ValueError(f"table {t} ({sizes[t]} rows, {table_bytes[t]} bytes) fits no rank's remaining budget "
+            raise PlanDoesNotFit(f"table {t} ({sizes[t]} rows, {table_bytes[t]} bytes) fits no rank's remaining budget "
                              f"(free: {[b - u for b, u in zip(room or [], used)]}); raise budget_bytes or "
                              f"lower row_wise_share to split it")
         r = min(fits, key=lambda r: (max((used[r] + table_bytes[t]) / total_b, (looks[r] + pf[t]) / total_l),
