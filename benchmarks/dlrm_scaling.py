@@ -184,7 +184,7 @@ def worker(spec: dict[str, Any]) -> None:
                 model = DLRM.from_config(cfg.__class__(**{**cfg.to_dict(), "kernels": "fuselab"}), sizes)
             optimizers = Optimizers(model, lr_dense=cfg.lr_dense, lr_sparse=cfg.lr_sparse)
             step = TrainStep(model, optimizers, precision=cfg.precision, mode="cuda_graph",
-                             options=StepOptions(overlap=overlap))
+                             options=StepOptions(overlap=cfg.overlap if overlap is None else overlap))
             plan = None
         else:
             model, optimizers, step, plan = build_hybrid(cfg, sizes, ctx, kernels=kernels, mode=mode,

@@ -15,5 +15,5 @@ train() {  # name, limit, then flags
 }
 [ "$dtype" = fp32 ] && train graph_fp32 120
 train graph_fp16 110 --set embedding_dtype=fp16
-train nproc1_$dtype 120 --nproc 1 --set embedding_dtype=$dtype
-[ "$(nvidia-smi -L | wc -l)" -ge 2 ] && train nproc2_$dtype 130 --nproc 2 --set embedding_dtype=$dtype
+[ -n "${WITH_NPROC1:-}" ] && train nproc1_$dtype 120 --nproc 1 --set embedding_dtype=$dtype
+[ "$(nvidia-smi -L | wc -l)" -ge 2 ] && train nproc2_$dtype 190 --nproc 2 --set embedding_dtype=$dtype

@@ -51,8 +51,17 @@ class Recording(SingleProcess):
     def summary(self, trainer: Trainer, summary: dict[str, Any]) -> None:
         summary["strategy"] = "recording"
 
-    def close(self, trainer: Trainer) -> None:
-        self.asked.append("close")
+    def close(self, trainer: Trainer, failed: bool = False) -> None:
+        self.asked.append("close after a failure" if failed else "close")
+
+
+class FailingAtStep2(Recording):
+    """A rank whose step 2 raises (an out-of-memory error, a bad batch): its peers may be inside a collective."""
+
+    def stopping(self, trainer: Trainer) -> bool:
+        if trainer.step_count == 2:
+            raise RuntimeError("CUDA out of memory (simulated)")
+        return super().stopping(trainer)
 
 
 def test_the_trainer_asks_its_strategy(synth_dir, tmp_path):
@@ -67,6 +76,16 @@ def test_the_trainer_asks_its_strategy(synth_dir, tmp_path):
                      "'table_sizes']"]
     assert strategy.asked[-1] == "close"
     assert summary["samples_per_s"] is None or summary["samples_per_s"] > 0
+
+
+def test_a_failed_run_closes_its_strategy_as_failed(synth_dir, tmp_path):
+    """An exception in training reaches the caller after the strategy was closed as failed (several processes:
+    the process group aborted, not destroyed in order, so that this rank does not wait for peers it left)."""
+    cfg = load_config("tiny", ["steps=8", "batch_size=512", "eval_batches=1", "checkpoint_every=0"])
+    strategy = FailingAtStep2()
+    with pytest.raises(RuntimeError, match="simulated"):
+        Trainer(cfg, synth_dir, RunOptions(progress=False), log=lambda *a: None, parallelism=strategy).run()
+    assert strategy.asked[-1] == "close after a failure" and "close" not in strategy.asked
 
 
 def test_a_rank_that_is_not_main_writes_and_logs_nothing(synth_dir, tmp_path):

@@ -63,6 +63,18 @@ def latest_and_first_bad(losses: Sequence[Tensor]) -> tuple[float, int | None]:
     return last, (index if index < n else None)
 
 
+#: elements per piece of a finiteness check: a whole MLPerf table's flags would take as many bytes as its elements
+FINITE_PIECE = 1 << 26
+
+
+def _all_finite(t: Tensor) -> Tensor:
+    """0-dim bool: every element of ``t`` is finite (checked in pieces of :data:`FINITE_PIECE` elements)."""
+    flat = t.detach().reshape(-1)
+    if flat.numel() <= FINITE_PIECE:
+        return torch.isfinite(flat).all()
+    return torch.stack([torch.isfinite(piece).all() for piece in flat.split(FINITE_PIECE)]).all()
+
+
 def non_finite_parameters(module: nn.Module) -> list[str]:
     """Names of ``module``'s floating-point parameters and buffers that hold a nan or an inf (one host read when
     all are finite)."""
@@ -70,7 +82,7 @@ def non_finite_parameters(module: nn.Module) -> list[str]:
              if t.is_floating_point() and t.numel()]
     if not named:
         return []
-    flags = torch.stack([torch.isfinite(t.detach()).all() for _, t in named])
+    flags = torch.stack([_all_finite(t) for _, t in named])
     if bool(flags.all()):
         return []
     return [name for (name, _), ok in zip(named, flags.tolist()) if not ok]

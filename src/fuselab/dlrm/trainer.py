@@ -254,11 +254,15 @@ class Trainer:
 
     def run(self) -> dict[str, Any]:
         """Build, restore (``options.resume``), train to ``total_steps``, evaluate; returns :meth:`summary`. The
-        strategy is closed at the end (several processes: the process group it joined is left)."""
+        strategy is closed at the end (several processes: the process group it joined is left; after an exception
+        without waiting for the other ranks)."""
         try:
-            return self._run()
-        finally:
-            self.parallelism.close(self)
+            summary = self._run()
+        except BaseException:
+            self.parallelism.close(self, failed=True)
+            raise
+        self.parallelism.close(self)
+        return summary
 
     def _run(self) -> dict[str, Any]:
         self.build()

@@ -179,3 +179,22 @@ def test_spawn_local_gives_back_the_callers_signal_handlers():
         for sig, handler in before.items():
             signal.signal(sig, handler)
     assert after == {**before, signal.SIGTERM: mine, signal.SIGHUP: mine}
+
+
+def test_abort_leaves_the_group_without_the_peers(tmp_path, monkeypatch):
+    """A failed rank's exit: gloo's group destroyed (local), NCCL's communicators aborted instead of the orderly
+    destroy that waits for peers; nothing to do without a group."""
+    import torch.distributed as dist
+
+    from fuselab.dlrm.distributed.parallel import abort
+
+    abort()  # no group: no-op
+    dist.init_process_group("gloo", init_method=f"file://{tmp_path / 'store'}", rank=0, world_size=1)
+    aborted: list[bool] = []
+    monkeypatch.setattr(dist.distributed_c10d, "_abort_process_group", lambda: aborted.append(True))
+    monkeypatch.setattr(dist, "get_backend", lambda *a: "nccl")
+    abort()
+    assert aborted == [True] and dist.is_initialized()  # the NCCL branch (stubbed) left the group alone
+    monkeypatch.undo()
+    abort()
+    assert not dist.is_initialized()

@@ -50,7 +50,7 @@ from ..step import GRAPH_MODES, StepOptions, TrainStep
 from . import checkpoint as dckpt
 from .embedding import ShardedEmbeddingCollection
 from .local import fused_factory, torch_factory
-from .parallel import DenseParts, DistributedDLRM, ParallelContext, gather_rows, init_from_env, shutdown
+from .parallel import DenseParts, DistributedDLRM, ParallelContext, abort, gather_rows, init_from_env, shutdown
 from .plan import PlanDoesNotFit, ShardingPlan, plan_sharding
 
 if TYPE_CHECKING:
@@ -306,10 +306,12 @@ class HybridParallel:
         summary.update(world_size=self.world_size, rank=self.rank,
                        plan=self.plan.to_dict() if self.plan is not None else None)
 
-    def close(self, trainer: Trainer) -> None:
+    def close(self, trainer: Trainer, failed: bool = False) -> None:
         """Leave the process group when :meth:`join` joined it: first free what holds its communicators (a CUDA
         graph with NCCL operations, pytorch/pytorch#115388; the DDP wrapper, whose reducer outliving its group ended
-        the process with std::terminate at exit), then destroy it. The model stays usable on this rank's shards."""
+        the process with std::terminate at exit), then destroy it, or with ``failed`` (this rank raised) abort it
+        without waiting for the other ranks, which the launcher then stops. The model stays usable on this rank's
+        shards."""
         if not self.owns_group:
             return
         step = getattr(trainer, "train_step", None)
@@ -319,4 +321,7 @@ class HybridParallel:
         if model is not None:
             model.unwrap()
         gc.collect()
-        shutdown()
+        if failed:
+            abort()
+        else:
+            shutdown()

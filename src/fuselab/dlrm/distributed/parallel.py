@@ -100,6 +100,18 @@ def shutdown() -> None:
         dist.destroy_process_group()
 
 
+def abort() -> None:
+    """Leave the process group without waiting for the other ranks (no-op without one): a rank that failed cannot
+    know whether its peers sit in a collective it will never join, and NCCL's orderly destroy waits for them. NCCL's
+    communicators are aborted; other backends' groups are destroyed (a local operation)."""
+    if not dist.is_initialized():
+        return
+    if dist.get_backend() == "nccl":
+        dist.distributed_c10d._abort_process_group()
+    else:
+        dist.destroy_process_group()
+
+
 def slice_batch(batch: Any, rank: int, world: int) -> Any:
     """This rank's part of a global batch: a tensor (dim 0), a tuple/list/dict of them, or a dataclass of them
     (``fuselab.dlrm``'s Batch). Bags (flat ids + offsets) must be split with :func:`slice_bags`."""
