@@ -51,6 +51,22 @@ def test_overrides_files_and_errors(tmp_path):
         load_config(str(tmp_path / "missing.json"))
 
 
+def test_cuda_graph_auto_is_on_where_it_applies(synth_dir):
+    """mlperf-v2 asks for the graph with "auto": the trainer turns it on with the fused kernels on CUDA and off
+    elsewhere (here, the CPU); true/false and the flag still decide; any other word is refused naming the three."""
+    from fuselab.dlrm.train import RunOptions, Trainer
+
+    assert load_config("mlperf-v2").cuda_graph == "auto" and load_config("kaggle").cuda_graph is False
+    assert load_config("kaggle", ["cuda_graph=AUTO"]).cuda_graph == "auto"
+    assert load_config("mlperf-v2", ["cuda_graph=false"]).cuda_graph is False
+    assert load_config("mlperf-v2", cuda_graph=True).cuda_graph is True
+    with pytest.raises(ValueError, match="true, false or auto"):
+        load_config("kaggle", ["cuda_graph=maybe"])
+    cfg = load_config("tiny", ["cuda_graph=auto", "steps=1"], device="cpu")
+    trainer = Trainer(cfg, synth_dir, RunOptions(progress=False), log=lambda *a: None)
+    assert trainer.cfg.cuda_graph is False and trainer.step_mode == "eager"
+
+
 def test_interaction_is_a_tagged_sub_config(tmp_path):
     """The kind and its options in one entry; --set reaches an option; older spellings still read; unknown kinds
     and options are named."""

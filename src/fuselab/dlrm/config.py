@@ -106,7 +106,8 @@ class DLRMConfig:
     eval_batches: int = 0
     precision: str = "fp32"  # fp32 | tf32 (TF32 matmuls) | bf16 (bf16 autocast)
     compile: bool = False
-    cuda_graph: bool = False  # capture the whole step in a CUDA graph (with compile: the compiled step)
+    #: capture the whole step in a CUDA graph (with compile: the compiled step); "auto": on CUDA with the fused kernels
+    cuda_graph: bool | str = False
     data_on_device: bool = False  # hold the train split on the device, shuffle and batch there
     #: CUDA-graph step on CUDA: the lookup (and its exchanges) on a side stream beside the bottom MLP
     overlap: bool = True
@@ -303,6 +304,10 @@ def _coerce(key: str, value: Any) -> Any:
             raise ValueError(f"config field {key!r} expects a list of ints, got {value!r}")
         return [int(v) for v in value]
     if kind.startswith("bool"):
+        if "str" in kind and isinstance(value, str) and value.lower() not in ("true", "false", "1", "0"):
+            if value.lower() != "auto":
+                raise ValueError(f"config field {key!r} expects true, false or auto, got {value!r}")
+            return "auto"
         return _coerce_bool(key, value)
     try:
         if kind.startswith("int"):

@@ -19,6 +19,7 @@ each batch, checkpoint IO, agreeing on stopping) is the trainer's strategy objec
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import math
 import time
 from dataclasses import dataclass
@@ -95,6 +96,9 @@ class Trainer:
         parallel.check(cfg)
         self.device = parallel.device(cfg)
         self.kernels = resolve_kernels(cfg.kernels, self.device)
+        if cfg.cuda_graph == "auto":  # the graph where it applies: fused kernels on CUDA
+            self.cfg = cfg = dataclasses.replace(cfg, cuda_graph=self.device.type == "cuda"
+                                                 and self.kernels == "fuselab")
         if cfg.cuda_graph and self.device.type != "cuda":
             raise ValueError(f"cuda_graph needs a CUDA device, this run is on {self.device}")
         self.data = data
