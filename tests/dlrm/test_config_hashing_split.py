@@ -9,9 +9,10 @@ import pytest
 import torch
 
 from fuselab.core.embedding_optimizer import SGD, RowwiseAdagrad
-from fuselab.dlrm.config import OPTIMIZERS, PRESETS, config_from_dict, load_config, parse_override, table_sizes
+from fuselab.dlrm.config import OPTIMIZERS, PRESETS, config_from_dict, load_config, parse_override
 from fuselab.dlrm.data.loader import Hasher, kaggle_split
 from fuselab.dlrm.interaction import CatConfig, DCNConfig, DotConfig
+from fuselab.dlrm.layout import table_sizes
 
 
 def test_presets_match_the_issue():

@@ -11,8 +11,9 @@ import torch
 from dlrm_models import tiny_model
 
 from fuselab.dlrm.bags import FixedBags
-from fuselab.dlrm.config import check_layout, load_config
+from fuselab.dlrm.config import load_config
 from fuselab.dlrm.data.loader import Hasher
+from fuselab.dlrm.layout import check_layout
 from fuselab.dlrm.model import DLRM
 from fuselab.dlrm.optim import Optimizers
 from fuselab.dlrm.step import TrainStep

@@ -11,9 +11,10 @@ import torch
 from torch import Tensor, nn
 
 from .checkpoint import open_checkpoint
-from .config import check_layout, config_from_dict
+from .config import config_from_dict
 from .data.batch import Batch
 from .data.loader import BatchLoader, CriteoDataset, Hasher, kaggle_split, load_vocabs, open_dataset
+from .layout import check_layout
 from .metrics import evaluate_predictions, roc_auc
 from .model import DLRM
 from .runtime import resolve_device

@@ -33,12 +33,13 @@ from fuselab.core.flags import SECONDS
 
 from . import checkpoint as ckpt
 from . import health
-from .config import DEFAULT_RUN_DIR, DLRMConfig, check_layout, table_sizes
+from .config import DEFAULT_RUN_DIR, DLRMConfig
 from .data.batch import Batch
 from .data.device import DeviceBatches
 from .data.loader import BatchLoader, CriteoDataset, Hasher, kaggle_split, load_vocabs, open_dataset
 from .evaluation import best_auc, evaluate
 from .interrupt import SignalCatcher, TrainingInterrupted
+from .layout import check_layout, table_sizes
 from .parallelism import Parallelism, SingleProcess
 from .runtime import (
     PhaseTimer,
