@@ -110,7 +110,9 @@ def _add_model_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--kernels", choices=("auto", "fuselab", "torch"), default=None,
                    help="fuselab's fused kernels or the PyTorch reference (auto: fuselab on CUDA, torch on CPU)")
     p.add_argument("--cuda-graph", action="store_true", default=None,
-                   help="capture the whole training step in a CUDA graph (with --compile: the compiled step)")
+                   help="capture the whole training step in a CUDA graph (with --compile: the compiled step; "
+                        "default: from config, mlperf-v2's 'auto' = on with the fused kernels on CUDA; "
+                        "--set cuda_graph=false turns it off)")
     p.add_argument("--data-on-device", action="store_true", default=None,
                    help="load the train split onto the device once; shuffle and batch there")
     p.add_argument("--hashing", choices=("modulus", "vocab"), default=None)

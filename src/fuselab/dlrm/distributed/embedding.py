@@ -43,8 +43,9 @@ from .local import LocalFactory, fused_factory, init_rows
 from .plan import Shard, ShardingPlan
 from .replicated import ReplicatedTables
 
-#: rows per piece of the initial values written into the local weight
-INIT_ROWS_PER_PIECE = 1 << 22
+#: rows per piece of the initial values written into the local weight (the hash's int64 and float64 temporaries of a
+#: piece take about 2 GB at D 128: they come on top of the tables while the weight is filled)
+INIT_ROWS_PER_PIECE = 1 << 19
 
 
 class ShardedEmbeddingCollection(nn.Module):
