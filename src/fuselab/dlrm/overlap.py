@@ -51,6 +51,16 @@ class SideStream:
             yield
         del pins
 
+    @contextlib.contextmanager
+    def after_its_work(self) -> Iterator[None]:
+        """Run the block on the side stream after what it already holds (the embedding update), without waiting
+        for the current stream: the next batch's ids exchange (pipelining) beside the dense update."""
+        if self.stream is None:
+            yield
+            return
+        with torch.cuda.stream(self.stream):
+            yield
+
     def join(self, *tensors: Tensor) -> None:
         """Make the current stream wait for the side stream; ``tensors`` made on the side stream and used on the
         current one are recorded on it (outside a graph capture) so that their memory is not reused early."""

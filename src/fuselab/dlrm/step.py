@@ -36,6 +36,12 @@ its backward (the embedding update) beside the bottom MLP's backward and the den
 (compiled separately in the compile modes, the lookup eager). The results are those of the step without it. Needs a
 model whose dense gradients are not reduced by DDP (DDP expects one forward per backward): ValueError otherwise.
 
+``StepOptions.pipeline`` (a model with :meth:`prefetch`, the hybrid-parallel one with its static exchange): each
+call may name the next batch's ids, ``step(dense, sparse, labels, next_sparse=...)``; after the updates the step
+sends them to their tables' owners (on the side stream with ``overlap``, beside the dense update), and the next call
+on that same ``sparse`` tensor looks them up without exchanging them. A call on other ids (the first one, a batch
+that was not announced) exchanges them first, outside the graph. The results are those of the step without it.
+
 The returned loss is a fresh tensor (in graph mode a copy of the static one), so keeping it is safe.
 Raises ValueError for an unknown precision or mode, and for ``"cuda_graph"`` on a CPU model or a sparse arch that
 cannot be captured (``model.sparse_arch.capturable``).
@@ -70,13 +76,15 @@ class StepOptions:
     """How a :class:`TrainStep` runs (module docstring): ``compile_options`` for ``torch.compile``;
     ``compile_embedding`` (compile the lookup with the rest of the forward when the sparse arch allows it);
     ``compile_optimizer`` (the dense update); ``warmup_steps`` (eager steps before a capture, >= 1); ``overlap``
-    (the lookup on a side stream beside the bottom MLP)."""
+    (the lookup on a side stream beside the bottom MLP); ``pipeline`` (the next batch's ids sent during this
+    step)."""
 
     compile_options: dict[str, Any] = field(default_factory=dict)
     compile_embedding: bool = True
     compile_optimizer: bool = True
     warmup_steps: int = 3
     overlap: bool = False
+    pipeline: bool = False
 
 
 class TrainStep:
@@ -104,11 +112,19 @@ class TrainStep:
         if options.overlap and getattr(model, "ddp", False):
             raise ValueError("overlap splits the forward around the lookup, which DDP does not allow: build the "
                              "model with ddp=False (its step then reduces the gradients through grad_sync)")
+        if options.pipeline and not getattr(model.sparse_arch, "static", False):
+            raise ValueError("pipeline sends the next batch's ids ahead: it needs a model with prefetch() and a static "
+                             "exchange (build_hybrid's, whole tables)")
         self.warmup_steps = options.warmup_steps
         self._grad_sync = grad_sync
         self._side = SideStream(self.device) if options.overlap else None
+        self._pipeline = options.pipeline
+        #: the ids the previous call sent ahead, and those this call sends (pipeline)
+        self._promised: Tensor | None = None
+        self._next: Tensor | None = None
         # forward + loss: one function of (dense, sparse, labels) when the lookup can be compiled with the rest
-        self._whole = self.capturable and options.compile_embedding and not options.overlap
+        self._whole = (self.capturable and options.compile_embedding and not options.overlap
+                       and not options.pipeline)
         self._loss_fn = self._forward_loss if self._whole else self._dense_loss
         self._bottom, self._top_loss = self._bottom_forward, self._top_forward_loss
         self._dense_step = optimizers.dense_step
@@ -153,9 +169,14 @@ class TrainStep:
             logits = self.model.top_forward(x, emb)
         return F.binary_cross_entropy_with_logits(logits.float(), labels)
 
+    def _sparse_forward(self, sparse: Tensor) -> Tensor:
+        if self._pipeline:
+            return self.model.sparse_forward(sparse, prefetched=True)
+        return self.model.sparse_forward(sparse)
+
     def _overlapped_loss(self, dense: Tensor, sparse: Tensor, labels: Tensor) -> Tensor:
         with self._side.fork(self.model.sparse_arch):
-            emb = self.model.sparse_forward(sparse)
+            emb = self._sparse_forward(sparse)
         x = self._bottom(dense)
         self._side.join(emb)
         return self._top_loss(x, emb, labels)
@@ -165,7 +186,7 @@ class TrainStep:
             return self._overlapped_loss(dense, sparse, labels)
         if self._whole:
             return self._loss_fn(dense, sparse, labels)
-        return self._loss_fn(dense, self.model.sparse_forward(sparse), labels)
+        return self._loss_fn(dense, self._sparse_forward(sparse), labels)
 
     def _matmul_precision(self):
         if self.precision == "bf16":
@@ -176,6 +197,12 @@ class TrainStep:
         if self._grad_sync is not None:
             self._grad_sync()
         self._dense_step()
+        if self._next is not None:  # pipeline: the next batch's ids, after this step's embedding update
+            if self._side is not None:
+                with self._side.after_its_work():
+                    self.model.prefetch(self._next)
+            else:
+                self.model.prefetch(self._next)
         if self._side is not None:  # the embedding update ran beside the dense updates
             self._side.join()
 
@@ -202,16 +229,36 @@ class TrainStep:
                 t.copy_(s)
 
     # -- the call ---------------------------------------------------------------------------------------------
-    def __call__(self, dense: Tensor, sparse: Tensor, labels: Tensor) -> Tensor:
-        """dense [B, 13] fp32, sparse [B, F] int64, labels [B] fp32 -> the batch's mean loss (0-dim fp32)."""
+    def __call__(self, dense: Tensor, sparse: Tensor, labels: Tensor, next_sparse: Tensor | None = None) -> Tensor:
+        """dense [B, 13] fp32, sparse [B, F] int64, labels [B] fp32 -> the batch's mean loss (0-dim fp32).
+        ``next_sparse`` (``pipeline`` only, else ValueError): the next call's ``sparse``, sent ahead."""
+        if next_sparse is not None and not self._pipeline:
+            raise ValueError("next_sparse needs StepOptions(pipeline=True)")
         with self._matmul_precision():
             if not self.graphed:
-                return self._eager(dense, sparse, labels)
-            if self._graph is None:
-                self._capture(dense, sparse, labels)
-            self._load(dense, sparse, labels)
-            self._graph.replay()
-        return self._static_loss.clone()
+                self._announce(sparse, next_sparse)
+                loss = self._eager(dense, sparse, labels)
+            else:
+                if self._graph is None:
+                    self._capture(dense, sparse, labels, next_sparse)
+                self._announce(sparse, next_sparse)
+                self._load(dense, sparse, labels)
+                if self._pipeline:  # the graph sends its static next ids: these, or (none named) this batch's again
+                    self._copy_in("next_sparse", self._next, sparse if next_sparse is None else next_sparse)
+                self._graph.replay()
+                loss = self._static_loss.clone()
+        self._promised = next_sparse
+        return loss
+
+    def _announce(self, sparse: Tensor, next_sparse: Tensor | None) -> None:
+        """Pipeline: exchange this batch's ids now unless the previous call sent them ahead; name the ids this call
+        sends (eager: ``next_sparse``; the graph: its static buffer, always)."""
+        if not self._pipeline:
+            return
+        if self._promised is not sparse:
+            self.model.prefetch(sparse)
+        if not self.graphed:
+            self._next = next_sparse
 
     def release(self) -> None:
         """Free the captured graph and its static buffers (the next call captures again). Call it before
@@ -220,25 +267,34 @@ class TrainStep:
         if self._graph is not None:
             self._graph.reset()
         self._graph, self.static_inputs, self._static_loss = None, None, None
+        if self.graphed:
+            self._next = self._promised = None
 
     def _load(self, *batch: Tensor) -> None:
         for name, static, new in zip(("dense", "sparse", "labels"), self.static_inputs, batch):
-            if new.shape != static.shape or new.dtype != static.dtype:
-                raise ValueError(f"{name}: the CUDA graph was captured for {tuple(static.shape)} {static.dtype}, "
-                                 f"got {tuple(new.shape)} {new.dtype}")
-            if new.data_ptr() != static.data_ptr():
-                static.copy_(new, non_blocking=True)
+            self._copy_in(name, static, new)
+
+    @staticmethod
+    def _copy_in(name: str, static: Tensor, new: Tensor) -> None:
+        if new.shape != static.shape or new.dtype != static.dtype:
+            raise ValueError(f"{name}: the CUDA graph was captured for {tuple(static.shape)} {static.dtype}, "
+                             f"got {tuple(new.shape)} {new.dtype}")
+        if new.data_ptr() != static.data_ptr():
+            static.copy_(new, non_blocking=True)
 
     def _state(self) -> list[Tensor]:
         """Every tensor a step changes: the model's state (the tables' optimizer state included) and the dense
         optimizer's."""
         return [*self.model.state_dict().values(), *self.optimizers.dense_state]
 
-    def _capture(self, dense: Tensor, sparse: Tensor, labels: Tensor) -> None:
+    def _capture(self, dense: Tensor, sparse: Tensor, labels: Tensor, next_sparse: Tensor | None) -> None:
         self.static_inputs = tuple(t.detach().clone() for t in (dense, sparse, labels))
         side = torch.cuda.Stream(self.device)
         side.wait_stream(torch.cuda.current_stream(self.device))
         with torch.cuda.stream(side):
+            if self._pipeline:  # the graph sends the ids in this buffer ahead; warm-up starts from this batch's
+                self._next = (sparse if next_sparse is None else next_sparse).detach().clone()
+                self.model.prefetch(self.static_inputs[1])
             self._warm_up(*self.static_inputs)
         torch.cuda.current_stream(self.device).wait_stream(side)
         self.optimizers.zero_grad()
@@ -249,3 +305,4 @@ class TrainStep:
             self._update()
         self._static_loss = loss.detach()
         self._graph = graph
+        self._promised = None  # warm-up overwrote the ids sent ahead

@@ -284,3 +284,51 @@ def overlap_vs_plain(cfg: dict, ctx=None) -> dict:
     if ctx.world_size > 1:
         shutdown()
     return results
+
+
+def _counted(counts: dict, name: str, method):
+    def call(*args):
+        counts[name] += 1
+        return method(*args)
+    return call
+
+
+def pipelined_vs_plain(cfg: dict, ctx=None) -> dict:
+    """build_hybrid's eager step with overlap (one flat all-reduce), ``cfg["steps"]`` steps on this rank's slice of
+    the same global batches, without and with ``pipeline`` (each call names the next batch's ids, sent after its
+    updates; at step ``cfg["break_at"]`` none is named, so the next call exchanges its own). Returns each variant's
+    losses, dense parameters and shard rows."""
+    ctx = ctx or _context()
+    conf = DLRMConfig(name="test", embedding_dim=DIM, bottom_mlp=[8, DIM], top_mlp=[6, 1], seed=3,
+                      precision="fp32", optimizer="rowwise_adagrad", lr_dense=0.3, lr_sparse=0.2,
+                      batch_size=cfg["batch"] * ctx.world_size).validate()
+    part = local_slice(cfg["batch"] * ctx.world_size, ctx.rank, ctx.world_size)
+    batches = []
+    for k in range(cfg["steps"]):
+        gen = torch.Generator().manual_seed(2000 + k)
+        total = cfg["batch"] * ctx.world_size
+        dense = torch.rand(total, 13, generator=gen)
+        ids = torch.randint(-1000, 1000, (total, len(SIZES)), generator=gen)
+        labels = (dense[:, 0] + 0.3 * torch.rand(total, generator=gen) < 0.5).float()
+        batches.append((dense[part], ids[part], labels[part]))
+    results = {}
+    for pipeline in (False, True):
+        model, _, step, _ = build_hybrid(conf, SIZES, ctx, kernels=cfg["kernels"], mode="eager", overlap=True,
+                                         replicate=True, pipeline=pipeline)
+        counts = {"prefetch": 0, "exchange": 0}
+        sparse = model.sparse
+        sparse.prefetch = _counted(counts, "prefetch", sparse.prefetch)
+        sparse._exchange_ids = _counted(counts, "exchange", sparse._exchange_ids)
+        losses = []
+        for k, batch in enumerate(batches):
+            ahead = {}
+            if pipeline and k + 1 < len(batches) and k != cfg["break_at"]:
+                ahead["next_sparse"] = batches[k + 1][1]
+            losses.append(float(step(*batch, **ahead)))
+        replicas = [] if model.sparse.replicas is None else model.sparse.replicas.table_states()
+        results[pipeline] = {"losses": losses, "counts": counts,
+                             "dense": [p.detach().clone() for p in model.dense_parameters()],
+                             "shards": [w.clone() for _, w, _ in [*model.sparse.shard_states(), *replicas]]}
+    if ctx.world_size > 1:
+        shutdown()
+    return results

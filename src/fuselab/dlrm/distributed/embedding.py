@@ -113,6 +113,8 @@ class ShardedEmbeddingCollection(nn.Module):
         self.static = bool(uniform_batch) and all(s.rows == plan.table_sizes[s.table] for s in plan.shards)
         #: a training step with it can be captured: a static exchange and a capturable local module
         self.capturable = self.static and (self.local is None or self.local.capturable)
+        #: the ids of a coming batch, exchanged ahead (:meth:`prefetch`)
+        self.register_buffer("_prefetched", None, persistent=False)
         start = [0, *itertools.accumulate(self.bag_sizes)]
         replicated_columns = [c for t in plan.replicated for c in range(start[t], start[t + 1])]
         self.register_buffer("_replicated_columns", torch.tensor(replicated_columns, dtype=torch.int64,
@@ -209,9 +211,30 @@ class ShardedEmbeddingCollection(nn.Module):
                                       output_size=ids.shape[0])
         return ids.to(torch.int64), bag, (offsets.shape[0] - 1) // f_count
 
-    def forward(self, ids: Tensor, offsets: Tensor | None = None) -> Tensor:
+    def prefetch(self, ids: Tensor) -> None:
+        """Send the ids (B, S) of a coming training batch to their tables' owners now (the static exchange's first
+        all_to_all): :meth:`forward` with ``prefetched=True`` then looks them up without exchanging them, so a step
+        can send the next batch's ids while its own dense part still runs (pipelining). The received ids live in one
+        buffer whose address stays once made (CUDA graphs). Collective. Raises ValueError without the static
+        exchange."""
+        if not self.static:
+            raise ValueError("prefetch needs the static exchange (uniform_batch=True and whole tables)")
+        local = self._exchange_ids(self._check_static_ids(ids))
+        if self._prefetched is None or self._prefetched.shape != local.shape:
+            self._prefetched = torch.empty_like(local)
+        self._prefetched.copy_(local)
+
+    def forward(self, ids: Tensor, offsets: Tensor | None = None, *, prefetched: bool = False) -> Tensor:
         """ids (B, F) raw ids (one per feature), or bags: ids (N,) + offsets (B*F + 1,) int64, bag ``b*F + f`` ->
-        (B, F, D) pooled embeddings (``id mod table_sizes[f]`` picks the row). Collective: every rank calls it."""
+        (B, F, D) pooled embeddings (``id mod table_sizes[f]`` picks the row). ``prefetched``: the ids were sent
+        ahead by :meth:`prefetch` (static exchange, training; ValueError without a prefetch for this batch size).
+        Collective: every rank calls it."""
+        if prefetched:
+            if not (self.static and self.training and offsets is None):
+                raise ValueError("prefetched ids need the static exchange in training mode (2-D ids, no offsets)")
+            if self._prefetched is None or self._prefetched.shape[0] != self.world * ids.shape[0]:
+                raise ValueError(f"no prefetched ids for a batch of {ids.shape[0]}: call prefetch(ids) first")
+            return self._forward_static(ids, self._prefetched)
         if offsets is None and self.static and self.training:  # evaluation batches may be uneven: dynamic
             return self._forward_static(ids)
         if offsets is None and ids.dim() == 2 and any(n > 1 for n in self.bag_sizes):
@@ -251,24 +274,35 @@ class ShardedEmbeddingCollection(nn.Module):
         offsets = torch.cat([lengths.new_zeros(1), lengths.cumsum(0)])
         return self.replicas(rows, offsets)
 
-    def _forward_static(self, ids: Tensor) -> Tensor:
-        """(B, S) ids -> (B, F, D) with split sizes from the plan (``uniform_batch``): no host synchronization."""
+    def _check_static_ids(self, ids: Tensor) -> Tensor:
         width = self.bags.width
         if ids.dim() != 2 or ids.shape[1] != width:
             raise ValueError(f"ids must be (B, {width}) without offsets, got {tuple(ids.shape)}")
         if ids.dtype.is_floating_point or ids.dtype.is_complex or ids.dtype == torch.bool:
             raise TypeError(f"ids must be an integer tensor, got {ids.dtype}")
+        return ids
+
+    def _exchange_ids(self, ids: Tensor) -> Tensor:
+        """(B, S) raw ids -> (W*B, S_self): the rows of this rank's tables' columns for every rank's samples (one
+        all_to_all with split sizes from the plan)."""
         batch, s_self = ids.shape[0], self._columns_of[self.rank]
         # (S, B): the tables' columns in exchange order (owner, local order), each id reduced to its row
         send = ids.new_empty((len(self._send_columns), batch), dtype=self._id_dtype)
         torch.remainder(ids.t()[self._send_columns], self._send_rows, out=send)
         if self.world == 1:
-            local_ids = send.t()
-        else:
-            recv = send.new_empty(self.world * s_self * batch)
-            dist.all_to_all_single(recv, send.reshape(-1), [s_self * batch] * self.world,
-                                   [c * batch for c in self._columns_of], group=self.group)
-            local_ids = recv.view(self.world, s_self, batch).transpose(1, 2).reshape(self.world * batch, s_self)
+            return send.t()
+        recv = send.new_empty(self.world * s_self * batch)
+        dist.all_to_all_single(recv, send.reshape(-1), [s_self * batch] * self.world,
+                               [c * batch for c in self._columns_of], group=self.group)
+        return recv.view(self.world, s_self, batch).transpose(1, 2).reshape(self.world * batch, s_self)
+
+    def _forward_static(self, ids: Tensor, local_ids: Tensor | None = None) -> Tensor:
+        """(B, S) ids -> (B, F, D) with split sizes from the plan (``uniform_batch``): no host synchronization.
+        ``local_ids``: their exchange's result, when :meth:`prefetch` made it."""
+        self._check_static_ids(ids)
+        batch = ids.shape[0]
+        if local_ids is None:
+            local_ids = self._exchange_ids(ids)
         if self.local is None:
             pooled = torch.zeros(self.world * batch, 0, self.dim, device=ids.device)
             pooled.requires_grad_(torch.is_grad_enabled() and self.training)

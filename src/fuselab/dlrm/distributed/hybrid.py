@@ -60,7 +60,8 @@ __all__ = ["HybridParallel", "build_hybrid"]
 
 
 def build_hybrid(cfg: DLRMConfig, sizes: list[int], ctx: ParallelContext, *, kernels: str, mode: str,
-                 budget_bytes: int | None = None, overlap: bool | None = None, replicate: bool | None = None
+                 budget_bytes: int | None = None, overlap: bool | None = None, replicate: bool | None = None,
+                 pipeline: bool = False
                  ) -> tuple[DistributedDLRM, Optimizers, TrainStep, ShardingPlan]:
     """The hybrid-parallel model of ``cfg`` on this rank (tables ``sizes``), its optimizers and training step.
 
@@ -72,7 +73,8 @@ def build_hybrid(cfg: DLRMConfig, sizes: list[int], ctx: ParallelContext, *, ker
     embeddings sent in bf16 under ``precision="bf16"``. Dense part: the DLRM's MLPs and interaction without
     tables, through DDP, or (the graph modes, and ``overlap``) with the flat all-reduce inside the step.
     ``overlap``: the lookup and its exchanges on a side stream beside the bottom MLP (:mod:`..overlap`); None:
-    ``cfg.overlap`` on CUDA in the graph modes (in the eager and compile modes DDP overlaps its all-reduce)."""
+    ``cfg.overlap`` on CUDA in the graph modes (in the eager and compile modes DDP overlaps its all-reduce).
+    ``pipeline``: the step sends the next batch's ids ahead when told them (``StepOptions.pipeline``)."""
     share = cfg.row_wise_share if cfg.row_wise_share is not None else math.inf
     optimizer = cfg.embedding_optimizer
     bags = cfg.multi_hot_sizes
@@ -96,7 +98,7 @@ def build_hybrid(cfg: DLRMConfig, sizes: list[int], ctx: ParallelContext, *, ker
                             ddp=mode not in GRAPH_MODES and not overlap)
     optimizers = Optimizers(model, lr_dense=cfg.lr_dense, lr_sparse=cfg.lr_sparse)
     step = TrainStep(model, optimizers, precision=cfg.precision, mode=mode, grad_sync=model.reduce_gradients,
-                     options=StepOptions(compile_embedding=False, overlap=overlap))
+                     options=StepOptions(compile_embedding=False, overlap=overlap, pipeline=pipeline))
     return model, optimizers, step, plan
 
 

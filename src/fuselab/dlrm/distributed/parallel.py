@@ -222,9 +222,15 @@ class DistributedDLRM(nn.Module):
     def forward(self, dense: Tensor, ids: Tensor, offsets: Tensor | None = None) -> Tensor:
         return self.dense(dense, self.sparse(ids, offsets))
 
-    def sparse_forward(self, ids: Tensor) -> Tensor:
-        """The lookup: ids (B, F), or (B, S) fixed-size bags -> (B, F, D) (collective)."""
-        return self.sparse(ids)
+    def sparse_forward(self, ids: Tensor, prefetched: bool = False) -> Tensor:
+        """The lookup: ids (B, F), or (B, S) fixed-size bags -> (B, F, D) (collective); ``prefetched``: the ids
+        were sent ahead by :meth:`prefetch`."""
+        return self.sparse(ids, prefetched=prefetched)
+
+    def prefetch(self, ids: Tensor) -> None:
+        """Send a coming training batch's ids (B, S) to their tables' owners now
+        (:meth:`ShardedEmbeddingCollection.prefetch`; collective)."""
+        self.sparse.prefetch(ids)
 
     def dense_forward(self, dense: Tensor, emb: Tensor) -> Tensor:
         """Everything after the lookup (through DDP when it is on): dense (B, I), emb (B, F, D) -> logits (B,)."""
