@@ -27,7 +27,6 @@ import faulthandler
 import json
 import os
 import signal
-import statistics
 import sys
 import tempfile
 import time
@@ -40,13 +39,13 @@ import torch
 import torch.distributed as dist
 from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
 from torch.distributed.launcher.api import LaunchConfig, elastic_launch
-from torch.profiler import ProfilerActivity, profile
 
 from fuselab import envinfo
 
 envinfo.enable_interpreter_if_no_cuda()  # before anything imports triton
 
 from collective_timeline import CollectiveTimeline  # noqa: E402  (benchmarks/, beside this script)
+from rank_timing import Pipelined, comm_profile, digest, measure, peak_gb  # noqa: E402
 
 from fuselab._io import atomic_write_json, writable_dir  # noqa: E402
 from fuselab.dlrm.config import load_config  # noqa: E402
@@ -58,94 +57,8 @@ from fuselab.dlrm.distributed.parallel import MULTICAST_OFF  # noqa: E402
 from fuselab.dlrm.model import DLRM  # noqa: E402
 from fuselab.dlrm.optim import Optimizers  # noqa: E402
 from fuselab.dlrm.step import StepOptions, TrainStep  # noqa: E402
-from fuselab.profile import kernel_table  # noqa: E402
 
 MODES = ("eager", "cuda_graph")
-
-
-def _sync(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-
-
-def _timed_window(step, batches, steps: int, device: torch.device) -> float:
-    """Milliseconds per step over ``steps`` steps (CUDA events, or the host clock on a CPU)."""
-    if device.type == "cuda":
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        for s in range(steps):
-            step(*batches[s % len(batches)])
-        end.record()
-        end.synchronize()
-        return start.elapsed_time(end) / steps
-    t0 = time.perf_counter()
-    for s in range(steps):
-        step(*batches[s % len(batches)])
-    return 1e3 * (time.perf_counter() - t0) / steps
-
-
-def _slowest(value: float, device: torch.device) -> float:
-    """The largest ``value`` over the ranks (one all-reduce; the value itself without a process group)."""
-    if not (dist.is_initialized() and dist.get_world_size() > 1):
-        return value
-    t = torch.tensor([value], dtype=torch.float64, device=device)
-    dist.all_reduce(t, op=dist.ReduceOp.MAX)
-    return float(t)
-
-
-def _barrier() -> None:
-    if dist.is_initialized() and dist.get_world_size() > 1:
-        dist.barrier()
-
-
-def _comm_profile(step, batches, device: torch.device, steps: int = 5) -> dict[str, float]:
-    """Device time per step of NCCL all_to_all / all_reduce kernels and of every kernel, and kernels per step."""
-    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.type == "cuda" else [])
-    _barrier()
-    with profile(activities=activities) as prof:
-        for s in range(steps):
-            step(*batches[s % len(batches)])
-        _sync(device)
-    rows = kernel_table(prof, device=device.type == "cuda")
-
-    def total(*keys: str) -> float:
-        return sum(r.total_us for r in rows if any(k in r.name.lower() for k in keys)) / steps
-    top = [{"name": r.name[:120], "us": r.total_us / steps, "calls": r.calls / steps} for r in rows[:25]]
-    return {"all_to_all_us": total("alltoall", "all_to_all", "sendrecv"), "all_reduce_us": total("allreduce"),
-            "kernel_us": sum(r.total_us for r in rows) / steps, "kernels": sum(r.calls for r in rows) / steps,
-            "top_kernels": top}
-
-
-def _measure(step, batches, device: torch.device, steps: int, windows: int) -> dict[str, Any]:
-    for k in range(3):  # warm-up (capture in graph mode)
-        step(*batches[k % len(batches)])
-    _sync(device)
-    times = []
-    for _ in range(windows):
-        _barrier()
-        times.append(_slowest(_timed_window(step, batches, steps, device), device))
-    return {"step_ms": statistics.median(times), "window_ms": times}
-
-
-def _peak_gb(device: torch.device) -> float | None:
-    if device.type != "cuda":
-        return None
-    return _slowest(torch.cuda.max_memory_allocated(device) / 1e9, device)
-
-
-@torch.no_grad()
-def _digest(model: torch.nn.Module, device: torch.device) -> float:
-    """Sum over the ranks of every float tensor's sum and sum of squares, in float64: two runs of the same steps
-    from the same start give the same digest when their weights are bit for bit the same (one rounding apart
-    moves it)."""
-    pieces = [p for t in model.state_dict().values() if t.is_floating_point() and t.numel()
-              for p in t.reshape(-1).split(1 << 26)]  # in pieces: a whole MLPerf table in float64 would not fit
-    value = torch.zeros(1, dtype=torch.float64, device=device)
-    for p in pieces:
-        value += (p.double().sum() + p.double().square().sum()).to(device)
-    if dist.is_initialized() and dist.get_world_size() > 1:
-        dist.all_reduce(value)
-    return float(value)
 
 
 def _say(ctx, text: str) -> None:
@@ -188,20 +101,23 @@ def worker(spec: dict[str, Any]) -> None:
             plan = None
         else:
             model, optimizers, step, plan = build_hybrid(cfg, sizes, ctx, kernels=kernels, mode=mode,
-                                                         overlap=overlap)
+                                                         overlap=overlap, pipeline=spec.get("pipeline", False))
+            if spec.get("pipeline"):
+                step = Pipelined(step, batches)
         if overlap is None:  # the default of the mode: what build_hybrid chose
             overlap = getattr(step, "side_stream", None) is not None
-        run: dict[str, Any] = {"mode": mode, "overlap": overlap, "ranks": world, "batch_per_rank": batch,
+        run: dict[str, Any] = {"mode": mode, "overlap": overlap, "pipeline": bool(spec.get("pipeline")) and
+                               mode != "single", "ranks": world, "batch_per_rank": batch,
                                "global_batch": batch * world}
         try:
             _say(ctx, f"{name}: measure")
             timeline = (CollectiveTimeline(step.side_stream) if spec.get("timeline") and mode == "cuda_graph"
                         else None)
             if timeline is None:
-                run.update(_measure(step, batches, ctx.device, spec["steps"], spec["windows"]))
+                run.update(measure(step, batches, ctx.device, spec["steps"], spec["windows"]))
             else:
                 with timeline:
-                    run.update(_measure(step, batches, ctx.device, spec["steps"], spec["windows"]))
+                    run.update(measure(step, batches, ctx.device, spec["steps"], spec["windows"]))
                 run["timeline"] = timeline.replay(step, batches)
                 if world > 1:  # every rank's, in rank order
                     gathered = [None] * world
@@ -212,9 +128,9 @@ def worker(spec: dict[str, Any]) -> None:
             # torch.profiler over replays of a graph holding NCCL kernels hung at 2 ranks (H100, torch 2.11): the
             # eager mode's profile gives the communication kernels' times there
             if not spec.get("no_profile") and (mode != "cuda_graph" or world == 1):
-                run.update(_comm_profile(step, batches, ctx.device))
-            run["peak_gb"] = _peak_gb(ctx.device)
-            run["weights_digest"] = _digest(model, ctx.device)
+                run.update(comm_profile(step, batches, ctx.device))
+            run["peak_gb"] = peak_gb(ctx.device)
+            run["weights_digest"] = digest(model, ctx.device)
             if plan is not None and ctx.is_main:
                 run["plan"] = plan.format_table()
         except Exception as exc:  # recorded; the other modes still run
@@ -342,6 +258,9 @@ def main(argv: list[str] | None = None) -> int:
                         help="the lookup and its exchanges on a side stream beside the bottom MLP (both: each mode "
                              "with and without, and whether their weights end the same; auto: each mode's default, "
                              "as the CLI trains)")
+    parser.add_argument("--pipeline", action="store_true",
+                        help="each step sends the next batch's ids ahead (the hybrid modes; each call then walks the "
+                             "batches in its own cycle)")
     parser.add_argument("--steps", type=int, default=20)
     parser.add_argument("--windows", type=int, default=5)
     parser.add_argument("--device", choices=("cuda", "cpu"), default="cuda" if torch.cuda.is_available() else "cpu")
@@ -376,7 +295,7 @@ def main(argv: list[str] | None = None) -> int:
             "windows": 2 if args.quick else args.windows, "device": args.device, "no_profile": args.no_profile,
             "timeline": args.timeline,
             "overlap": {"on": [True], "off": [False], "both": [False, True], "auto": [None]}[args.overlap],
-            "global_batch": args.global_batch, "embedding_dtype": args.embedding_dtype,
+            "global_batch": args.global_batch, "embedding_dtype": args.embedding_dtype, "pipeline": args.pipeline,
             "data_parallel_tables": not args.no_data_parallel_tables,
             "hang_s": args.hang_s}
     record = _record(out / "dlrm_scaling.json", spec)

@@ -107,6 +107,10 @@ def test_bad_arguments_and_cuda_graph_on_cpu():
         TrainStep(model, opts, mode="graph")
     with pytest.raises(ValueError, match="warmup_steps"):
         TrainStep(model, opts, options=StepOptions(warmup_steps=0))
+    with pytest.raises(ValueError, match=r"pipeline.*prefetch\(\)"):  # one process: no ids to send ahead
+        TrainStep(model, opts, options=StepOptions(pipeline=True))
+    with pytest.raises(ValueError, match="next_sparse needs"):
+        TrainStep(model, opts)(*_batches(2)[0], next_sparse=_batches(2)[1][1])
     model.ddp = True  # a model whose dense gradients DDP reduces cannot split its forward
     with pytest.raises(ValueError, match=r"overlap.*ddp=False"):
         TrainStep(model, opts, options=StepOptions(overlap=True))

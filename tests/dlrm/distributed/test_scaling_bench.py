@@ -37,15 +37,18 @@ def test_scaling_smoke(tmp_path):
     # the overlapped step (split forward, one flat all-reduce) ends with the plain step's (DDP's) weights
     assert runs[(2, "eager", True)]["same_weights_as_plain"] is True
     assert runs[(2, "eager", True)]["weights_digest"] != runs[(1, "eager", True)]["weights_digest"]
+    assert not any(r["pipeline"] for r in runs.values())
     assert "ranks" in done.stdout and "samples/s" in done.stdout and "same w" in done.stdout
-    # a new file; strong scaling (the global batch split over the ranks), each mode's own overlap default
-    again = _run("--nproc", "1", "--optimizer", "sgd", "--overlap", "auto", "--global-batch", "768",
+    # a new file; strong scaling (the global batch split over the ranks), each mode's own overlap default, the next
+    # batch's ids sent ahead
+    again = _run("--nproc", "1", "--optimizer", "sgd", "--overlap", "auto", "--global-batch", "768", "--pipeline",
                  "--out", str(tmp_path))
     assert again.returncode == 0, again.stderr
     record = json.loads((tmp_path / "dlrm_scaling.json").read_text())
     assert [r["ranks"] for r in record["runs"]] == [1] and record["spec"]["optimizer"] == "sgd"
     run = record["runs"][0]
     assert run["batch_per_rank"] == run["global_batch"] == 768 and run["overlap"] is False  # eager: DDP's own
+    assert run["pipeline"] is True and record["spec"]["pipeline"] is True
     assert run["speedup"] == run["efficiency"] == 1.0
     refused = _run("--nproc", "1,2", "--global-batch", "1025", "--out", str(tmp_path))
     assert refused.returncode == 2 and "multiple of every world size" in refused.stderr

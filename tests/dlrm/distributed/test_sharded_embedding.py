@@ -197,6 +197,26 @@ def test_half_tables_two_ranks_equal_reference():
     _compare(spawn_local(2, embedding_cases, (HALF,)), 2, HALF)
 
 
+def test_prefetch_needs_the_static_exchange_and_a_prefetch():
+    """Ids sent ahead (pipelining): forward(prefetched=True) equals the forward that exchanges them; without a
+    prefetch of that batch size, in eval mode or without the static exchange: ValueError naming what is missing."""
+    static = ShardedEmbeddingCollection(make_plan(1), 0, factory=torch_factory, uniform_batch=True)
+    ids = torch.randint(-50, 50, (5, len(SIZES)), generator=torch.Generator().manual_seed(2))
+    with pytest.raises(ValueError, match="call prefetch"):
+        static(ids, prefetched=True)
+    static.prefetch(ids)
+    with torch.no_grad():
+        torch.testing.assert_close(static(ids, prefetched=True), static(ids), rtol=0, atol=0)
+    with pytest.raises(ValueError, match="call prefetch"):
+        static(ids[:3], prefetched=True)
+    static.eval()
+    with pytest.raises(ValueError, match="training mode"):
+        static(ids, prefetched=True)
+    dynamic = ShardedEmbeddingCollection(make_plan(1), 0, factory=torch_factory)
+    with pytest.raises(ValueError, match="static exchange"):
+        dynamic.prefetch(ids)
+
+
 def test_half_tables_need_the_fused_module():
     with pytest.raises(ValueError, match="fp32 tables"):
         ShardedEmbeddingCollection(make_plan(1), 0, factory=torch_factory, table_dtype="bf16")
