@@ -253,6 +253,31 @@ def static_vs_dynamic(cfgs: list[dict], ctx=None) -> list[dict]:
     return results
 
 
+def _hybrid_conf(ctx, batch: int, precision: str) -> DLRMConfig:
+    return DLRMConfig(name="test", embedding_dim=DIM, bottom_mlp=[8, DIM], top_mlp=[6, 1], seed=3,
+                      precision=precision, optimizer="rowwise_adagrad", lr_dense=0.3, lr_sparse=0.2,
+                      batch_size=batch * ctx.world_size).validate()
+
+
+def _rank_batches(ctx, batch: int, steps: int, seed: int) -> list[tuple[Tensor, Tensor, Tensor]]:
+    """This rank's slice of ``steps`` seeded global batches (one raw id per table)."""
+    part, total = local_slice(batch * ctx.world_size, ctx.rank, ctx.world_size), batch * ctx.world_size
+    out = []
+    for k in range(steps):
+        gen = torch.Generator().manual_seed(seed + k)
+        dense = torch.rand(total, 13, generator=gen)
+        ids = torch.randint(-1000, 1000, (total, len(SIZES)), generator=gen)
+        labels = (dense[:, 0] + 0.3 * torch.rand(total, generator=gen) < 0.5).float()
+        out.append((dense[part], ids[part], labels[part]))
+    return out
+
+
+def _final_state(model, losses: list[float]) -> dict:
+    replicas = [] if model.sparse.replicas is None else model.sparse.replicas.table_states()
+    return {"losses": losses, "dense": [p.detach().clone() for p in model.dense_parameters()],
+            "shards": [w.clone() for _, w, _ in [*model.sparse.shard_states(), *replicas]]}
+
+
 def overlap_vs_plain(cfg: dict, ctx=None) -> dict:
     """:func:`~fuselab.dlrm.distributed.hybrid.build_hybrid`'s eager step with overlap (split forward around the
     lookup, one flat all-reduce of the dense gradients) and without it (DDP), ``cfg["steps"]`` steps each on this
@@ -260,26 +285,14 @@ def overlap_vs_plain(cfg: dict, ctx=None) -> dict:
     static exchange, rows sent as int32, pooled rows in bf16 under ``cfg["precision"] == "bf16"``). Returns each
     variant's losses, dense parameters and shard rows."""
     ctx = ctx or _context()
-    conf = DLRMConfig(name="test", embedding_dim=DIM, bottom_mlp=[8, DIM], top_mlp=[6, 1], seed=3,
-                      precision=cfg["precision"], optimizer="rowwise_adagrad", lr_dense=0.3, lr_sparse=0.2,
-                      batch_size=cfg["batch"] * ctx.world_size).validate()
-    part = local_slice(cfg["batch"] * ctx.world_size, ctx.rank, ctx.world_size)
+    conf = _hybrid_conf(ctx, cfg["batch"], cfg["precision"])
+    batches = _rank_batches(ctx, cfg["batch"], cfg["steps"], 1000)
     results = {}
     for overlap in (False, True):
         model, _, step, plan = build_hybrid(conf, SIZES, ctx, kernels="torch", mode="eager", overlap=overlap,
                                             replicate=True)
         assert model.ddp != overlap and plan.replicated == [4]  # the 1-row table: data-parallel
-        losses = []
-        for k in range(cfg["steps"]):
-            gen = torch.Generator().manual_seed(1000 + k)
-            total = cfg["batch"] * ctx.world_size
-            dense = torch.rand(total, 13, generator=gen)
-            ids = torch.randint(-1000, 1000, (total, len(SIZES)), generator=gen)
-            labels = (dense[:, 0] + 0.3 * torch.rand(total, generator=gen) < 0.5).float()
-            losses.append(float(step(dense[part], ids[part], labels[part])))
-        results[overlap] = {"losses": losses, "dense": [p.detach().clone() for p in model.dense_parameters()],
-                            "shards": [w.clone() for _, w, _ in model.sparse.shard_states()]
-                            + [w.clone() for _, w, _ in model.sparse.replicas.table_states()]}
+        results[overlap] = _final_state(model, [float(step(*batch)) for batch in batches])
         model.unwrap()
     if ctx.world_size > 1:
         shutdown()
@@ -297,20 +310,10 @@ def pipelined_vs_plain(cfg: dict, ctx=None) -> dict:
     """build_hybrid's eager step with overlap (one flat all-reduce), ``cfg["steps"]`` steps on this rank's slice of
     the same global batches, without and with ``pipeline`` (each call names the next batch's ids, sent after its
     updates; at step ``cfg["break_at"]`` none is named, so the next call exchanges its own). Returns each variant's
-    losses, dense parameters and shard rows."""
+    losses, dense parameters, shard rows and how often ids were exchanged (``counts``)."""
     ctx = ctx or _context()
-    conf = DLRMConfig(name="test", embedding_dim=DIM, bottom_mlp=[8, DIM], top_mlp=[6, 1], seed=3,
-                      precision="fp32", optimizer="rowwise_adagrad", lr_dense=0.3, lr_sparse=0.2,
-                      batch_size=cfg["batch"] * ctx.world_size).validate()
-    part = local_slice(cfg["batch"] * ctx.world_size, ctx.rank, ctx.world_size)
-    batches = []
-    for k in range(cfg["steps"]):
-        gen = torch.Generator().manual_seed(2000 + k)
-        total = cfg["batch"] * ctx.world_size
-        dense = torch.rand(total, 13, generator=gen)
-        ids = torch.randint(-1000, 1000, (total, len(SIZES)), generator=gen)
-        labels = (dense[:, 0] + 0.3 * torch.rand(total, generator=gen) < 0.5).float()
-        batches.append((dense[part], ids[part], labels[part]))
+    conf = _hybrid_conf(ctx, cfg["batch"], "fp32")
+    batches = _rank_batches(ctx, cfg["batch"], cfg["steps"], 2000)
     results = {}
     for pipeline in (False, True):
         model, _, step, _ = build_hybrid(conf, SIZES, ctx, kernels=cfg["kernels"], mode="eager", overlap=True,
@@ -325,10 +328,7 @@ def pipelined_vs_plain(cfg: dict, ctx=None) -> dict:
             if pipeline and k + 1 < len(batches) and k != cfg["break_at"]:
                 ahead["next_sparse"] = batches[k + 1][1]
             losses.append(float(step(*batch, **ahead)))
-        replicas = [] if model.sparse.replicas is None else model.sparse.replicas.table_states()
-        results[pipeline] = {"losses": losses, "counts": counts,
-                             "dense": [p.detach().clone() for p in model.dense_parameters()],
-                             "shards": [w.clone() for _, w, _ in [*model.sparse.shard_states(), *replicas]]}
+        results[pipeline] = {**_final_state(model, losses), "counts": counts}
     if ctx.world_size > 1:
         shutdown()
     return results
