@@ -123,6 +123,12 @@ def test_init_rows_independent_of_sharding():
     assert abs(float(torch.corrcoef(torch.stack([full[:, 0], full[:, 1]]))[0, 1])) < 0.05
     with pytest.raises(ValueError, match="rows"):
         init_rows(3, 2, 10, 5, 11, 4)
+    # written into a given tensor, chunk by chunk, rounded to its dtype
+    into = torch.full((600, 5), float("nan"), dtype=torch.bfloat16)
+    assert init_rows(3, 2, 10_000, 100, 700, 5, chunk_rows=64, out=into) is into
+    assert torch.equal(into, full[100:700].to(torch.bfloat16))
+    with pytest.raises(ValueError, match="out must be"):
+        init_rows(3, 2, 10_000, 100, 700, 5, out=into[:10])
 
 
 def test_one_rank_equals_reference():
@@ -184,11 +190,11 @@ HALF = [{"optimizer": "rowwise_adagrad", "pooling": "sum", "batch": 8, "factory"
 
 
 def test_half_tables_one_rank_equal_reference(monkeypatch):
-    """Half-precision shards: the initial rows written in pieces (here of 3 rows) and rounded once, then the
-    reference's outputs and updates within the dtype's rounding."""
-    from fuselab.dlrm.distributed import embedding
+    """Half-precision shards: the initial rows written into the weight in chunks (here of 3 rows) and rounded once,
+    then the reference's outputs and updates within the dtype's rounding."""
+    from fuselab.dlrm.distributed import local
 
-    monkeypatch.setattr(embedding, "INIT_ROWS_PER_PIECE", 3)
+    monkeypatch.setattr(local, "INIT_CHUNK_ROWS", 3)
     _compare([embedding_cases(HALF, ctx=_single())], 1, HALF)
 
 

@@ -43,10 +43,6 @@ from .local import LocalFactory, fused_factory, init_rows
 from .plan import Shard, ShardingPlan
 from .replicated import ReplicatedTables
 
-#: rows per piece of the initial values written into the local weight (the hash's int64 and float64 temporaries of a
-#: piece take about 2 GB at D 128: they come on top of the tables while the weight is filled)
-INIT_ROWS_PER_PIECE = 1 << 19
-
 
 class ShardedEmbeddingCollection(nn.Module):
     """The shards of ``plan`` held by ``rank``, and the exchanges that serve every rank's lookups.
@@ -98,12 +94,8 @@ class ShardedEmbeddingCollection(nn.Module):
                                  device=device, dtype=table_dtype)
             with torch.no_grad():
                 for s, start in zip(self.local_shards, self.local.row_offsets.tolist()):
-                    # in pieces: a whole 40M-row table's fp32 rows would need 20 GB beside the weight
-                    for a in range(s.row_start, s.row_end, INIT_ROWS_PER_PIECE):
-                        z = min(s.row_end, a + INIT_ROWS_PER_PIECE)
-                        self.local.weight[start + a - s.row_start: start + z - s.row_start] = init_rows(
-                            seed, s.table, plan.table_sizes[s.table], a, z, self.dim,
-                            device=self.local.weight.device)
+                    init_rows(seed, s.table, plan.table_sizes[s.table], s.row_start, s.row_end, self.dim,
+                              out=self.local.weight[start: start + s.rows])
         self.bag_sizes = (check_sizes(multi_hot_sizes, self.num_features) if multi_hot_sizes is not None
                           else [1] * self.num_features)
         self.bags = FixedBags(self.bag_sizes).to(device)

@@ -54,18 +54,29 @@ def _mix32(x: Tensor) -> Tensor:
     return x ^ (x >> 16)
 
 
+#: rows per chunk of :func:`init_rows`: the hash's int64 and float64 temporaries of a chunk take about 2 GB at D 128
+INIT_CHUNK_ROWS = 1 << 19
+
+
 def init_rows(seed: int, table: int, table_rows: int, row_start: int, row_end: int, dim: int,
-              device: torch.device | str | None = None, chunk_rows: int = 1 << 21) -> Tensor:
+              device: torch.device | str | None = None, chunk_rows: int | None = None,
+              out: Tensor | None = None) -> Tensor:
     """Initial rows ``[row_start, row_end)`` of table ``table`` (of ``table_rows`` rows): U(-1/sqrt(n), 1/sqrt(n)).
 
     Element ``(row, col)`` is a hash of (seed, table, row, col), computed with integer arithmetic on ``device``
-    (default CPU) in chunks of ``chunk_rows`` rows: the values do not depend on how the table is sharded, nor on the
-    device. -> ``(row_end - row_start, dim)`` fp32 on ``device``. Raises ``ValueError`` for an empty or
-    out-of-range row range."""
+    (default CPU) in chunks of ``chunk_rows`` rows (default :data:`INIT_CHUNK_ROWS`): the values do not depend on
+    how the table is sharded, nor on the device. -> ``(row_end - row_start, dim)`` fp32 on ``device``; with ``out``
+    (a tensor of that shape, any float dtype, on its own device) each chunk is written into it, rounded to its
+    dtype, and ``out`` is returned: a 40M-row table's rows then need no fp32 copy beside the weight. Raises
+    ``ValueError`` for an empty or out-of-range row range, or an ``out`` of another shape."""
     if not 0 <= row_start < row_end <= table_rows or dim <= 0:
         raise ValueError(f"rows [{row_start}, {row_end}) must lie in [0, {table_rows}) and dim > 0, got dim={dim}")
+    if out is None:
+        out = torch.empty(row_end - row_start, dim, device=device)
+    elif tuple(out.shape) != (row_end - row_start, dim):
+        raise ValueError(f"out must be ({row_end - row_start}, {dim}), got {tuple(out.shape)}")
+    chunk_rows = INIT_CHUNK_ROWS if chunk_rows is None else chunk_rows
     bound = table_rows ** -0.5
-    out = torch.empty(row_end - row_start, dim, device=device)
     key = _mix32(torch.tensor([(seed * 1_000_003 + table) & _MASK32], dtype=torch.int64, device=out.device))
     cols = torch.arange(dim, dtype=torch.int64, device=out.device)
     for a in range(row_start, row_end, chunk_rows):

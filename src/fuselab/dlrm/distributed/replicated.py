@@ -69,7 +69,7 @@ class ReplicatedTables(FusedEmbeddingCollection):
         device = self.weight.device
         with torch.no_grad():
             for t, n, start in zip(self.tables, spec.sizes, self.row_offsets.tolist()):
-                self.weight[start: start + n] = init_rows(seed, t, n, 0, n, spec.dim, device=device)
+                init_rows(seed, t, n, 0, n, spec.dim, out=self.weight[start: start + n])
         self.register_buffer("_gradient", torch.zeros_like(self.weight), persistent=False)
         self.register_buffer("_minus_one", torch.tensor(-1.0, device=device), persistent=False)
         self.register_buffer("_no_state", torch.zeros(0, device=device), persistent=False)
