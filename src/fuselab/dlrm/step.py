@@ -219,8 +219,8 @@ class TrainStep:
         optimizer state as they were (``w - lr·0``, ``state + 0²``, stochastic rounding of a value it can hold), so
         only the rest of the state is copied and restored: MLPerf's tables fill most of a GPU."""
         tables = {t.data_ptr() for m in self.model.modules() if isinstance(m, EmbeddingBagCollection)
-                  for t in (m.weight, m.state)}
-        state = [t for t in self._state() if t.data_ptr() not in tables or t.numel() == 0]
+                  for t in (m.weight, m.state) if t.numel()}
+        state = [t for t in self._state() if t.data_ptr() not in tables]
         saved = [t.clone() for t in state]
         for _ in range(self.warmup_steps):
             self._eager(dense, sparse, labels, grad_scale=0.0)
