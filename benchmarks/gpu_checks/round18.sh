@@ -1,0 +1,38 @@
+#!/usr/bin/env bash
+# One part per call (each under the device's 600 s):
+#   gemm   the GEMM family under its default plans (cuBLAS backward around one pass): gemm_sweep.py's checks and
+#          timings, then the gpu-marked GEMM and nn tests;
+#   learn  MLPerf DCNv2 at 1% of full size, 4M synthetic rows, two epochs through the CLI with the config's defaults
+#          (cuda_graph "auto": no graph flag), tables fp32, fp16, bf16: the test AUC of each;
+#   suite  the lab's DLRM suite at full size on one H200 with the TorchRec/FBGEMM peers (round17.sh suite);
+#   dcn    the DCNv2 step at 1% tables, the cross layers in PyTorch against fuselab.dcn_cross (dcn_ab.py), then the
+#          GPU CLI matrix (tests/dlrm/test_gpu_matrix.py).
+set -uo pipefail
+export PYTHONUNBUFFERED=1 PYTHONPATH="$PWD/src"
+OUT="${OUT:-/tmp/round18}"; mkdir -p "$OUT"
+nvidia-smi --query-gpu=name,memory.total --format=csv,noheader | tee "$OUT/device.txt"
+python3 -c "import torch, triton; print('torch', torch.__version__, 'triton', triton.__version__)" | tee -a "$OUT/device.txt"
+case "${1:-}" in
+  gemm)
+    OUT="$OUT/gemm" timeout 240 python3 benchmarks/gpu_checks/gemm_sweep.py --budget 120 > "$OUT/gemm_sweep.log" 2>&1
+    echo "sweep exit $?"; grep -E "TFLOP/s|checks|done|FAIL|rror" "$OUT/gemm_sweep.log" \
+      | sed -E 's/ +/ /g' | cut -c1-110 | head -100
+    timeout "${TEST_S:-200}" python3 -m pytest -q -p no:cacheprovider -m gpu -n 8 -rfE tests/ops/test_gemm.py \
+      tests/ops/test_gemm_fused.py tests/test_nn.py > "$OUT/gemm_tests.log" 2>&1
+    echo "tests exit $?"; tail -4 "$OUT/gemm_tests.log" | cut -c1-200 ;;
+  learn)
+    python3 -m fuselab dlrm synth --config mlperf-v2 --out /tmp/mp2l --rows 4000000 --scale 0.01 --quiet
+    for dt in fp32 fp16 bf16; do
+      timeout 100 python3 -m fuselab dlrm train --config mlperf-v2 --data /tmp/mp2l --set epochs=2 \
+        --set embedding_dtype=$dt --json "$OUT/learn_$dt.json" > "$OUT/learn_$dt.log" 2>&1
+      echo "$dt exit $?: $(grep -E 'graph|samples/s|test: AUC|rror' "$OUT/learn_$dt.log" | tr -s ' ' | tr '\n' ' ' | cut -c1-330)"
+    done ;;
+  suite) OUT="$OUT" bash benchmarks/gpu_checks/round17.sh suite ;;
+  dcn)
+    timeout 200 python3 benchmarks/gpu_checks/dcn_ab.py > "$OUT/dcn_ab.log" 2>&1; echo "dcn_ab exit $?"
+    tail -20 "$OUT/dcn_ab.log" | cut -c1-160
+    timeout "${TEST_S:-300}" python3 -m pytest -q -p no:cacheprovider -m gpu -n 8 -rfE tests/dlrm/test_gpu_matrix.py \
+      > "$OUT/gpu_matrix.log" 2>&1
+    echo "matrix exit $?"; tail -6 "$OUT/gpu_matrix.log" | cut -c1-200 ;;
+  *) echo "usage: $0 gemm|learn|suite|dcn" >&2; exit 2 ;;
+esac
