@@ -14,7 +14,7 @@ nvidia-smi --query-gpu=name,memory.total --format=csv,noheader | tee "$OUT/devic
 python3 -c "import torch, triton; print('torch', torch.__version__, 'triton', triton.__version__)" | tee -a "$OUT/device.txt"
 case "${1:-}" in
   gemm)
-    OUT="$OUT/gemm" timeout 240 python3 benchmarks/gpu_checks/gemm_sweep.py --budget 120 > "$OUT/gemm_sweep.log" 2>&1
+    mkdir -p "$OUT/gemm"; OUT="$OUT/gemm" timeout 240 python3 benchmarks/gpu_checks/gemm_sweep.py --budget 120 > "$OUT/gemm_sweep.log" 2>&1
     echo "sweep exit $?"; grep -E "TFLOP/s|checks|done|FAIL|rror" "$OUT/gemm_sweep.log" \
       | sed -E 's/ +/ /g' | cut -c1-110 | head -100
     timeout "${TEST_S:-200}" python3 -m pytest -q -p no:cacheprovider -m gpu -n 8 -rfE tests/ops/test_gemm.py \
