@@ -1,0 +1,101 @@
+"""What the GEMM family's elementwise pass costs per variant (``fuselab.ops.gemm.steps.elementwise``), device time of
+one launch replayed from a CUDA graph, as GB/s of its bytes: a plain copy, act' of the kept output, the ReLU bits,
+the DCN multiplier, each with and without the column sums; beside two stand-alone kernels that apply the bits (one
+byte load per element as the pass does, and a [BM, BN/8] words tile unpacked by a reshape), to tell where the bits'
+variant loses. ``python3 benchmarks/gpu_checks/pass_probe.py``
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from fuselab.ops.gemm.checks import activation_id
+from fuselab.ops.gemm.steps import elementwise
+from fuselab.reference.gemm import pack_bits
+
+REPS = 20
+
+
+@triton.jit
+def _bits_bytewise(OUT, A, S, M, N, s_sm, BM: tl.constexpr, BN: tl.constexpr):
+    # OUT, A: [M, N] bf16; S: [M, N / 8] uint8 bits. Reads A and S, writes OUT.
+    rows = tl.program_id(0) * BM + tl.arange(0, BM)
+    cols = tl.program_id(1) * BN + tl.arange(0, BN)
+    a = tl.load(A + rows[:, None] * N + cols[None, :])
+    w = tl.load(S + rows[:, None] * s_sm + (cols // 8)[None, :])
+    bit = (w.to(tl.int32) >> (cols % 8)[None, :]) & 1
+    tl.store(OUT + rows[:, None] * N + cols[None, :], tl.where(bit != 0, a, 0.0).to(OUT.dtype.element_ty))
+
+
+@triton.jit
+def _bits_words(OUT, A, S, M, N, s_sm, BM: tl.constexpr, BN: tl.constexpr):
+    # as _bits_bytewise, the bits loaded as one [BM, BN / 8] tile and unpacked by a reshape
+    rows = tl.program_id(0) * BM + tl.arange(0, BM)
+    cols = tl.program_id(1) * BN + tl.arange(0, BN)
+    words = tl.program_id(1) * (BN // 8) + tl.arange(0, BN // 8)
+    a = tl.load(A + rows[:, None] * N + cols[None, :])
+    w = tl.load(S + rows[:, None] * s_sm + words[None, :]).to(tl.int32)
+    bit = tl.reshape((w[:, :, None] >> tl.arange(0, 8)[None, None, :]) & 1, (BM, BN))
+    tl.store(OUT + rows[:, None] * N + cols[None, :], tl.where(bit != 0, a, 0.0).to(OUT.dtype.element_ty))
+
+
+def _replay_us(fn) -> float:
+    fn()
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        for _ in range(REPS):
+            fn()
+    graph.replay()
+    torch.cuda.synchronize()
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    for _ in range(5):
+        graph.replay()
+    end.record()
+    torch.cuda.synchronize()
+    return start.elapsed_time(end) * 1e3 / (5 * REPS)
+
+
+def _shape(m: int, n: int, dev: torch.device) -> None:
+    g = torch.randn(m, n, device=dev, dtype=torch.bfloat16)
+    y = torch.relu(torch.randn(m, n, device=dev, dtype=torch.bfloat16))
+    bits = pack_bits(y > 0)
+    out = torch.empty_like(g)
+    db = torch.empty(n, device=dev, dtype=torch.float32)
+    e = m * n * 2
+    cases = {
+        "copy": (lambda: elementwise(g, out), 2 * e),
+        "copy + col sums": (lambda: elementwise(g, out, db=db), 2 * e),
+        "relu' of y": (lambda: elementwise(g, out, s=y, pro={"pro_act": activation_id("relu")}), 3 * e),
+        "relu' of y + col sums": (lambda: elementwise(g, out, s=y, pro={"pro_act": activation_id("relu")},
+                                                      db=db), 3 * e),
+        "bits": (lambda: elementwise(g, out, s=bits, pro={"pro_mask": True}), 2 * e + bits.numel()),
+        "bits + col sums": (lambda: elementwise(g, out, s=bits, pro={"pro_mask": True}, db=db),
+                            2 * e + bits.numel()),
+        "x0 + col sums": (lambda: elementwise(g, out, g0=y, db=db), 3 * e),
+        "torch threshold_backward": (lambda: torch.ops.aten.threshold_backward(g, y, 0), 3 * e),
+        "torch column sum": (lambda: g.sum(0, dtype=torch.float32), e),
+    }
+    for name, kernel in (("bytewise", _bits_bytewise), ("words", _bits_words)):
+        cases[f"stand-alone bits, {name}"] = (
+            lambda k=kernel: k[(m // 64, n // 128)](out, g, bits, m, n, bits.stride(0), BM=64, BN=128,
+                                                   num_warps=8), 2 * e + bits.numel())
+    for name, (fn, nbytes) in cases.items():
+        us = _replay_us(fn)
+        print(f"{m}x{n} {name:28s} {us:8.1f} us  {nbytes / us / 1e3:6.0f} GB/s")
+
+
+def main() -> None:
+    dev = torch.device("cuda")
+    copy = torch.empty(1 << 28, device=dev, dtype=torch.uint8)
+    copy_us = _replay_us(lambda: copy.clone())
+    print(f"copy bandwidth: {2 * copy.numel() / copy_us / 1e3:.0f} GB/s")
+    for m, n in ((65536, 256), (65536, 512), (65536, 1024), (65536, 3456)):
+        _shape(m, n, dev)
+
+
+if __name__ == "__main__":
+    main()
