@@ -169,7 +169,8 @@ def test_dlrm_seeded_init_is_reproducible():
 @pytest.mark.parametrize("impl", ["torch", "addmm", "fused_linear"])
 @pytest.mark.parametrize("relu", [True, False])
 @pytest.mark.parametrize("padded_input", [True, False])
-def test_linear_act_matches_float64_reference(impl, relu, padded_input):
+def test_linear_act_matches_float64_reference(impl, relu, padded_input, backend):
+    """Each implementation, on the Triton path (the interpreter on CPU) and the PyTorch path."""
     gen = torch.Generator().manual_seed(4)
     layer = LinearAct(7, 5, relu=relu, impl=impl, in_pad=1, generator=gen)
     assert layer.weight.shape == (5, 8) and torch.all(layer.weight[:, 7] == 0)

@@ -8,7 +8,8 @@ Shapes: ``B`` batch, ``in`` / ``out`` the layer's widths, ``pad`` the zero colum
 * ``"torch"``: ``F.linear`` + ``F.relu`` on the unpadded width (the pad columns are not read: ``nn.Linear`` +
   ``nn.ReLU``, bit for bit);
 * ``"addmm"``: ``torch._addmm_activation`` (cuBLASLt's bias+ReLU epilogue; ``torch.addmm`` without activation) on the
-  padded width, with its own backward (:class:`_AddmmReLU`: the epilogue has no autograd formula);
+  padded width, with its own backward (:class:`_AddmmReLU`: the epilogue has no autograd formula): the ReLU's
+  gradient and the bias gradient in one :func:`fuselab.bias_act` backward launch, then cuBLAS's two products;
 * ``"fused_linear"``: :func:`fuselab.nn.fused_linear` (cuBLAS matmul + fuselab's Triton epilogue), padded width.
 
 Padding: a layer built with ``in_pad`` columns takes its input unpadded ``(B, in)`` or already padded
@@ -27,7 +28,9 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from fuselab.backend import triton_for
 from fuselab.core.seeded import seeded_fill_
+from fuselab.ops.bias_act.op import gradients as bias_act_gradients
 
 from .linear import fused_linear
 
@@ -41,7 +44,10 @@ INPUT_ALIGN = 8
 
 class _AddmmReLU(torch.autograd.Function):
     """``relu(x @ weight.T + bias)`` through ``torch._addmm_activation`` (cuBLASLt's bias+ReLU epilogue on CUDA,
-    which has no autograd formula): backward ``dz = grad * (y > 0)``, ``dx = dz W``, ``dW = dzᵀ x``, ``db = Σ dz``."""
+    which has no autograd formula). Backward on the Triton path: ``dz = grad * (y > 0)`` and ``db = Σ dz`` in one
+    launch of :func:`fuselab.bias_act`'s backward (it reads grad and y once; ``threshold_backward`` + ``sum(0)`` read dz
+    again, and the column sum of a narrow ``(B, N)`` runs far from the memory bound), then ``dx = dz W``,
+    ``dW = dzᵀ x``."""
 
     @staticmethod
     def forward(ctx, x: Tensor, weight: Tensor, bias: Tensor) -> Tensor:
@@ -52,10 +58,14 @@ class _AddmmReLU(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad: Tensor) -> tuple[Tensor | None, Tensor | None, Tensor | None]:
         x, weight, y = ctx.saved_tensors
-        dz = torch.ops.aten.threshold_backward(grad, y, 0)  # nn.ReLU's backward: grad where y > 0
         want_x, want_w, want_b = ctx.needs_input_grad
-        return (dz.mm(weight) if want_x else None, dz.t().mm(x) if want_w else None,
-                dz.sum(0) if want_b else None)
+        if triton_for(grad):
+            dt = grad.dtype
+            dz, _, db = bias_act_gradients(ctx, (grad, y, None, 1.0, "relu", dt, dt, dt, True, False, want_b), None)
+        else:  # the PyTorch path: nn.ReLU's backward and a column sum
+            dz = torch.ops.aten.threshold_backward(grad, y, 0)
+            db = dz.sum(0) if want_b else None
+        return (dz.mm(weight) if want_x else None, dz.t().mm(x) if want_w else None, db if want_b else None)
 
 
 class LinearAct(nn.Module):

@@ -17,7 +17,7 @@ import triton.language as tl
 from fuselab.ops._rounding import rounded
 from fuselab.ops._tickets import last_to_arrive, sum_partials
 
-from .tiles import _positions, _prologue, _rope_cols
+from .tiles import _mask_words, _positions, _prologue, _rope_cols
 
 
 @triton.jit
@@ -62,7 +62,9 @@ def _pass_kernel(
         rc = tl.where(inside, rows, 0)  # rows past the block read row 0 (their values are masked to zero)
         mask = inside[:, None] & cmask[None, :]
         a = tl.load(A + rc[:, None] * s_am + cols[None, :] * s_an, mask=mask, other=0.0).to(ACC)
-        a = _prologue(a, rc, cols, cmask[None, :], S, G0, s_sm, s_sn, s_gm, s_gn, M, N, PRO_ACT, PRO_MASK, PRO_X0,
+        if PRO_MASK:
+            a = tl.where(_mask_words(S, rc, pid_n * BN, s_sm, N, BM, BN) != 0, a, 0.0)
+        a = _prologue(a, rc, cols, cmask[None, :], S, G0, s_sm, s_sn, s_gm, s_gn, M, N, PRO_ACT, False, PRO_X0,
                       False, BM, BN, True)
         if ROPE:
             pos = _positions(rc, OFF, POS, CU, offset, div_b, mod_b, div_s, mod_s, s_pb, s_ps, n_seq, POS_MODE,
