@@ -34,5 +34,14 @@ case "${1:-}" in
     timeout "${TEST_S:-300}" python3 -m pytest -q -p no:cacheprovider -m gpu -n 8 -rfE tests/dlrm/test_gpu_matrix.py \
       > "$OUT/gpu_matrix.log" 2>&1
     echo "matrix exit $?"; tail -6 "$OUT/gpu_matrix.log" | cut -c1-200 ;;
-  *) echo "usage: $0 gemm|learn|suite|dcn" >&2; exit 2 ;;
+  ab)  # .ab_old/src: the tree before the change (git archive <commit> src | tar -x -C .ab_old), carried
+    timeout 90 python3 benchmarks/gpu_checks/pass_probe.py 2>&1 | grep -E "bandwidth|bits|relu'" | tee "$OUT/pass_probe.txt"
+    timeout 120 python3 benchmarks/gpu_checks/gemm_probe.py 2>&1 | grep -v Warn > "$OUT/gemm_probe.txt"
+    grep -E "eager" "$OUT/gemm_probe.txt"
+    timeout 330 bash benchmarks/lab_ab.sh "$OUT/dlrm_ab" .ab_old/src 1 dlrm -- --dtype bf16 \
+      --case kaggle-B=65536 mlperf-v2-x0.1-B=65536 --providers fuselab-graph | tail -8
+    timeout "${TEST_S:-150}" python3 -m pytest -q -p no:cacheprovider -n 8 -rfE tests/dlrm/distributed/test_dcn.py \
+      tests/dlrm/test_model.py tests/ops/test_gemm.py tests/dlrm/test_step.py > "$OUT/ab_tests.log" 2>&1
+    echo "tests exit $?"; tail -4 "$OUT/ab_tests.log" | cut -c1-200 ;;
+  *) echo "usage: $0 gemm|learn|suite|dcn|ab" >&2; exit 2 ;;
 esac

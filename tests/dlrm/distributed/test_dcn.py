@@ -51,6 +51,57 @@ def test_forward_per_element(b_count, f_count, d, rank, layers):
     torch.testing.assert_close(out64, ref, rtol=1e-12, atol=1e-12)
 
 
+@pytest.mark.parametrize("b_count,f_count,d,rank,layers", [(5, 2, 3, 4, 3), (7, 3, 5, 2, 2)])
+def test_fused_cross_layers_match_float64(b_count, f_count, d, rank, layers, backend, device):
+    """fused=True (one fuselab.dcn_cross per layer: the kernels, compiled on a GPU or under the interpreter, or the
+    PyTorch path) against the per-element loop (forward) and float64 autograd of the unfused layers (every gradient),
+    float32. Values are drawn on the CPU and moved to where the kernels run."""
+    gen = torch.Generator().manual_seed(7 * b_count + layers)
+    with torch.device("cpu"):
+        arch = DCNInteraction(DCNConfig(layers=layers, low_rank=rank), num_sparse=f_count, dim=d, dense_dim=d,
+                              fused=True, generator=gen)
+        with torch.no_grad():
+            for bias in arch.crossnet.bias:
+                bias.normal_(0.0, 0.5, generator=gen)
+        dense = torch.randn(b_count, d, generator=gen)
+        emb = torch.randn(b_count, d, f_count, generator=gen)
+        grad = torch.randn(b_count, (f_count + 1) * d, generator=gen)
+        ref_arch = DCNInteraction(DCNConfig(layers=layers, low_rank=rank), num_sparse=f_count, dim=d, dense_dim=d)
+    net = arch.crossnet
+    ref = loop_reference(dense, emb.transpose(1, 2), *([p.detach() for p in ps] for ps in (net.V, net.W, net.bias)))
+    ref_arch.load_state_dict(arch.state_dict())
+    ref_arch.double()
+    leaves = [dense.double().requires_grad_(), emb.double().transpose(1, 2).requires_grad_()]
+    want = torch.autograd.grad(ref_arch(*leaves), [*leaves, *ref_arch.parameters()], grad.double())
+    on = device if backend == "triton" else torch.device("cpu")
+    arch.to(on)
+    x = [dense.to(on).requires_grad_(), emb.to(on).transpose(1, 2).requires_grad_()]  # emb: a strided view
+    out = arch(*x)
+    tol = 1e-5 + 1e-5 * ref.abs()
+    assert ((out.double().cpu() - ref).abs() <= tol).all(), (out.double().cpu() - ref).abs().max()
+    got = torch.autograd.grad(out, [*x, *arch.parameters()], grad.to(on))
+    for name, g, w in zip(["dense", "emb", *(f"param {i}" for i in range(len(want) - 2))], got, want):
+        assert g.dtype == torch.float32, name
+        err = (g.double().cpu() - w).abs()
+        assert (err <= 1e-4 + 1e-4 * w.abs()).all(), (name, err.max())
+
+
+def test_fused_cross_layers_under_bf16_autocast():
+    """Under autocast the fused layers cast x0 and the weights to bf16 themselves: a bf16 output near the float64
+    value, float32 gradients for the float32 parameters."""
+    gen = torch.Generator().manual_seed(3)
+    net = LowRankCrossNet(24, num_layers=2, low_rank=4, generator=gen, fused=True)
+    x0 = torch.randn(6, 24, generator=gen)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        out = net(x0)
+    assert out.dtype == torch.bfloat16
+    out.float().sum().backward()
+    assert all(p.grad is not None and p.grad.dtype == torch.float32 for p in net.parameters())
+    ref = LowRankCrossNet(24, num_layers=2, low_rank=4)
+    ref.load_state_dict(net.state_dict())
+    torch.testing.assert_close(out.double(), ref.double()(x0.double()), rtol=5e-2, atol=5e-2)
+
+
 def test_gradients_float64():
     gen = torch.Generator().manual_seed(0)
     net = LowRankCrossNet(6, num_layers=2, low_rank=3, generator=gen).double()

@@ -21,6 +21,7 @@ import torch
 from torch import Tensor, nn
 
 from fuselab.core.seeded import seeded_fill_
+from fuselab.ops.gemm import dcn_cross
 
 from .base import InteractionConfig, positive_int
 
@@ -43,15 +44,19 @@ class DCNConfig(InteractionConfig):
 class LowRankCrossNet(nn.Module):
     """``num_layers`` low-rank cross layers on ``(B, N)``: ``x_{l+1} = x_0 * (W_l (V_l x_l) + b_l) + x_l``.
 
-    Raises ``ValueError`` for non-positive sizes."""
+    ``fused``: each layer is one :func:`fuselab.ops.gemm.dcn_cross` (the bias, the product with ``x_0`` and the
+    residual in the second GEMM's epilogue, its backward's element-wise part in one pass); under autocast it casts
+    x_0 and the weights to the autocast dtype itself and runs with autocast off, as autocast does for ``F.linear``.
+    Otherwise PyTorch ops (two ``F.linear`` and an ``addcmul`` per layer). Raises ``ValueError`` for non-positive
+    sizes."""
 
     def __init__(self, in_features: int, num_layers: int = 3, low_rank: int = 512,
-                 generator: torch.Generator | None = None):
+                 generator: torch.Generator | None = None, fused: bool = False):
         super().__init__()
         if in_features <= 0 or num_layers <= 0 or low_rank <= 0:
             raise ValueError(f"in_features, num_layers and low_rank must be positive, got {in_features}, "
                              f"{num_layers}, {low_rank}")
-        self.in_features, self.num_layers, self.low_rank = in_features, num_layers, low_rank
+        self.in_features, self.num_layers, self.low_rank, self.fused = in_features, num_layers, low_rank, fused
         self.V = nn.ParameterList([nn.Parameter(torch.empty(low_rank, in_features)) for _ in range(num_layers)])
         self.W = nn.ParameterList([nn.Parameter(torch.empty(in_features, low_rank)) for _ in range(num_layers)])
         self.bias = nn.ParameterList([nn.Parameter(torch.zeros(in_features)) for _ in range(num_layers)])
@@ -64,16 +69,30 @@ class LowRankCrossNet(nn.Module):
         """x0 (B, N) -> (B, N)"""
         if x0.dim() != 2 or x0.shape[1] != self.in_features:
             raise ValueError(f"x0 must be (B, {self.in_features}), got {tuple(x0.shape)}")
+        if self.fused:
+            device = x0.device.type
+            if torch.is_autocast_enabled(device):
+                dtype = torch.get_autocast_dtype(device)
+                with torch.autocast(device, enabled=False):
+                    return self._fused(x0.to(dtype), dtype)
+            return self._fused(x0, x0.dtype)
         x = x0
         for v, w, b in zip(self.V, self.W, self.bias):
             x = torch.addcmul(x, x0, torch.nn.functional.linear(torch.nn.functional.linear(x, v), w, b))
         return x
 
+    def _fused(self, x0: Tensor, dtype: torch.dtype) -> Tensor:
+        """x0 (B, N) in ``dtype`` -> (B, N): one :func:`dcn_cross` per layer, the weights cast to ``dtype``."""
+        x = x0
+        for v, w, b in zip(self.V, self.W, self.bias):
+            x = dcn_cross(x0, x, w.to(dtype), b.to(dtype), weight_v=v.to(dtype))
+        return x
+
 
 class DCNInteraction(nn.Module):
-    """DCNv2 interaction: dense ``(B, D)``, emb ``(B, F, D)`` -> ``(B, (F + 1) * D)`` (``out_features``). One
-    implementation for both kernel paths (``fused`` is accepted and changes nothing); the cross layers' initial
-    values come from ``generator``.
+    """DCNv2 interaction: dense ``(B, D)``, emb ``(B, F, D)`` -> ``(B, (F + 1) * D)`` (``out_features``). ``fused``
+    (the fuselab kernel path): each cross layer is one :func:`fuselab.ops.gemm.dcn_cross` (:class:`LowRankCrossNet`);
+    otherwise PyTorch ops. The cross layers' initial values come from ``generator``.
 
     Raises ``ValueError`` when the dense width differs from D, or in :meth:`forward` when the shapes do not match F
     and D."""
@@ -86,7 +105,7 @@ class DCNInteraction(nn.Module):
         config.check_widths(dense_dim, dim)
         self.num_sparse, self.dim = num_sparse, dim
         self.out_features = (num_sparse + 1) * dim
-        self.crossnet = LowRankCrossNet(self.out_features, config.layers, config.low_rank, generator)
+        self.crossnet = LowRankCrossNet(self.out_features, config.layers, config.low_rank, generator, fused=fused)
 
     def forward(self, dense: Tensor, emb: Tensor) -> Tensor:
         """dense (B, D), emb (B, F, D) -> (B, (F + 1) * D)"""
