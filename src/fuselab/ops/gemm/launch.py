@@ -260,6 +260,8 @@ def cast_update(master: torch.Tensor, grad: torch.Tensor, low: torch.Tensor, sta
 def pass_plan(spec: PassSpec) -> PassPlan:
     """The launch plan of the elementwise pass: column blocks of up to 128 (a RoPE pair group at least), ``block_m``
     rows per step, :data:`PASS_PROGRAMS_PER_SM` programs per SM in all."""
+    if spec.rope is not None and (spec.pro_act or spec.pro_mask or spec.pro_x0):
+        raise ValueError("the elementwise pass rotates without a prologue: no pro_act, pro_mask or pro_x0 with rope")
     bn = min(128, max(16, next_power_of_2(spec.n)))
     if spec.rope is not None:
         bn = max(bn, 2 * spec.rope.pair_stride)

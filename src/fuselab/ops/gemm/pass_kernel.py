@@ -17,7 +17,48 @@ import triton.language as tl
 from fuselab.ops._rounding import rounded
 from fuselab.ops._tickets import last_to_arrive, sum_partials
 
-from .tiles import _mask_words, _positions, _prologue, _rope_cols
+from .tiles import _cos_sin, _mask_words, _pair_cols, _positions, _prologue
+
+
+@triton.jit
+def _rotate_rows(OUT, A, WS, COS, SIN, FREQ, POS, OFF, CU, offset, mscale, m_lo, m_hi, pid_m, n0, N,
+                 s_om, s_am, s_an, n_table, s_ct, s_cf, s_st, s_sf, rot_cols, div_b, mod_b, div_s, mod_s, s_pb,
+                 s_ps, n_seq, BM: tl.constexpr, BN: tl.constexpr, ACC: tl.constexpr, INT64: tl.constexpr,
+                 CONJ: tl.constexpr, PS: tl.constexpr, HALF: tl.constexpr, HEAD_DIM: tl.constexpr,
+                 USE_TABLE: tl.constexpr, POS_MODE: tl.constexpr, SEARCH_STEPS: tl.constexpr, WRITE: tl.constexpr,
+                 COL_SUM: tl.constexpr):
+    """The pass's rotation over rows m_lo .. m_hi of columns n0 .. n0 + BN: each pair's two columns loaded as
+    [BM, BN / 2] tiles where they lie (no reshape of a [BM, BN] tile), rotated, written where WRITE; their column
+    sums stored as this program's partial row of WS where COL_SUM."""
+    c1, f, rot = _pair_cols(n0, BN, PS, HALF, HEAD_DIM, rot_cols)
+    c2 = c1 + PS
+    in1, in2 = c1 < N, c2 < N
+    t1 = tl.zeros([BM, BN // 2], dtype=ACC)
+    t2 = tl.zeros([BM, BN // 2], dtype=ACC)
+    for m0 in tl.range(m_lo, m_hi, BM, num_stages=3):
+        rows = m0 + tl.arange(0, BM)
+        if INT64:
+            rows = rows.to(tl.int64)
+        inside = rows < m_hi
+        rc = tl.where(inside, rows, 0)
+        mask1, mask2 = inside[:, None] & in1[None, :], inside[:, None] & in2[None, :]
+        x1 = tl.load(A + rc[:, None] * s_am + c1[None, :] * s_an, mask=mask1, other=0.0).to(ACC)
+        x2 = tl.load(A + rc[:, None] * s_am + c2[None, :] * s_an, mask=mask2, other=0.0).to(ACC)
+        pos = _positions(rc, OFF, POS, CU, offset, div_b, mod_b, div_s, mod_s, s_pb, s_ps, n_seq, POS_MODE,
+                         SEARCH_STEPS)
+        c, s = _cos_sin(pos[:, None], f[None, :], rot[None, :] & (pos >= 0)[:, None], COS, SIN, FREQ, n_table,
+                        s_ct, s_cf, s_st, s_sf, mscale, ACC, USE_TABLE, CONJ)
+        y1 = x1 * c - x2 * s
+        y2 = x2 * c + x1 * s
+        if WRITE:
+            tl.store(OUT + rows[:, None] * s_om + c1[None, :], rounded(y1, OUT.dtype.element_ty), mask=mask1)
+            tl.store(OUT + rows[:, None] * s_om + c2[None, :], rounded(y2, OUT.dtype.element_ty), mask=mask2)
+        if COL_SUM:
+            t1 += tl.where(mask1, y1, 0.0)
+            t2 += tl.where(mask2, y2, 0.0)
+    if COL_SUM:
+        tl.store(WS + pid_m * N + c1, tl.sum(t1, axis=0), mask=in1)
+        tl.store(WS + pid_m * N + c2, tl.sum(t2, axis=0), mask=in2)
 
 
 @triton.jit
@@ -46,37 +87,40 @@ def _pass_kernel(
     USE_TABLE: tl.constexpr, POS_MODE: tl.constexpr, SEARCH_STEPS: tl.constexpr,
     WRITE: tl.constexpr, COL_SUM: tl.constexpr, SUM_ROWS: tl.constexpr,
 ):
-    # bytes: A (and S, G0) read once, OUT written once, the partial sums 2·programs·N·4
+    # bytes: A (and S, G0; the rotation's cos and sin, L2-resident rows) read once, OUT written once, the partial
+    # sums 2·programs·N·4
     pid_m = tl.program_id(0)
     pid_n = tl.program_id(1)
     cols = pid_n * BN + tl.arange(0, BN)
     cmask = cols < N
     m_lo = pid_m * rows_per_program
     m_hi = tl.minimum(m_lo + rows_per_program, M)
-    total = tl.zeros([BM, BN], dtype=ACC)
-    for m0 in tl.range(m_lo, m_hi, BM, num_stages=3):
-        rows = m0 + tl.arange(0, BM)
-        if INT64:
-            rows = rows.to(tl.int64)
-        inside = rows < m_hi
-        rc = tl.where(inside, rows, 0)  # rows past the block read row 0 (their values are masked to zero)
-        mask = inside[:, None] & cmask[None, :]
-        a = tl.load(A + rc[:, None] * s_am + cols[None, :] * s_an, mask=mask, other=0.0).to(ACC)
-        if PRO_MASK:
-            a = tl.where(_mask_words(S, rc, pid_n * BN, s_sm, N, BM, BN) != 0, a, 0.0)
-        a = _prologue(a, rc, cols, cmask[None, :], S, G0, s_sm, s_sn, s_gm, s_gn, M, N, PRO_ACT, False, PRO_X0,
-                      False, BM, BN, True)
-        if ROPE:
-            pos = _positions(rc, OFF, POS, CU, offset, div_b, mod_b, div_s, mod_s, s_pb, s_ps, n_seq, POS_MODE,
-                             SEARCH_STEPS)
-            a = _rope_cols(a, pos, pid_n * BN, COS, SIN, FREQ, n_table, s_ct, s_cf, s_st, s_sf, rot_cols, mscale,
-                           BM, BN, ROPE_PS, ROPE_HALF, HEAD_DIM, USE_TABLE, CONJ)
-        if WRITE:
-            tl.store(OUT + rows[:, None] * s_om + cols[None, :], rounded(a, OUT.dtype.element_ty), mask=mask)
+    if ROPE:  # the rotation alone (no prologue with it): the two columns of each pair loaded as they lie
+        _rotate_rows(OUT, A, WS, COS, SIN, FREQ, POS, OFF, CU, offset, mscale, m_lo, m_hi, pid_m, pid_n * BN, N,
+                     s_om, s_am, s_an, n_table, s_ct, s_cf, s_st, s_sf, rot_cols, div_b, mod_b, div_s, mod_s, s_pb,
+                     s_ps, n_seq, BM, BN, ACC, INT64, CONJ, ROPE_PS, ROPE_HALF, HEAD_DIM, USE_TABLE, POS_MODE,
+                     SEARCH_STEPS, WRITE, COL_SUM)
+    else:
+        total = tl.zeros([BM, BN], dtype=ACC)
+        for m0 in tl.range(m_lo, m_hi, BM, num_stages=3):
+            rows = m0 + tl.arange(0, BM)
+            if INT64:
+                rows = rows.to(tl.int64)
+            inside = rows < m_hi
+            rc = tl.where(inside, rows, 0)  # rows past the block read row 0 (their values are masked to zero)
+            mask = inside[:, None] & cmask[None, :]
+            a = tl.load(A + rc[:, None] * s_am + cols[None, :] * s_an, mask=mask, other=0.0).to(ACC)
+            if PRO_MASK:
+                a = tl.where(_mask_words(S, rc, pid_n * BN, s_sm, N, BM, BN) != 0, a, 0.0)
+            a = _prologue(a, rc, cols, cmask[None, :], S, G0, s_sm, s_sn, s_gm, s_gn, M, N, PRO_ACT, False, PRO_X0,
+                          False, BM, BN, True)
+            if WRITE:
+                tl.store(OUT + rows[:, None] * s_om + cols[None, :], rounded(a, OUT.dtype.element_ty), mask=mask)
+            if COL_SUM:
+                total += tl.where(mask, a, 0.0)
         if COL_SUM:
-            total += tl.where(mask, a, 0.0)
-    if COL_SUM:
-        tl.store(WS + pid_m * N + cols, tl.sum(total, axis=0), mask=cmask)
+            tl.store(WS + pid_m * N + cols, tl.sum(total, axis=0), mask=cmask)
+    if COL_SUM:  # noqa: SIM102 (a constexpr test apart from the runtime one: the launch without sums has no tickets)
         if last_to_arrive(COUNT + pid_n, tl.num_programs(0)):
             sums = sum_partials(WS, N, cols, cmask, tl.num_programs(0), SUM_ROWS, BN, ACC)
             tl.store(DB + cols, sums.to(DB.dtype.element_ty), mask=cmask)

@@ -43,13 +43,46 @@ def _positions(rows, OFF, POS, CU, offset, div_b, mod_b, div_s, mod_s, s_pb, s_p
 
 
 @triton.jit
+def _cos_sin(pos, f, valid, COS, SIN, FREQ, n_table, s_ct, s_cf, s_st, s_sf, mscale, DT: tl.constexpr,
+             USE_TABLE: tl.constexpr, CONJ: tl.constexpr):
+    """(cos, sin) in ``DT`` of the angles of positions ``pos`` at frequency indices ``f`` (broadcastable to one
+    shape), 1 and 0 where not ``valid``; sin negated for CONJ (the inverse rotation). From the tables (rows clamped
+    to them: never an out-of-bounds read), or as ``fuselab.apply_rope`` computes them: position times the fp32
+    frequency in ``DT``, times ``mscale``."""
+    if USE_TABLE:
+        p = tl.minimum(tl.maximum(pos, 0), n_table - 1)
+        c = tl.load(COS + p * s_ct + f * s_cf, mask=valid, other=1.0).to(DT)
+        s = tl.load(SIN + p * s_st + f * s_sf, mask=valid, other=0.0).to(DT)
+    else:
+        angle = pos.to(DT) * tl.load(FREQ + f).to(DT)
+        c = tl.where(valid, tl.cos(angle) * mscale, 1.0)
+        s = tl.where(valid, tl.sin(angle) * mscale, 0.0)
+    if CONJ:
+        s = -s
+    return c, s
+
+
+@triton.jit
+def _pair_cols(n0, BN: tl.constexpr, PS: tl.constexpr, HALF: tl.constexpr, HEAD_DIM: tl.constexpr, rot_cols):
+    """The BN / 2 rotation pairs of the columns n0 .. n0 + BN (BN a multiple of 2·PS): (first column of each pair,
+    its frequency index, whether it is rotated). Pair (i, i + PS) inside each group of 2·PS columns; frequency index
+    f of a pair = its rank inside the head; f >= HALF (partial rotary) and columns from ``rot_cols`` (v) pass."""
+    i = tl.arange(0, BN // 2)
+    c1 = n0 + (i // PS) * (2 * PS) + i % PS
+    f = ((c1 % HEAD_DIM) // (2 * PS)) * PS + i % PS
+    rot = (f < HALF) & (c1 < rot_cols)
+    return c1, tl.where(rot, f, 0), rot
+
+
+@triton.jit
 def _rope_cols(v, pos, n0, COS, SIN, FREQ, n_table, s_ct, s_cf, s_st, s_sf, rot_cols, mscale,
                BM: tl.constexpr, BN: tl.constexpr, PS: tl.constexpr, HALF: tl.constexpr, HEAD_DIM: tl.constexpr,
                USE_TABLE: tl.constexpr, CONJ: tl.constexpr):
-    """``v`` [BM, BN] (compute dtype, columns n0.. of a fused q|k|v row) with the columns below ``rot_cols`` (q and k)
-    rotated by the angles of their row's position ``pos`` [BM]: pairs (i, i + PS) inside each group of 2·PS
-    columns (PS = HALF: neox half-split; PS = 1: interleaved pairs); frequency index f of a pair = its rank inside
-    the head, f >= HALF passes (partial rotary). CONJ: the inverse rotation (the backward)."""
+    """``v`` [BM, BN] (compute dtype, columns n0.. of a fused q|k|v row, in registers: the GEMM's epilogue) with the
+    columns below ``rot_cols`` (q and k) rotated by the angles of their row's position ``pos`` [BM]: pairs
+    (i, i + PS) inside each group of 2·PS columns (PS = HALF: neox half-split; PS = 1: interleaved pairs); frequency
+    index f of a pair = its rank inside the head, f >= HALF passes (partial rotary). CONJ: the inverse rotation (the
+    backward)."""
     G: tl.constexpr = BN // (2 * PS)
     x1, x2 = tl.split(tl.permute(tl.reshape(v, (BM, G, 2, PS)), (0, 1, 3, 2)))
     g = tl.arange(0, G)
@@ -59,16 +92,8 @@ def _rope_cols(v, pos, n0, COS, SIN, FREQ, n_table, s_ct, s_cf, s_st, s_sf, rot_
     rot = (f < HALF) & (col < rot_cols)
     f = tl.where(rot, f, 0)
     m3 = rot[None, :, :] & (pos >= 0)[:, None, None]
-    if USE_TABLE:  # rows clamped to the table: never an out-of-bounds read
-        p = tl.minimum(tl.maximum(pos, 0), n_table - 1)[:, None, None]
-        c = tl.load(COS + p * s_ct + f[None, :, :] * s_cf, mask=m3, other=1.0).to(v.dtype)
-        s = tl.load(SIN + p * s_st + f[None, :, :] * s_sf, mask=m3, other=0.0).to(v.dtype)
-    else:  # the angle as fuselab.apply_rope computes it: position times the fp32 frequency, in the compute dtype
-        angle = pos.to(v.dtype)[:, None, None] * tl.load(FREQ + f).to(v.dtype)[None, :, :]
-        c = tl.where(m3, tl.cos(angle) * mscale, 1.0)
-        s = tl.where(m3, tl.sin(angle) * mscale, 0.0)
-    if CONJ:
-        s = -s
+    c, s = _cos_sin(pos[:, None, None], f[None, :, :], m3, COS, SIN, FREQ, n_table, s_ct, s_cf, s_st, s_sf, mscale,
+                    v.dtype, USE_TABLE, CONJ)
     out = tl.join(x1 * c - x2 * s, x2 * c + x1 * s)  # [BM, G, PS, 2]
     return tl.reshape(tl.permute(out, (0, 1, 3, 2)), (BM, BN))
 
