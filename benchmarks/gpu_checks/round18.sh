@@ -5,8 +5,9 @@
 #   learn  MLPerf DCNv2 at 1% of full size, 4M synthetic rows, two epochs through the CLI with the config's defaults
 #          (cuda_graph "auto": no graph flag), tables fp32, fp16, bf16: the test AUC of each;
 #   suite  the lab's DLRM suite at full size on one H200 with the TorchRec/FBGEMM peers (round17.sh suite);
-#   dcn    the DCNv2 step at 1% tables, the cross layers in PyTorch against fuselab.dcn_cross (dcn_ab.py), then the
-#          GPU CLI matrix (tests/dlrm/test_gpu_matrix.py).
+#   dcn    the GPU CLI matrix (tests/dlrm/test_gpu_matrix.py);
+#   ab     the pass's variants, the GEMM family's graph time, the DLRM step of .ab_old/src against this tree, GPU tests;
+#   verify the fused-DCN and GEMM tests on the GPU, then the GEMM family's graph time (the pass's rotation).
 set -uo pipefail
 export PYTHONUNBUFFERED=1 PYTHONPATH="$PWD/src"
 OUT="${OUT:-/tmp/round18}"; mkdir -p "$OUT"
@@ -29,8 +30,6 @@ case "${1:-}" in
     done ;;
   suite) OUT="$OUT" bash benchmarks/gpu_checks/round17.sh suite ;;
   dcn)
-    timeout 200 python3 benchmarks/gpu_checks/dcn_ab.py > "$OUT/dcn_ab.log" 2>&1; echo "dcn_ab exit $?"
-    tail -20 "$OUT/dcn_ab.log" | cut -c1-160
     timeout "${TEST_S:-300}" python3 -m pytest -q -p no:cacheprovider -m gpu -n 8 -rfE tests/dlrm/test_gpu_matrix.py \
       > "$OUT/gpu_matrix.log" 2>&1
     echo "matrix exit $?"; tail -6 "$OUT/gpu_matrix.log" | cut -c1-200 ;;
@@ -43,5 +42,11 @@ case "${1:-}" in
     timeout "${TEST_S:-150}" python3 -m pytest -q -p no:cacheprovider -n 8 -rfE tests/dlrm/distributed/test_dcn.py \
       tests/dlrm/test_model.py tests/ops/test_gemm.py tests/dlrm/test_step.py > "$OUT/ab_tests.log" 2>&1
     echo "tests exit $?"; tail -4 "$OUT/ab_tests.log" | cut -c1-200 ;;
-  *) echo "usage: $0 gemm|learn|suite|dcn|ab" >&2; exit 2 ;;
+  verify)  # what the stop that wrote the pass's direct rotation could not run: its GPU tests and its time
+    timeout 200 python3 -m pytest -q -p no:cacheprovider -n 8 -rfE tests/dlrm/distributed/test_dcn.py \
+      tests/ops/test_gemm.py tests/ops/test_gemm_fused.py > "$OUT/verify_tests.log" 2>&1
+    echo "tests exit $?"; tail -3 "$OUT/verify_tests.log" | cut -c1-200
+    timeout 120 python3 benchmarks/gpu_checks/gemm_probe.py 2>&1 | grep -v Warn > "$OUT/gemm_probe.txt"
+    grep -E "eager|_pass_kernel" "$OUT/gemm_probe.txt" ;;
+  *) echo "usage: $0 gemm|learn|suite|dcn|ab|verify" >&2; exit 2 ;;
 esac
