@@ -2,8 +2,9 @@
 # One part per call (each under the device's 600 s):
 #   gemm   the GEMM family under its default plans (cuBLAS backward around one pass): gemm_sweep.py's checks and
 #          timings, then the gpu-marked GEMM and nn tests;
-#   learn  MLPerf DCNv2 at 1% of full size, 4M synthetic rows, two epochs through the CLI with the config's defaults
-#          (cuda_graph "auto": no graph flag), tables fp32, fp16, bf16: the test AUC of each;
+#   learn  MLPerf DCNv2 at 1% of full size, 4M synthetic rows, EPOCHS (2) epochs through the CLI with the config's
+#          defaults (cuda_graph "auto": no graph flag), tables fp32, fp16, bf16, once per seed of SEEDS ("0"; e.g.
+#          SEEDS="1 2 3" EPOCHS=4 to tell the dtype from the trajectory): the test AUC of each;
 #   suite  the lab's DLRM suite at full size on one H200 with the TorchRec/FBGEMM peers (round17.sh suite);
 #   dcn    the GPU CLI matrix (tests/dlrm/test_gpu_matrix.py);
 #   ab     the pass's variants, the GEMM family's graph time, the DLRM step of .ab_old/src against this tree, GPU tests;
@@ -23,11 +24,11 @@ case "${1:-}" in
     echo "tests exit $?"; tail -4 "$OUT/gemm_tests.log" | cut -c1-200 ;;
   learn)
     python3 -m fuselab dlrm synth --config mlperf-v2 --out /tmp/mp2l --rows 4000000 --scale 0.01 --quiet
-    for dt in fp32 fp16 bf16; do
-      timeout 100 python3 -m fuselab dlrm train --config mlperf-v2 --data /tmp/mp2l --set epochs=2 \
-        --set embedding_dtype=$dt --json "$OUT/learn_$dt.json" > "$OUT/learn_$dt.log" 2>&1
-      echo "$dt exit $?: $(grep -E 'graph|samples/s|test: AUC|rror' "$OUT/learn_$dt.log" | tr -s ' ' | tr '\n' ' ' | cut -c1-330)"
-    done ;;
+    for seed in ${SEEDS:-0}; do for dt in fp32 fp16 bf16; do
+      timeout 100 python3 -m fuselab dlrm train --config mlperf-v2 --data /tmp/mp2l --set epochs=${EPOCHS:-2} \
+        --set seed=$seed --set embedding_dtype=$dt --json "$OUT/learn_${dt}_$seed.json" > "$OUT/learn_${dt}_$seed.log" 2>&1
+      echo "$dt seed $seed exit $?: $(grep -E 'samples/s|test: AUC|rror' "$OUT/learn_${dt}_$seed.log" | tr -s ' ' | tr '\n' ' ' | cut -c1-300)"
+    done; done ;;
   suite) OUT="$OUT" bash benchmarks/gpu_checks/round17.sh suite ;;
   dcn)
     timeout "${TEST_S:-300}" python3 -m pytest -q -p no:cacheprovider -m gpu -n 8 -rfE tests/dlrm/test_gpu_matrix.py \
