@@ -319,6 +319,17 @@ def test_elementwise_pass_uses_several_partials(triton_backend):
     assert p.grid[0] > 1 and p.grid[0] * p.rows_per_program >= 203
 
 
+@pytest.mark.parametrize("flag", [{"pro_mask": True}, {"pro_act": 1}, {"pro_x0": True}])
+def test_elementwise_pass_refuses_a_prologue_with_the_rotation(flag):
+    """The pass rotates pairs loaded where they lie, with no prologue: a plan asking for both is refused by name."""
+    from fuselab.ops.gemm.launch import pass_plan
+    from fuselab.ops.gemm.spec import PassSpec, RopeSpec
+
+    rope = RopeSpec(pair_stride=8, half=8, head_dim=16, rot_cols=32, use_table=True)
+    with pytest.raises(ValueError, match="without a prologue"):
+        pass_plan(PassSpec(m=64, n=48, dtype=torch.bfloat16, device=torch.device("cpu"), rope=rope, **flag))
+
+
 def test_register_operand_plans_run_the_mma_synchronously():
     """Launches whose A operand is computed in registers (a prologue) keep their MMA synchronous (SYNC_DOT: Triton 3.6
     lets the next step overwrite the registers of an asynchronous wgmma, triton-lang/triton#9433); a plain operand
