@@ -35,6 +35,7 @@ if "--cpu-smoke" in sys.argv:  # the interpreter must be set before Triton is im
     os.environ.setdefault("FUSELAB_BACKEND", "triton")
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "src"))
 
+from fuselab.bench.timing import CudaTimer, TimingJob
 from fuselab.nn import FusedLinear
 from fuselab.ops.gemm import LoRA, dcn_cross, gemm, qkv_rope
 from fuselab.ops.gemm.spec import GemmTuning, TileConfig
@@ -55,25 +56,11 @@ DT = torch.bfloat16
 
 # ---------------------------------------------------------------------------------------------- timing
 def timer(device: torch.device, eager: bool = False):
-    """A function that times a step in ms: on CUDA the median replay of the step captured in a CUDA graph (warm-up
-    on a side stream first, as capture requires), or with ``eager`` the step as called; on the CPU one host-timed
-    call."""
+    """A function that times a step in ms: on CUDA the lab's timer (``triton.testing.do_bench`` median) of the step's
+    replay from a CUDA graph, or with ``eager`` of the step as called; on the CPU one host-timed call."""
     if device.type == "cuda":
-        from triton.testing import do_bench
-
-        def graphed(fn) -> float:
-            stream = torch.cuda.Stream()
-            stream.wait_stream(torch.cuda.current_stream())
-            with torch.cuda.stream(stream):
-                for _ in range(3):
-                    fn()
-            torch.cuda.current_stream().wait_stream(stream)
-            graph = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(graph):
-                fn()
-            return do_bench(graph.replay, warmup=5, rep=25, return_mode="median")
-
-        return (lambda fn: do_bench(fn, warmup=5, rep=25, return_mode="median")) if eager else graphed
+        cuda = CudaTimer(warmup_ms=5, rep_ms=25)
+        return lambda fn: cuda.measure(TimingJob([fn], cuda_graph=not eager)).median_ms
 
     def host(fn) -> float:
         fn()

@@ -85,12 +85,9 @@ def _rope_cols(v, pos, n0, COS, SIN, FREQ, n_table, s_ct, s_cf, s_st, s_sf, rot_
     backward)."""
     G: tl.constexpr = BN // (2 * PS)
     x1, x2 = tl.split(tl.permute(tl.reshape(v, (BM, G, 2, PS)), (0, 1, 3, 2)))
-    g = tl.arange(0, G)
-    j = tl.arange(0, PS)
-    col = n0 + g[:, None] * (2 * PS) + j[None, :]  # [G, PS] column of x1
-    f = ((col % HEAD_DIM) // (2 * PS)) * PS + j[None, :]
-    rot = (f < HALF) & (col < rot_cols)
-    f = tl.where(rot, f, 0)
+    _, f, rot = _pair_cols(n0, BN, PS, HALF, HEAD_DIM, rot_cols)  # pair g·PS + j is [g, j] of the x1 tile
+    f = tl.reshape(f, (G, PS))
+    rot = tl.reshape(rot, (G, PS))
     m3 = rot[None, :, :] & (pos >= 0)[:, None, None]
     c, s = _cos_sin(pos[:, None, None], f[None, :, :], m3, COS, SIN, FREQ, n_table, s_ct, s_cf, s_st, s_sf, mscale,
                     v.dtype, USE_TABLE, CONJ)
