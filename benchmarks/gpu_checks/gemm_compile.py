@@ -257,9 +257,16 @@ def _report(k, kernel, label: str, ptxas: Path, tmp: str) -> int:
     piped = "async_copy_global_to_local" in ttgir or "async_tma_copy" in ttgir
     over = k.metadata.shared > SMEM_LIMIT
     found = hazards(ttgir)
+    loads = re.findall(r"^\s*(?:@%p\d+ )?ld\.global[\w.]*", k.asm["ptx"], flags=re.M)
+    widths = {w: sum(1 for ld in loads if (f".{w}." in ld) == (w != "v1") and (w != "v1" or not
+                                                                              re.search(r"\.v[248]\.", ld)))
+              for w in ("v4", "v2", "v1")}
+    copies = re.findall(r"cp\.async\.c[ag]\.shared\.global(?:\.L2::\w+)? \[[^\]]+\], \[[^\]]+\], (\d+)", k.asm["ptx"])
+    sizes = " ".join(f"{c}x{b}B" for b, c in sorted({b: copies.count(b) for b in copies}.items()))
     print(f"{'SMEM OVER 227 KiB ' if over else ''}{''.join(f'HAZARD ({h}) ' for h in found)}{kernel.__name__} "
           f"wgmma={'warp_group_dot' in ttgir} pipelined={piped} tma={'cp.async.bulk.tensor' in k.asm['ptx']} "
-          f"smem={k.metadata.shared} regs={regs[0] if regs else '?'} spill={spills[0] if spills else '?'} | {label}",
+          f"smem={k.metadata.shared} regs={regs[0] if regs else '?'} spill={spills[0] if spills else '?'} "
+          f"ld.global v4/v2/scalar={widths['v4']}/{widths['v2']}/{widths['v1']} cp.async {sizes or '-'} | {label}",
           flush=True)
     return int(over) + len(found)
 

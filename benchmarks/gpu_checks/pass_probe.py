@@ -2,16 +2,24 @@
 one launch replayed from a CUDA graph, as GB/s of its bytes: a plain copy, act' of the kept output, the ReLU bits,
 the DCN multiplier, each with and without the column sums; beside two stand-alone kernels that apply the bits (one
 byte load per element as the pass does, and a [BM, BN/8] words tile unpacked by a reshape), to tell where the bits'
-variant loses. ``python3 benchmarks/gpu_checks/pass_probe.py``
+variant loses. ``rope``: the QKV rotation in place (8192 tokens, 32 + 8 rotated heads of 128, 8 passing), by cos/sin
+table and by in-kernel angles, at several row-block heights, beside ``fuselab.apply_rope`` on the same q and k.
+``python3 benchmarks/gpu_checks/pass_probe.py [rope]``
 """
 
 from __future__ import annotations
+
+import dataclasses
+import sys
 
 import torch
 import triton
 import triton.language as tl
 
+import fuselab
 from fuselab.ops.gemm.checks import activation_id
+from fuselab.ops.gemm.launch import pass_, pass_plan
+from fuselab.ops.gemm.spec import PassSpec, RopeArgs, RopeSpec
 from fuselab.ops.gemm.steps import elementwise
 from fuselab.reference.gemm import pack_bits
 
@@ -88,11 +96,37 @@ def _shape(m: int, n: int, dev: torch.device) -> None:
         print(f"{m}x{n} {name:28s} {us:8.1f} us  {nbytes / us / 1e3:6.0f} GB/s")
 
 
+def _rope(dev: torch.device, batch: int = 4, seq: int = 2048, hq: int = 32, hkv: int = 8, d: int = 128) -> None:
+    m, n, rot = batch * seq, (hq + 2 * hkv) * d, (hq + hkv) * d
+    y = torch.randn(m, n, device=dev, dtype=torch.bfloat16)
+    freq = 1.0 / (10000.0 ** (torch.arange(0, d, 2, device=dev, dtype=torch.float32) / d))
+    angles = torch.arange(seq, device=dev, dtype=torch.float32)[:, None] * freq
+    cos, sin = angles.cos(), angles.sin()
+    nbytes = 2 * m * n * 2  # read and written in place (v too: the pass walks every column)
+    for table in (True, False):
+        spec = PassSpec(m=m, n=n, dtype=y.dtype, device=dev, rope=RopeSpec(d // 2, d // 2, d, rot, table), conj=False)
+        args = RopeArgs(cos=cos if table else None, sin=sin if table else None, freq=None if table else freq,
+                        div_b=seq, mod_b=batch, div_s=1, mod_s=seq)
+        plan = pass_plan(spec)
+        for bm in (64, 32, 16):
+            p = dataclasses.replace(plan, constexprs=tuple((k, bm if k == "BM" else v) for k, v in plan.constexprs))
+            us = _replay_us(lambda p=p, a=args: pass_(p, y, rope=a))
+            print(f"rope pass {'table ' if table else 'angles'} BM={bm:3d} {us:8.1f} us  {nbytes / us / 1e3:6.0f} GB/s")
+    q, k, _ = y.view(batch, seq, hq + 2 * hkv, d).split((hq, hkv, hkv), dim=-2)
+    us = _replay_us(lambda: fuselab.apply_rope(q, k, cos, sin))
+    print(f"apply_rope (q, k: new tensors) {us:8.1f} us  {2 * m * rot * 2 / us / 1e3:6.0f} GB/s of q and k")
+    us = _replay_us(lambda: fuselab.apply_rope(q, k, cos, sin, inplace=True))
+    print(f"apply_rope in place            {us:8.1f} us  {2 * m * rot * 2 / us / 1e3:6.0f} GB/s of q and k")
+
+
 def main() -> None:
     dev = torch.device("cuda")
     copy = torch.empty(1 << 28, device=dev, dtype=torch.uint8)
     copy_us = _replay_us(lambda: copy.clone())
     print(f"copy bandwidth: {2 * copy.numel() / copy_us / 1e3:.0f} GB/s")
+    if "rope" in sys.argv[1:]:
+        _rope(dev)
+        return
     for m, n in ((65536, 256), (65536, 512), (65536, 1024), (65536, 3456)):
         _shape(m, n, dev)
 

@@ -67,12 +67,13 @@ def test_fused_cross_layers_match_float64(b_count, f_count, d, rank, layers, bac
         emb = torch.randn(b_count, d, f_count, generator=gen)
         grad = torch.randn(b_count, (f_count + 1) * d, generator=gen)
         ref_arch = DCNInteraction(DCNConfig(layers=layers, low_rank=rank), num_sparse=f_count, dim=d, dense_dim=d)
-    net = arch.crossnet
-    ref = loop_reference(dense, emb.transpose(1, 2), *([p.detach() for p in ps] for ps in (net.V, net.W, net.bias)))
-    ref_arch.load_state_dict(arch.state_dict())
-    ref_arch.double()
-    leaves = [dense.double().requires_grad_(), emb.double().transpose(1, 2).requires_grad_()]
-    want = torch.autograd.grad(ref_arch(*leaves), [*leaves, *ref_arch.parameters()], grad.double())
+        net = arch.crossnet  # the references on the CPU too, whatever the default device
+        ref = loop_reference(dense, emb.transpose(1, 2), *([p.detach() for p in ps] for ps in (net.V, net.W,
+                                                                                                net.bias)))
+        ref_arch.load_state_dict(arch.state_dict())
+        ref_arch.double()
+        leaves = [dense.double().requires_grad_(), emb.double().transpose(1, 2).requires_grad_()]
+        want = torch.autograd.grad(ref_arch(*leaves), [*leaves, *ref_arch.parameters()], grad.double())
     on = device if backend == "triton" else torch.device("cpu")
     arch.to(on)
     x = [dense.to(on).requires_grad_(), emb.to(on).transpose(1, 2).requires_grad_()]  # emb: a strided view

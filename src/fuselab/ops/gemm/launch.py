@@ -52,6 +52,10 @@ CAST_BLOCK = 2048
 PASS_PROGRAMS_PER_SM = 4
 #: elements of one tile of the elementwise pass (``block_m x block_n``: 32 per thread of its 8 warps)
 PASS_TILE = 8192
+#: elements of one tile of the pass's rotation: its two column tiles and their cos and sin, pipelined in shared
+#: memory, fit four programs per SM at 16 x 128 (one H100: 64 x 128 ran at 0.7 TB/s, 16 x 128 at 1.3-2.2;
+#: ``benchmarks/notes/gemm.md``, section "The rotation in the pass")
+PASS_ROPE_TILE = 2048
 
 
 # ---------------------------------------------------------------------------------------------- specs
@@ -265,7 +269,7 @@ def pass_plan(spec: PassSpec) -> PassPlan:
     bn = min(128, max(16, next_power_of_2(spec.n)))
     if spec.rope is not None:
         bn = max(bn, 2 * spec.rope.pair_stride)
-    bm = max(16, min(64, PASS_TILE // bn))
+    bm = max(16, min(64, (PASS_TILE if spec.rope is None else PASS_ROPE_TILE) // bn))
     col_blocks = cdiv(spec.n, bn)
     along_m = max(1, min(cdiv(spec.m, bm), cdiv(PASS_PROGRAMS_PER_SM * sm_count(spec.device), col_blocks)))
     rows = cdiv(cdiv(spec.m, along_m), bm) * bm

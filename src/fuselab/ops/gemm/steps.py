@@ -277,7 +277,7 @@ def qkv_forward(x2: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | Non
         torch.mm(x2, weight.t(), out=out)
     else:
         torch.addmm(bias.to(out.dtype), x2, weight.t(), out=out)
-    elementwise(out, None, rope=(rope, args), conj=False)
+    elementwise(out[:, :rope.rot_cols], None, rope=(rope, args), conj=False)  # v's columns stay as they are
 
 
 def qkv_backward(grad: torch.Tensor, x2: torch.Tensor, weight: torch.Tensor, rope: RopeSpec, args: RopeArgs,
@@ -285,7 +285,8 @@ def qkv_backward(grad: torch.Tensor, x2: torch.Tensor, weight: torch.Tensor, rop
     """(dx [M, K], dw, db [acc dtype]) with dZ = R⁻¹(dY), the inverse rotation of the q and k columns: dX = dZ·W,
     dW = dZᵀ·x, the bias gradient the column sums of dZ. The ``backward`` plan ``"cublas"`` forms dZ and the bias
     gradient in one elementwise pass and leaves dX and dW to cuBLAS; ``"fused"`` rotates dY back as the Triton
-    kernel loads it (the bias gradient the row sums of the dW launch)."""
+    kernel loads it (the bias gradient the row sums of the dW launch, taken through the MMA: each rotated element of dZ
+    rounded to the dtype before it is summed, as a materialised half-precision dZ would be)."""
     want_x, want_w, want_b = want
     g = grad
     m, n = g.shape
