@@ -47,7 +47,7 @@ TYPES = {torch.bfloat16: "bf16", torch.float16: "fp16", torch.float32: "fp32", t
          torch.uint8: "u8", torch.int32: "i32", torch.int64: "i64"}
 LABEL = ("BP", "BQ", "BR", "SPLIT", "A_DESC", "B_DESC", "PRO_ACT", "PRO_MASK", "PRO_X0", "PRO_ROPE", "N_ALONG_P",
          "ROW_SUM", "WRITE_A", "LORA", "HAS_RES", "EPI_X0", "EPI_ROPE", "KEEP", "ACT", "ADAGRAD", "LR_TENSOR",
-         "SYNC_DOT", "BM", "BN", "ROPE", "CONJ", "COL_SUM", "WRITE")
+         "SYNC_DOT", "BM", "BN", "ROPE", "CONJ", "COL_SUM", "WRITE", "DX0_OUT", "COPY_OUT")
 #: both plans of the ops
 PLANS = (GemmTuning(), GemmTuning(backward="fused", qkv_forward="fused"))
 RECORDS: dict = {}
@@ -165,7 +165,7 @@ def _linear(m, k, n, act="relu", keep="mask", tuning=None, x_grad=True, lora=Non
 
 
 def _dcn(m, n, r, dtype=torch.bfloat16) -> None:
-    x0, xl = torch.empty(m, n, dtype=dtype), torch.empty(m, n, dtype=dtype, requires_grad=True)
+    x0, xl = (torch.empty(m, n, dtype=dtype, requires_grad=True) for _ in range(2))
     w, b, v = (torch.empty(s, dtype=dtype, requires_grad=True) for s in ((n, r), (n,), (r, n)))
     for plan in PLANS:
         with override(plan):

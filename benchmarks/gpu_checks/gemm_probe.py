@@ -1,7 +1,10 @@
 """Where the GEMM family's fwd+bwd time goes at the DLRM shapes: per step, the eager device time (CUDA events), the
 host time of submitting the loop, the replay time of one step captured in a CUDA graph, and the kernels of one step
 (``ab_probe._measure``), for fuselab.gemm (relu, keep="mask") beside cuBLAS + torch.relu, the DCN cross layer, and
-the QKV projection with RoPE. ``python3 benchmarks/gpu_checks/gemm_probe.py``
+the QKV projection with RoPE. ``dcn``: the DCN cross layer's forward alone and its fwd+bwd under the planner's
+variants (flatten, warp specialization, the ``large`` tile's shapes, stages and warps), to find where its epilogue
+GEMM (K = 512, every tile a short main loop and a three-operand epilogue) loses to the plain product.
+``python3 benchmarks/gpu_checks/gemm_probe.py [dcn [all]]``
 """
 
 from __future__ import annotations
@@ -17,6 +20,28 @@ from ab_probe import _measure
 
 import fuselab
 from fuselab.ops.gemm import dcn_cross, gemm, qkv_rope
+from fuselab.ops.gemm.spec import GemmTuning, TileConfig
+from fuselab.ops.tuning import override
+
+#: the DCN probe's planner variants
+DCN_VARIANTS = {
+    "default": GemmTuning(),
+    "large 128x128x64 w8 s4": GemmTuning(large=TileConfig(128, 128, 64, 8, 4)),
+    "2/SM 128x128x64 w4 s3": GemmTuning(programs_per_sm=2, large=TileConfig(128, 128, 64, 4, 3)),
+    "2/SM 128x128x64 w4 s2": GemmTuning(programs_per_sm=2, large=TileConfig(128, 128, 64, 4, 2)),
+    "2/SM 128x128x64 w8 s2": GemmTuning(programs_per_sm=2, large=TileConfig(128, 128, 64, 8, 2)),
+    "2/SM 64x128x64 w4 s4": GemmTuning(programs_per_sm=2, large=TileConfig(64, 128, 64, 4, 4)),
+    "3/SM 128x128x64 w4 s2": GemmTuning(programs_per_sm=3, large=TileConfig(128, 128, 64, 4, 2)),
+    "3/SM 64x128x64 w4 s3": GemmTuning(programs_per_sm=3, large=TileConfig(64, 128, 64, 4, 3)),
+    "flatten": GemmTuning(flatten=True),
+    "warp_specialize": GemmTuning(warp_specialize=True),
+    "large 128x128x64 w4 s3": GemmTuning(large=TileConfig(128, 128, 64, 4, 3)),
+    "large 128x256x64 w8 s3": GemmTuning(large=TileConfig(128, 256, 64, 8, 3)),
+    "large 256x128x64 w8 s3": GemmTuning(large=TileConfig(256, 128, 64, 8, 3)),
+    "large 128x128x128 w8 s2": GemmTuning(large=TileConfig(128, 128, 128, 8, 2)),
+}
+#: the variants a ``dcn`` run times (the rest: ``dcn all``)
+DCN_FIRST = 8
 
 DT = torch.bfloat16
 
@@ -68,8 +93,28 @@ def _qkv(fused: bool, dev: torch.device, batch: int = 4, seq: int = 2048, hidden
     return step, 2 * 3 * tokens * (hidden + (hq + 2 * hkv) * d), (x, w)
 
 
+def _dcn_variants(dev: torch.device) -> None:
+    m, n, r = 65536, 3456, 512
+    x0, xl = (torch.randn(m, n, device=dev, dtype=DT) for _ in range(2))
+    u = (torch.randn(n, r, device=dev) / r**0.5).to(DT)
+    v = (torch.randn(r, n, device=dev) / n**0.5).to(DT)
+    b = torch.randn(n, device=dev, dtype=DT)
+    names = list(DCN_VARIANTS) if "all" in sys.argv[1:] else list(DCN_VARIANTS)[:DCN_FIRST]
+    for name in names:
+        tuning = DCN_VARIANTS[name]
+        try:
+            with override(tuning):
+                _measure(name, "dcn fwd", lambda: dcn_cross(x0, xl, u, b, weight_v=v), 4 * m * n * 2, ())
+                _measure(name, "dcn fwd+bwd", *_dcn(True, dev))
+        except Exception as error:  # the probe reports and goes on
+            print(f"{name}: {type(error).__name__}: {error}"[:300])
+
+
 def main() -> None:
     dev = torch.device("cuda")
+    if "dcn" in sys.argv[1:]:
+        _dcn_variants(dev)
+        return
     for m, k, n in ((65536, 512, 256), (65536, 13, 512), (65536, 1024, 1024)):
         for fused in (False, True):
             _measure("fuselab" if fused else "cublas", f"linear {m}x{k}x{n}", *_linear(m, k, n, fused, dev))

@@ -101,6 +101,24 @@ def test_dcn_partial_grads_and_leading_dims(triton_backend):
     assert_close(xl.grad, want.double(), torch.float32, "dxl", atol=1e-5)
 
 
+@pytest.mark.parametrize("with_bias_grad", [False, True])
+def test_dcn_x0_grad_alone(triton_backend, plan, with_bias_grad):
+    """x0's gradient (and the bias's) with xl and the weights frozen: the pass writes dx0 from the kept pre-product
+    (``"cublas"`` plan) or the epilogue recomputes it (``"fused"``), no gx or dxl formed; float64 reference."""
+    x0 = torch.randn(19, 24, requires_grad=True)
+    xl, w, v = torch.randn(19, 24), torch.randn(24, 8) / 3, torch.randn(8, 24) / 5
+    b = torch.randn(24, requires_grad=with_bias_grad)
+    g = torch.randn(19, 24)
+    dcn_cross(x0, xl, w, b, weight_v=v).backward(g)
+    l64 = _leaves(x0, xl, w, b, v, dtype=torch.float64)
+    ref.dcn_cross(*l64).backward(g.double())
+    assert_close(x0.grad, l64[0].grad, torch.float32, "dx0", atol=1e-5 * (1 + l64[0].grad.abs()))
+    if with_bias_grad:
+        assert_close(b.grad, l64[3].grad, torch.float32, "db", atol=1e-4)
+    else:
+        assert b.grad is None
+
+
 def _bad_dcn():
     x = torch.randn(4, 8)
     return [
@@ -121,11 +139,14 @@ def test_dcn_bad_inputs(index):
         call()
 
 
-def test_dcn_opcheck(triton_backend):
+@pytest.mark.parametrize("keep_pre", [False, True])
+def test_dcn_opcheck(triton_backend, keep_pre):
+    """The op's schema, fake and autograd registration, with and without the kept pre-product (x0's gradient)."""
     from fuselab.ops.gemm.dcn import DCN
 
-    x0, xl = torch.randn(6, 16), torch.randn(6, 16, requires_grad=True)
-    args = (x0, xl, torch.randn(16, 4, requires_grad=True), torch.randn(16), torch.randn(4, 16, requires_grad=True))
+    x0, xl = torch.randn(6, 16, requires_grad=keep_pre), torch.randn(6, 16, requires_grad=True)
+    args = (x0, xl, torch.randn(16, 4, requires_grad=True), torch.randn(16), torch.randn(4, 16, requires_grad=True),
+            keep_pre)
     torch.library.opcheck(DCN.custom, args, test_utils=("test_schema", "test_faketensor",
                                                         "test_autograd_registration"))
 

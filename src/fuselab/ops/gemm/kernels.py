@@ -64,35 +64,24 @@ def _keep_bits(KEPT, z, p, q0, P, Q, s_kt, BP: tl.constexpr, BQ: tl.constexpr):
 
 
 @triton.jit
-def _epilogue_operands(p, q, P, Q, X0, RES, s_xp, s_xq, s_rp, s_rq, EPI_X0: tl.constexpr, HAS_RES: tl.constexpr):
-    """The epilogue's [BP, BQ] operands (the DCN multiplier, the residual; 0.0 where off) as stored."""
-    cmask = (p < P)[:, None] & (q < Q)[None, :]
-    x0 = 0.0
-    res = 0.0
-    if EPI_X0:
-        x0 = tl.load(X0 + p[:, None] * s_xp + q[None, :] * s_xq, mask=cmask, other=0.0)
-    if HAS_RES:
-        res = tl.load(RES + p[:, None] * s_rp + q[None, :] * s_rq, mask=cmask, other=0.0)
-    return x0, res
-
-
-@triton.jit
-def _epilogue(acc, x0, res, p, q, q0, P, Q, C, BIAS, KEPT, alpha, s_cp, s_cq, s_bias, s_kt,
+def _epilogue(acc, p, q, q0, P, Q, C, BIAS, X0, RES, KEPT, alpha, s_cp, s_cq, s_bias, s_xp, s_xq, s_rp, s_rq, s_kt,
               rope_pos, COS, SIN, FREQ, n_table, s_ct, s_cf, s_st, s_sf, rot_cols, mscale,
               HAS_BIAS: tl.constexpr, EPI_X0: tl.constexpr, HAS_RES: tl.constexpr, EPI_ROPE: tl.constexpr,
               KEEP: tl.constexpr, ACT: tl.constexpr, ROPE_PS: tl.constexpr, ROPE_HALF: tl.constexpr,
               HEAD_DIM: tl.constexpr, USE_TABLE: tl.constexpr, BP: tl.constexpr, BQ: tl.constexpr):
-    """C = act(z), z = rope(x0 ⊙ (acc + bias) + alpha·res) (each term where its flag is on; ``x0``, ``res`` the
-    tiles of :func:`_epilogue_operands`); KEEP 1 stores z (contiguous [P, Q], row stride s_kt), KEEP 2 its ReLU
-    bits."""
+    """C = act(z), z = rope(x0 ⊙ (acc + bias) + alpha·res) (each term where its flag is on); KEEP 1 stores z
+    (contiguous [P, Q], row stride s_kt), KEEP 2 its ReLU bits, KEEP 3 acc + bias (the DCN's pre-product, whose
+    product with dY is the gradient of x0)."""
     cmask = (p < P)[:, None] & (q < Q)[None, :]
     z = acc
     if HAS_BIAS:
         z = z + tl.load(BIAS + q * s_bias, mask=q < Q, other=0.0).to(acc.dtype)[None, :]
+    if KEEP == 3:
+        tl.store(KEPT + p[:, None] * s_kt + q[None, :], rounded(z, KEPT.dtype.element_ty), mask=cmask)
     if EPI_X0:
-        z = z * x0.to(acc.dtype)
+        z = z * tl.load(X0 + p[:, None] * s_xp + q[None, :] * s_xq, mask=cmask, other=0.0).to(acc.dtype)
     if HAS_RES:
-        z = z + alpha * res.to(acc.dtype)
+        z = z + alpha * tl.load(RES + p[:, None] * s_rp + q[None, :] * s_rq, mask=cmask, other=0.0).to(acc.dtype)
     if EPI_ROPE:
         z = _rope_cols(z, rope_pos, q0, COS, SIN, FREQ, n_table, s_ct, s_cf, s_st, s_sf, rot_cols, mscale,
                        BP, BQ, ROPE_PS, ROPE_HALF, HEAD_DIM, USE_TABLE, False)
@@ -208,7 +197,8 @@ def _gemm_kernel(
     BIAS,  # [Q] bias added in the epilogue; stride s_bias; read if HAS_BIAS
     X0,  # [P, Q] DCN multiplier of the epilogue; s_xp, s_xq; read if EPI_X0
     RES,  # [P, Q] residual of the epilogue (scaled by alpha); s_rp, s_rq; read if HAS_RES
-    KEPT,  # [P, Q] pre-activation (KEEP 1) or [P, cdiv(Q, 8)] uint8 ReLU bits (KEEP 2); row stride s_kt
+    KEPT,  # [P, Q] pre-activation (KEEP 1) or acc + bias (KEEP 3), or [P, cdiv(Q, 8)] uint8 ReLU bits (KEEP 2);
+           # row stride s_kt
     L1,  # [R, RANK] LoRA factor beside the main loop (x·Aᵀ: L1 = Aᵀ); s_l1r, s_l1j; read if LORA
     L2,  # [RANK, Q] LoRA factor of the epilogue product (L2 = Bᵀ); s_l2j, s_l2q; read if LORA
     T,  # [P, RANK] contiguous side output lora_scale·(A·L1), written by the column-0 tiles; if LORA
@@ -269,8 +259,6 @@ def _gemm_kernel(
         if PRO_ROPE and not N_ALONG_P:
             pos_p = _positions(pa, OFF, POS, CU, offset, div_b, mod_b, div_s, mod_s, s_pb, s_ps, n_seq, POS_MODE,
                                SEARCH_STEPS)
-        if SPLIT == 1:  # the epilogue's operands requested before the main loop: their reads overlap its MMAs
-            x0_t, res_t = _epilogue_operands(p, q, P, Q, X0, RES, s_xp, s_xq, s_rp, s_rq, EPI_X0, HAS_RES)
         acc = tl.zeros([BP, BQ], dtype=ACC)
         acc_l = tl.zeros([BP, RANK_B], dtype=ACC)
         rs = tl.zeros([BP, 16], dtype=ACC)
@@ -305,16 +293,14 @@ def _gemm_kernel(
             done, acc, row_sums = _split_sum(acc, row_sums, p, q, P, Q, split, tile, pid_q, WS, DBS, COUNT, SPLIT,
                                              ROW_SUM)
         if done:
-            if SPLIT > 1:  # only the program that finishes the tile reads them
-                x0_t, res_t = _epilogue_operands(p, q, P, Q, X0, RES, s_xp, s_xq, s_rp, s_rq, EPI_X0, HAS_RES)
             if ROW_SUM and pid_q == 0:
                 tl.store(DB + p, rounded(row_sums, DB.dtype.element_ty), mask=p < P)
             rope_pos = pa
             if EPI_ROPE:
                 rope_pos = _positions(pa, OFF, POS, CU, offset, div_b, mod_b, div_s, mod_s, s_pb, s_ps, n_seq,
                                       POS_MODE, SEARCH_STEPS)
-            _epilogue(acc, x0_t, res_t, p, q, pid_q * BQ, P, Q, C, BIAS, KEPT, alpha, s_cp, s_cq, s_bias, s_kt,
-                      rope_pos, COS, SIN, FREQ, n_table, s_ct, s_cf, s_st, s_sf, rot_cols, mscale,
+            _epilogue(acc, p, q, pid_q * BQ, P, Q, C, BIAS, X0, RES, KEPT, alpha, s_cp, s_cq, s_bias, s_xp, s_xq,
+                      s_rp, s_rq, s_kt, rope_pos, COS, SIN, FREQ, n_table, s_ct, s_cf, s_st, s_sf, rot_cols, mscale,
                       HAS_BIAS, EPI_X0, HAS_RES, EPI_ROPE, KEEP, ACT, ROPE_PS, ROPE_HALF, HEAD_DIM, USE_TABLE, BP, BQ)
 
 

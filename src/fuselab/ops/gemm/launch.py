@@ -266,6 +266,9 @@ def pass_plan(spec: PassSpec) -> PassPlan:
     rows per step, :data:`PASS_PROGRAMS_PER_SM` programs per SM in all."""
     if spec.rope is not None and (spec.pro_act or spec.pro_mask or spec.pro_x0):
         raise ValueError("the elementwise pass rotates without a prologue: no pro_act, pro_mask or pro_x0 with rope")
+    if (spec.dx0 or spec.copy) and (spec.rope is not None or spec.pro_act or spec.pro_mask):
+        raise ValueError("the elementwise pass writes dx0 and the copy beside the DCN multiplier only: no rope, "
+                         "pro_act or pro_mask")
     bn = min(128, max(16, next_power_of_2(spec.n)))
     if spec.rope is not None:
         bn = max(bn, 2 * spec.rope.pair_stride)
@@ -280,18 +283,23 @@ def pass_plan(spec: PassSpec) -> PassPlan:
               PRO_X0=spec.pro_x0, ROPE=spec.rope is not None, CONJ=spec.conj, ROPE_PS=rope.pair_stride,
               ROPE_HALF=rope.half, HEAD_DIM=rope.head_dim, USE_TABLE=rope.use_table, POS_MODE=rope.pos_mode,
               SEARCH_STEPS=rope.search_steps, WRITE=spec.write, COL_SUM=spec.col_sum,
-              SUM_ROWS=final_sum_rows(along_m, bn), num_warps=8)
+              SUM_ROWS=final_sum_rows(along_m, bn), DX0_OUT=spec.dx0, COPY_OUT=spec.copy, num_warps=8)
     return PassPlan(spec, rows, (along_m, col_blocks), tuple(cx.items()))
 
 
 def pass_(p: PassPlan, a: torch.Tensor, out: torch.Tensor | None = None, *, s: torch.Tensor | None = None,
-          g0: torch.Tensor | None = None, db: torch.Tensor | None = None, rope: RopeArgs | None = None) -> None:
+          g0: torch.Tensor | None = None, db: torch.Tensor | None = None, rope: RopeArgs | None = None,
+          dx0: torch.Tensor | None = None, copy: torch.Tensor | None = None) -> None:
     """Launch plan ``p`` of the elementwise pass on ``a`` ``[M, N]``: ``out`` (unit column stride; None: in place, in
     ``a`` of unit column stride) gets the operand after the prologue (kept ``s``: y / z ``[M, N]`` or ReLU bits;
-    DCN multiplier ``g0``; the rotation of ``rope``), ``db`` ``[N]`` its column sums."""
+    DCN multiplier ``g0``; the rotation of ``rope``), ``db`` ``[N]`` its column sums; ``dx0`` the operand times the
+    kept pre-product ``s``, ``copy`` the operand as read (both with ``out``'s strides)."""
     spec = p.spec
     dev = a.device
     arg = a if out is None else out
+    for side in (dx0, copy):
+        if side is not None and side.stride() != arg.stride():
+            raise ValueError(f"the pass's side outputs take the output's strides {arg.stride()}, got {side.stride()}")
     if spec.col_sum:
         ws = scratch(dev, (p.grid[0], spec.n), db.dtype)
         count = ticket_counters(dev, p.grid[1])
@@ -299,7 +307,8 @@ def pass_(p: PassPlan, a: torch.Tensor, out: torch.Tensor | None = None, *, s: t
         ws = count = arg
     rope = rope or RopeArgs()
     s_sm, s_sn = (s.stride(0), 0) if spec.pro_mask else _strides(s)
-    tensors = (arg, a, a if s is None else s, a if g0 is None else g0, ws, arg if db is None else db, count,
+    tensors = (arg, a, a if s is None else s, a if g0 is None else g0, arg if dx0 is None else dx0,
+               arg if copy is None else copy, ws, arg if db is None else db, count,
                *(a if t is None else t for t in (rope.cos, rope.sin, rope.freq, rope.positions, rope.offsets,
                                                   rope.cu_seqlens)))
     scalars = (int(rope.offset), float(rope.mscale), spec.m, spec.n, p.rows_per_program,

@@ -97,7 +97,8 @@ class RopeSpec:
 class GemmSpec:
     """Everything a launch's plan depends on (no tensors, hashable): sizes (``p`` x ``r`` times ``r`` x ``q``), the
     operands' dtype, the device and the flags. ``act`` / ``pro_act``: activation ids (the index
-    in :data:`fuselab.reference.bias_act.ACTIVATIONS`); ``keep`` 0 nothing, 1 the pre-activation, 2 ReLU bits;
+    in :data:`fuselab.reference.bias_act.ACTIVATIONS`); ``keep`` 0 nothing, 1 the pre-activation, 2 ReLU bits, 3
+    the DCN's pre-product acc + bias;
     ``a_tma`` / ``b_tma``: 0 pointers, 1 a descriptor of the operand, 2 of its transpose (see :func:`tma_mode`)."""
 
     p: int
@@ -146,7 +147,8 @@ class GemmPlan:
 class PassSpec:
     """What a launch of the elementwise pass (:mod:`fuselab.ops.gemm.pass_kernel`) is planned from: the ``[m, n]``
     operand's sizes, dtype and device, its prologue (act' id ``pro_act``, ReLU bits, DCN multiplier, a RoPE
-    rotation, inverse when ``conj``), whether the result is written and its column sums reduced, 64-bit offsets."""
+    rotation, inverse when ``conj``), whether the result is written and its column sums reduced, 64-bit offsets;
+    the DCN backward's side outputs: ``dx0`` the operand times the kept pre-product, ``copy`` the operand as read."""
 
     m: int
     n: int
@@ -160,6 +162,8 @@ class PassSpec:
     write: bool = True
     col_sum: bool = False
     int64: bool = False
+    dx0: bool = False
+    copy: bool = False
 
 
 @dataclass(frozen=True)

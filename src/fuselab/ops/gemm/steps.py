@@ -38,16 +38,19 @@ def prologue_flags(keep: str, activation: str) -> dict:
 
 def elementwise(a: torch.Tensor, out: torch.Tensor | None, *, s: torch.Tensor | None = None, pro: dict | None = None,
                 g0: torch.Tensor | None = None, rope: tuple[RopeSpec, RopeArgs] | None = None, conj: bool = True,
-                db: torch.Tensor | None = None, write: bool = True) -> None:
+                db: torch.Tensor | None = None, write: bool = True, dx0: torch.Tensor | None = None,
+                copy: torch.Tensor | None = None) -> None:
     """One elementwise pass over ``a`` ``[M, N]``: the prologue (``pro``: :func:`prologue_flags` with the kept ``s``;
     the DCN multiplier ``g0``; the rotation ``rope``, inverse when ``conj``) into ``out`` (None: in place) where
-    ``write``, its column sums into ``db``."""
+    ``write``, its column sums into ``db``; ``a ⊙ s`` into ``dx0`` (``s`` the DCN's kept pre-product), ``a`` into
+    ``copy``."""
     m, n = a.shape
-    reach = max((r - 1) * abs(st) for t in (a, out, s, g0) if t is not None for r, st in zip(t.shape, t.stride()))
+    reach = max((r - 1) * abs(st) for t in (a, out, s, g0, dx0, copy) if t is not None
+                for r, st in zip(t.shape, t.stride()))
     spec = PassSpec(m=m, n=n, dtype=a.dtype, device=a.device, **(pro or {}), pro_x0=g0 is not None,
                     rope=None if rope is None else rope[0], conj=conj, write=write, col_sum=db is not None,
-                    int64=reach > 2**31 - 1)
-    pass_(pass_plan(spec), a, out, s=s, g0=g0, db=db, rope=None if rope is None else rope[1])
+                    int64=reach > 2**31 - 1, dx0=dx0 is not None, copy=copy is not None)
+    pass_(pass_plan(spec), a, out, s=s, g0=g0, db=db, rope=None if rope is None else rope[1], dx0=dx0, copy=copy)
 
 
 # ---------------------------------------------------------------------------------------------- linear
@@ -183,21 +186,24 @@ def _empty_grads(g: torch.Tensor, k: int, lora_a, acc: torch.dtype, want: tuple[
 
 # ---------------------------------------------------------------------------------------------- DCN cross layer
 def dcn_forward(x0: torch.Tensor, xl: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
-                weight_v: torch.Tensor | None, y: torch.Tensor, h: torch.Tensor | None) -> None:
-    """y = x0 ⊙ (h Wᵀ + b) + xl with h = xl Vᵀ written first (low rank) or h = xl: one or two launches."""
+                weight_v: torch.Tensor | None, y: torch.Tensor, h: torch.Tensor | None,
+                u: torch.Tensor | None = None) -> None:
+    """y = x0 ⊙ (h Wᵀ + b) + xl with h = xl Vᵀ written first (low rank) or h = xl: one or two launches; the
+    pre-product h Wᵀ + b kept in ``u`` [M, N] where given."""
     xl2 = rows(xl)
     if weight_v is not None:
         run(GemmOperands(a=xl2, b=weight_v.t(), c=h))
-    run(GemmOperands(a=xl2 if h is None else h, b=weight.t(), c=y, bias=bias, x0=rows(x0), res=xl2),
-        bias=bias is not None, x0=True, residual=True)
+    run(GemmOperands(a=xl2 if h is None else h, b=weight.t(), c=y, bias=bias, x0=rows(x0), res=xl2, kept=u),
+        bias=bias is not None, x0=True, residual=True, keep=3 if u is not None else 0)
 
 
-def dcn_backward(grad, x0, xl, weight, bias, weight_v, h, want: list[bool]) -> tuple:
-    """(dx0, dxl, dw, db [acc dtype], dv) of :func:`dcn_forward` (empty where not in ``want``): dx0 = g ⊙ (h Wᵀ + b)
-    recomputed by the forward's epilogue with g as the multiplier; gx = g ⊙ x0; dW = gxᵀ·h with the bias gradient the
-    column sums of gx; dxl = g + gx·W (full rank) or g + dT·V with dT = gx·W (low rank); dV = dTᵀ·xl. The ``backward``
-    plan ``"cublas"`` forms gx and the bias gradient in one elementwise pass and leaves the other products to cuBLAS;
-    ``"fused"`` forms gx as the Triton kernel loads g."""
+def dcn_backward(grad, x0, xl, weight, bias, weight_v, h, u, want: list[bool]) -> tuple:
+    """(dx0, dxl, dw, db [acc dtype], dv) of :func:`dcn_forward` (empty where not in ``want``): dx0 = g ⊙ u with u the
+    kept pre-product h Wᵀ + b (or, without it, recomputed by the forward's epilogue with g as the multiplier);
+    gx = g ⊙ x0; dW = gxᵀ·h with the bias gradient the column sums of gx; dxl = g + gx·W (full rank) or g + dT·V with
+    dT = gx·W (low rank); dV = dTᵀ·xl. The ``backward`` plan ``"cublas"`` forms gx, the bias gradient, dx0 (from u)
+    and the copy of g that dxl starts from in one elementwise pass and leaves the products to cuBLAS; ``"fused"``
+    forms gx as the Triton kernel loads g."""
     want_x0, want_xl, want_w, want_b, want_v = want
     g = rows(grad)
     m, n = g.shape
@@ -206,34 +212,41 @@ def dcn_backward(grad, x0, xl, weight, bias, weight_v, h, want: list[bool]) -> t
     out = [g.new_empty(0) for _ in range(5)]
     if want_x0:
         out[0] = g.new_empty((m, n))
-        run(GemmOperands(a=xl2 if h is None else h, b=weight.t(), c=out[0], bias=bias, x0=g), bias=bias is not None,
-            x0=True)
     if want_b:
         out[3] = g.new_empty(n, dtype=acc)
-    if not (want_xl or want_w or want_b or want_v):
-        return tuple(out)
-    if current(GemmTuning).backward == "cublas":
-        _dcn_cublas(g, x02, xl2, weight, weight_v, h, want, out)
-    else:
+    cublas = current(GemmTuning).backward == "cublas"
+    if want_x0 and not (cublas and u is not None):
+        run(GemmOperands(a=xl2 if h is None else h, b=weight.t(), c=out[0], bias=bias, x0=g), bias=bias is not None,
+            x0=True)
+    if cublas:
+        _dcn_cublas(g, x02, xl2, weight, weight_v, h, u if want_x0 else None, want, out)
+    elif want_xl or want_w or want_b or want_v:
         _dcn_fused(g, x02, xl2, weight, weight_v, h, want, out)
     return tuple(out)
 
 
-def _dcn_cublas(g, x02, xl2, weight, weight_v, h, want, out) -> None:
-    """gx = g ⊙ x0 and its column sums in one pass; dW, dT, dxl (an addmm onto g) and dV by cuBLAS."""
+def _dcn_cublas(g, x02, xl2, weight, weight_v, h, u, want, out) -> None:
+    """One pass: gx = g ⊙ x0 and its column sums, dx0 = g ⊙ u (where ``u``), g copied into dxl; then dW, dT, dxl
+    (an in-place addmm onto the copy) and dV by cuBLAS."""
     _, want_xl, want_w, want_b, want_v = want
-    gx = g.new_empty(g.shape)
-    elementwise(g, gx, g0=x02, db=out[3] if want_b else None)
+    need_gx = want_xl or want_w or want_v
+    if want_xl:
+        out[1] = g.new_empty(g.shape)
+    gx = g.new_empty(g.shape) if need_gx else None
+    if need_gx or want_b or u is not None:
+        target = gx if need_gx else out[0] if u is not None else None  # not written without gx: the strides only
+        elementwise(g, target, s=u, g0=x02, db=out[3] if want_b else None, write=need_gx,
+                    dx0=out[0] if u is not None else None, copy=out[1] if want_xl else None)
     if want_w:
         out[2] = torch.mm(gx.t(), xl2 if h is None else h)
     if weight_v is None:
         if want_xl:
-            out[1] = torch.addmm(g, gx, weight)
+            out[1].addmm_(gx, weight)
         return
     if want_xl or want_v:
         dt = torch.mm(gx, weight)
         if want_xl:
-            out[1] = torch.addmm(g, dt, weight_v)
+            out[1].addmm_(dt, weight_v)
         if want_v:
             out[4] = torch.mm(dt.t(), xl2)
 
