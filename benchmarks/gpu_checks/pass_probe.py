@@ -4,7 +4,8 @@ the DCN multiplier, each with and without the column sums; beside two stand-alon
 byte load per element as the pass does, and a [BM, BN/8] words tile unpacked by a reshape), to tell where the bits'
 variant loses. ``rope``: the QKV rotation in place (8192 tokens, 32 + 8 rotated heads of 128, 8 passing), by cos/sin
 table and by in-kernel angles, at several row-block heights, beside ``fuselab.apply_rope`` on the same q and k.
-``python3 benchmarks/gpu_checks/pass_probe.py [rope]``
+``dcn``: the DCN backward's pass (gx = g ⊙ x0 with its column sums, dx0 = g ⊙ u, the copy of g) at 65536 x 3456, at
+several row-block heights. ``python3 benchmarks/gpu_checks/pass_probe.py [rope] [dcn]``
 """
 
 from __future__ import annotations
@@ -119,6 +120,21 @@ def _rope(dev: torch.device, batch: int = 4, seq: int = 2048, hq: int = 32, hkv:
     print(f"apply_rope in place            {us:8.1f} us  {2 * m * rot * 2 / us / 1e3:6.0f} GB/s of q and k")
 
 
+def _dcn(dev: torch.device, m: int = 65536, n: int = 3456) -> None:
+    g, x0, u = (torch.randn(m, n, device=dev, dtype=torch.bfloat16) for _ in range(3))
+    gx, dx0, copy = (torch.empty_like(g) for _ in range(3))
+    db = torch.empty(n, device=dev, dtype=torch.float32)
+    spec = PassSpec(m=m, n=n, dtype=g.dtype, device=dev, pro_x0=True, col_sum=True, dx0=True, copy=True)
+    plan = pass_plan(spec)
+    nbytes = 6 * m * n * 2  # g, x0, u read; gx, dx0, the copy written
+    for bm in (64, 32, 16):
+        p = dataclasses.replace(plan, constexprs=tuple((k, bm if k == "BM" else v) for k, v in plan.constexprs))
+        us = _replay_us(lambda p=p: pass_(p, g, gx, s=u, g0=x0, db=db, dx0=dx0, copy=copy))
+        print(f"dcn pass BM={bm:3d} {us:8.1f} us  {nbytes / us / 1e3:6.0f} GB/s")
+    us = _replay_us(lambda: elementwise(g, gx, g0=x0, db=db))
+    print(f"dcn pass gx + col sums alone {us:8.1f} us  {3 * m * n * 2 / us / 1e3:6.0f} GB/s")
+
+
 def main() -> None:
     dev = torch.device("cuda")
     copy = torch.empty(1 << 28, device=dev, dtype=torch.uint8)
@@ -126,6 +142,9 @@ def main() -> None:
     print(f"copy bandwidth: {2 * copy.numel() / copy_us / 1e3:.0f} GB/s")
     if "rope" in sys.argv[1:]:
         _rope(dev)
+    if "dcn" in sys.argv[1:]:
+        _dcn(dev)
+    if {"rope", "dcn"} & set(sys.argv[1:]):
         return
     for m, n in ((65536, 256), (65536, 512), (65536, 1024), (65536, 3456)):
         _shape(m, n, dev)

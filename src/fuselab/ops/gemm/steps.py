@@ -241,12 +241,12 @@ def _dcn_cublas(g, x02, xl2, weight, weight_v, h, u, want, out) -> None:
         out[2] = torch.mm(gx.t(), xl2 if h is None else h)
     if weight_v is None:
         if want_xl:
-            out[1].addmm_(gx, weight)
+            torch.addmm(out[1], gx, weight, out=out[1])
         return
     if want_xl or want_v:
         dt = torch.mm(gx, weight)
         if want_xl:
-            out[1].addmm_(dt, weight_v)
+            torch.addmm(out[1], dt, weight_v, out=out[1])  # in place: onto the pass's copy of g
         if want_v:
             out[4] = torch.mm(dt.t(), xl2)
 
