@@ -34,11 +34,12 @@ from triton.compiler import ASTSource
 
 import fuselab.ops.gemm.cast as cast_op
 import fuselab.ops.gemm.dcn as dcn_op
+import fuselab.ops.gemm.dcn_net as dcn_net_op
 import fuselab.ops.gemm.launch as launch
 import fuselab.ops.gemm.op as linear_op
 import fuselab.ops.gemm.qkv as qkv_op
 import fuselab.ops.gemm.steps as steps
-from fuselab.ops.gemm import LoRA, cast_update_, dcn_cross, gemm, qkv_rope
+from fuselab.ops.gemm import LoRA, cast_update_, dcn_cross, dcn_cross_net, gemm, qkv_rope
 from fuselab.ops.gemm.spec import GemmSpec, GemmTuning, TileConfig
 from fuselab.ops.tuning import override
 
@@ -47,7 +48,7 @@ TYPES = {torch.bfloat16: "bf16", torch.float16: "fp16", torch.float32: "fp32", t
          torch.uint8: "u8", torch.int32: "i32", torch.int64: "i64"}
 LABEL = ("BP", "BQ", "BR", "SPLIT", "A_DESC", "B_DESC", "PRO_ACT", "PRO_MASK", "PRO_X0", "PRO_ROPE", "N_ALONG_P",
          "ROW_SUM", "WRITE_A", "LORA", "HAS_RES", "EPI_X0", "EPI_ROPE", "KEEP", "ACT", "ADAGRAD", "LR_TENSOR",
-         "SYNC_DOT", "BM", "BN", "ROPE", "CONJ", "COL_SUM", "WRITE", "DX0_OUT", "COPY_OUT")
+         "SYNC_DOT", "BM", "BN", "ROPE", "CONJ", "COL_SUM", "WRITE", "DX0_OUT", "DX0_ACC", "DX0_PLUS_A", "COPY_OUT")
 #: both plans of the ops
 PLANS = (GemmTuning(), GemmTuning(backward="fused", qkv_forward="fused"))
 RECORDS: dict = {}
@@ -55,7 +56,7 @@ RECORDS: dict = {}
 
 def _pretend_gpu() -> None:
     """The ops take the Triton path on CPU tensors and plan as on a 132-SM Hopper; launches are recorded."""
-    for module in (linear_op, dcn_op, qkv_op, cast_op):
+    for module in (linear_op, dcn_op, dcn_net_op, qkv_op, cast_op):
         module.use_triton = lambda device: True
     linear_op.triton_for = lambda t: True
     launch.tma_capable = lambda device: True
@@ -172,6 +173,9 @@ def _dcn(m, n, r, dtype=torch.bfloat16) -> None:
             y = dcn_cross(x0, xl, w, b, weight_v=v)
             y.backward(torch.empty_like(y))
             y = dcn_cross(x0, xl, torch.empty(n, n, dtype=dtype, requires_grad=True), b)
+            y.backward(torch.empty_like(y))
+            net = (torch.empty(3, *s, dtype=dtype, requires_grad=True) for s in ((n, r), (n,), (r, n)))
+            y = dcn_cross_net(x0, *net)
             y.backward(torch.empty_like(y))
 
 

@@ -124,13 +124,16 @@ def _dcn(dev: torch.device, m: int = 65536, n: int = 3456) -> None:
     g, x0, u = (torch.randn(m, n, device=dev, dtype=torch.bfloat16) for _ in range(3))
     gx, dx0, copy = (torch.empty_like(g) for _ in range(3))
     db = torch.empty(n, device=dev, dtype=torch.float32)
-    spec = PassSpec(m=m, n=n, dtype=g.dtype, device=dev, pro_x0=True, col_sum=True, dx0=True, copy=True)
-    plan = pass_plan(spec)
-    nbytes = 6 * m * n * 2  # g, x0, u read; gx, dx0, the copy written
-    for bm in (64, 32, 16):
-        p = dataclasses.replace(plan, constexprs=tuple((k, bm if k == "BM" else v) for k, v in plan.constexprs))
-        us = _replay_us(lambda p=p: pass_(p, g, gx, s=u, g0=x0, db=db, dx0=dx0, copy=copy))
-        print(f"dcn pass BM={bm:3d} {us:8.1f} us  {nbytes / us / 1e3:6.0f} GB/s")
+    for acc in (False, True):  # dx0 written, or added to (a cross network's later layers: dx0 read as well)
+        spec = PassSpec(m=m, n=n, dtype=g.dtype, device=dev, pro_x0=True, col_sum=True, dx0=True, dx0_acc=acc,
+                        copy=True)
+        plan = pass_plan(spec)
+        nbytes = (6 + acc) * m * n * 2  # g, x0, u (dx0) read; gx, dx0, the copy written
+        for bm in (64, 32, 16):
+            p = dataclasses.replace(plan, constexprs=tuple((k, bm if k == "BM" else v) for k, v in plan.constexprs))
+            us = _replay_us(lambda p=p: pass_(p, g, gx, s=u, g0=x0, db=db, dx0=dx0, copy=copy))
+            print(f"dcn pass{' dx0 += ' if acc else ' '}BM={bm:3d} {us:8.1f} us  {nbytes / us / 1e3:6.0f} GB/s "
+                  f"(plan: BM={dict(plan.constexprs)['BM']})")
     us = _replay_us(lambda: elementwise(g, gx, g0=x0, db=db))
     print(f"dcn pass gx + col sums alone {us:8.1f} us  {3 * m * n * 2 / us / 1e3:6.0f} GB/s")
 

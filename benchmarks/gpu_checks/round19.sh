@@ -27,7 +27,7 @@ for part in "$@"; do case "$part" in
     echo "tests exit $?"; grep -E "^FAILED|passed|failed" "$OUT/ab_tests.log" | tail -6 | cut -c1-200
     timeout 100 python3 benchmarks/gpu_checks/gemm_probe.py 2>&1 | grep -v Warn > "$OUT/gemm_probe.txt"
     grep -E "graph|_gemm_kernel|_pass_kernel" "$OUT/gemm_probe.txt" | cut -c1-150
-    timeout 60 python3 benchmarks/gpu_checks/pass_probe.py rope dcn 2>&1 | grep -v Warn | tee "$OUT/rope_pass.txt"
+    timeout 60 python3 benchmarks/gpu_checks/pass_probe.py dcn 2>&1 | grep -v Warn | tee "$OUT/rope_pass.txt"
     timeout 260 bash benchmarks/lab_ab.sh "$OUT/dlrm_ab" .ab_old/src 1 dlrm -- --dtype bf16 \
       --case kaggle-B=65536 mlperf-v2-x0.1-B=65536 --providers fuselab-graph | tail -8 ;;
   *) echo "usage: $0 rope|mp2prof|gemm|ab ..." >&2; exit 2 ;;

@@ -119,6 +119,71 @@ def test_dcn_x0_grad_alone(triton_backend, plan, with_bias_grad):
         assert b.grad is None
 
 
+def _net_reference(x0, w, b, v):
+    x = x0
+    for layer in range(w.shape[0]):
+        x = ref.dcn_cross(x0, x, w[layer], b[layer], None if v is None else v[layer])
+    return x
+
+
+@pytest.mark.parametrize("layers", [1, 3])
+@pytest.mark.parametrize("rank", [None, 8])
+def test_dcn_cross_net(triton_backend, plan, layers, rank):
+    """The cross network as one op (the default plan) or as per-layer ops (the fused plan) against the float64 loop of
+    the reference layers: the output and the gradient of x0 (every layer's term and the first layer's input), of the
+    stacked weights, biases and low-rank factors; float32, an odd batch."""
+    from fuselab.ops.gemm import dcn_cross_net
+
+    m, n = 23, 24
+    k = n if rank is None else rank
+    x0 = torch.randn(m, n)
+    w = torch.randn(layers, n, k) / k**0.5
+    b = torch.randn(layers, n)
+    v = None if rank is None else torch.randn(layers, rank, n) / n**0.5
+    g = torch.randn(m, n)
+    leaves = _leaves(x0, w, b, v)
+    y = dcn_cross_net(*leaves[:3], leaves[3])
+    assert ("DcnCrossNet" in type(y.grad_fn).__name__) == (plan == "cublas")  # one op where its pass runs
+    y.backward(g)
+    l64 = _leaves(x0, w, b, v, dtype=torch.float64)
+    y64 = _net_reference(*l64)
+    y64.backward(g.double())
+    scale = 1 + y64.detach().abs()
+    assert_close(y, y64, torch.float32, "y", atol=2e-5 * scale)
+    for name, got, want in zip(("dx0", "dw", "db", "dv"), leaves, l64):
+        if got is not None:
+            assert_close(got.grad, want.grad, torch.float32, name, atol=1e-4 * (1 + want.grad.abs()))
+
+
+def test_dcn_cross_net_without_grad_and_bad_inputs(triton_backend):
+    """Under no_grad the per-layer ops give the same output; shapes that do not stack are refused by name."""
+    from fuselab.ops.gemm import dcn_cross_net
+
+    x0, w, b, v = torch.randn(5, 16), torch.randn(2, 16, 4) / 2, torch.randn(2, 16), torch.randn(2, 4, 16) / 4
+    with torch.no_grad():
+        y = dcn_cross_net(x0, w, b, v)
+    y64 = _net_reference(x0.double(), w.double(), b.double(), v.double())
+    assert_close(y, y64, torch.float32, "y", atol=2e-5 * (1 + y64.abs()))
+    with pytest.raises(ValueError, match="same L >= 1 layers"):
+        dcn_cross_net(x0, w, b[:1], v)
+    with pytest.raises(ValueError, match="same L >= 1 layers"):
+        dcn_cross_net(x0, w[:0], b[:0])
+    with pytest.raises(ValueError, match=r"x0 must be \(M, N\)"):
+        dcn_cross_net(x0[None], w, b, v)
+    with pytest.raises(TypeError, match="dtype"):
+        dcn_cross_net(x0, w.double(), b, v)
+
+
+def test_dcn_cross_net_opcheck(triton_backend):
+    """The op's schema, fake and autograd registration."""
+    from fuselab.ops.gemm.dcn_net import DCN_NET
+
+    args = (torch.randn(6, 16, requires_grad=True), torch.randn(2, 16, 4, requires_grad=True),
+            torch.randn(2, 16, requires_grad=True), torch.randn(2, 4, 16, requires_grad=True))
+    torch.library.opcheck(DCN_NET.custom, args, test_utils=("test_schema", "test_faketensor",
+                                                            "test_autograd_registration"))
+
+
 def _bad_dcn():
     x = torch.randn(4, 8)
     return [

@@ -21,7 +21,7 @@ import torch
 from torch import Tensor, nn
 
 from fuselab.core.seeded import seeded_fill_
-from fuselab.ops.gemm import dcn_cross
+from fuselab.ops.gemm import dcn_cross_net
 
 from .base import InteractionConfig, positive_int
 
@@ -82,11 +82,10 @@ class LowRankCrossNet(nn.Module):
         return x
 
     def _fused(self, x0: Tensor, dtype: torch.dtype) -> Tensor:
-        """x0 (B, N) in ``dtype`` -> (B, N): one :func:`dcn_cross` per layer, the weights cast to ``dtype``."""
-        x = x0
-        for v, w, b in zip(self.V, self.W, self.bias):
-            x = dcn_cross(x0, x, w.to(dtype), b.to(dtype), weight_v=v.to(dtype))
-        return x
+        """x0 (B, N) in ``dtype`` -> (B, N): :func:`dcn_cross_net` over the layers' weights, cast to ``dtype`` and
+        stacked."""
+        return dcn_cross_net(x0, *(torch.stack([p.to(dtype) for p in params])
+                                   for params in (self.W, self.bias, self.V)))
 
 
 class DCNInteraction(nn.Module):

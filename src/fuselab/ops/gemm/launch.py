@@ -272,7 +272,11 @@ def pass_plan(spec: PassSpec) -> PassPlan:
     bn = min(128, max(16, next_power_of_2(spec.n)))
     if spec.rope is not None:
         bn = max(bn, 2 * spec.rope.pair_stride)
-    bm = max(16, min(64, (PASS_TILE if spec.rope is None else PASS_ROPE_TILE) // bn))
+    # three or more [M, N] inputs pipelined (the DCN backward's g, x0, u and dx0): half-height tiles keep three
+    # programs per SM in shared memory (64 x 128 with four inputs: 128 KiB, one program)
+    inputs = 1 + (spec.pro_act != 0) + spec.pro_x0 + spec.dx0 + spec.dx0_acc
+    tile = PASS_ROPE_TILE if spec.rope is not None else PASS_TILE // 2 if inputs >= 3 else PASS_TILE
+    bm = max(16, min(64, tile // bn))
     col_blocks = cdiv(spec.n, bn)
     along_m = max(1, min(cdiv(spec.m, bm), cdiv(PASS_PROGRAMS_PER_SM * sm_count(spec.device), col_blocks)))
     rows = cdiv(cdiv(spec.m, along_m), bm) * bm
@@ -283,7 +287,8 @@ def pass_plan(spec: PassSpec) -> PassPlan:
               PRO_X0=spec.pro_x0, ROPE=spec.rope is not None, CONJ=spec.conj, ROPE_PS=rope.pair_stride,
               ROPE_HALF=rope.half, HEAD_DIM=rope.head_dim, USE_TABLE=rope.use_table, POS_MODE=rope.pos_mode,
               SEARCH_STEPS=rope.search_steps, WRITE=spec.write, COL_SUM=spec.col_sum,
-              SUM_ROWS=final_sum_rows(along_m, bn), DX0_OUT=spec.dx0, COPY_OUT=spec.copy, num_warps=8)
+              SUM_ROWS=final_sum_rows(along_m, bn), DX0_OUT=spec.dx0,
+              DX0_ACC=spec.dx0_acc, DX0_PLUS_A=spec.dx0_plus_a, COPY_OUT=spec.copy, num_warps=8)
     return PassPlan(spec, rows, (along_m, col_blocks), tuple(cx.items()))
 
 

@@ -68,7 +68,8 @@ def _pass_kernel(
     S,  # [M, N] kept output / pre-activation (s_sm, s_sn) or [M, cdiv(N, 8)] uint8 ReLU bits (row stride s_sm);
         # read if PRO_ACT or PRO_MASK
     G0,  # [M, N] DCN multiplier; s_gm, s_gn; read if PRO_X0
-    DX0,  # [M, N] A ⊙ S (S the DCN's kept pre-product: the gradient of x0), row stride s_om; written if DX0_OUT
+    DX0,  # [M, N] A ⊙ S (S the DCN's kept pre-product: the gradient of x0), plus A where DX0_PLUS_A, added to what
+          # it holds where DX0_ACC (a cross network's layers summed); row stride s_om; written if DX0_OUT
     ACOPY,  # [M, N] A as read (the start of an in-place addmm), row stride s_om; written if COPY_OUT
     WS,  # [programs along M, N] fp32 (fp64) partial column sums; if COL_SUM
     DB,  # [N] fp32 (fp64) column sums of the operand after the prologue; written if COL_SUM
@@ -88,7 +89,7 @@ def _pass_kernel(
     ROPE: tl.constexpr, CONJ: tl.constexpr, ROPE_PS: tl.constexpr, ROPE_HALF: tl.constexpr, HEAD_DIM: tl.constexpr,
     USE_TABLE: tl.constexpr, POS_MODE: tl.constexpr, SEARCH_STEPS: tl.constexpr,
     WRITE: tl.constexpr, COL_SUM: tl.constexpr, SUM_ROWS: tl.constexpr, DX0_OUT: tl.constexpr,
-    COPY_OUT: tl.constexpr,
+    DX0_ACC: tl.constexpr, DX0_PLUS_A: tl.constexpr, COPY_OUT: tl.constexpr,
 ):
     # bytes: A (and S, G0; the rotation's cos and sin, L2-resident rows) read once, OUT (and DX0, ACOPY) written
     # once, the partial sums 2·programs·N·4
@@ -116,8 +117,12 @@ def _pass_kernel(
             if COPY_OUT:
                 tl.store(ACOPY + rows[:, None] * s_om + cols[None, :], a.to(ACOPY.dtype.element_ty), mask=mask)
             if DX0_OUT:
-                u = tl.load(S + rc[:, None] * s_sm + cols[None, :] * s_sn, mask=mask, other=0.0).to(ACC)
-                tl.store(DX0 + rows[:, None] * s_om + cols[None, :], rounded(a * u, DX0.dtype.element_ty), mask=mask)
+                d = a * tl.load(S + rc[:, None] * s_sm + cols[None, :] * s_sn, mask=mask, other=0.0).to(ACC)
+                if DX0_PLUS_A:
+                    d += a
+                if DX0_ACC:
+                    d += tl.load(DX0 + rows[:, None] * s_om + cols[None, :], mask=mask, other=0.0).to(ACC)
+                tl.store(DX0 + rows[:, None] * s_om + cols[None, :], rounded(d, DX0.dtype.element_ty), mask=mask)
             if PRO_MASK:
                 a = tl.where(_mask_words(S, rc, pid_n * BN, s_sm, N, BM, BN) != 0, a, 0.0)
             a = _prologue(a, rc, cols, cmask[None, :], S, G0, s_sm, s_sn, s_gm, s_gn, M, N, PRO_ACT, False, PRO_X0,

@@ -148,7 +148,8 @@ class PassSpec:
     """What a launch of the elementwise pass (:mod:`fuselab.ops.gemm.pass_kernel`) is planned from: the ``[m, n]``
     operand's sizes, dtype and device, its prologue (act' id ``pro_act``, ReLU bits, DCN multiplier, a RoPE
     rotation, inverse when ``conj``), whether the result is written and its column sums reduced, 64-bit offsets;
-    the DCN backward's side outputs: ``dx0`` the operand times the kept pre-product, ``copy`` the operand as read."""
+    the DCN backward's side outputs: ``dx0`` the operand times the kept pre-product (plus the operand where
+    ``dx0_plus_a``, added to what dx0 holds where ``dx0_acc``), ``copy`` the operand as read."""
 
     m: int
     n: int
@@ -163,6 +164,8 @@ class PassSpec:
     col_sum: bool = False
     int64: bool = False
     dx0: bool = False
+    dx0_acc: bool = False
+    dx0_plus_a: bool = False
     copy: bool = False
 
 

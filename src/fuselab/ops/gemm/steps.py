@@ -39,17 +39,18 @@ def prologue_flags(keep: str, activation: str) -> dict:
 def elementwise(a: torch.Tensor, out: torch.Tensor | None, *, s: torch.Tensor | None = None, pro: dict | None = None,
                 g0: torch.Tensor | None = None, rope: tuple[RopeSpec, RopeArgs] | None = None, conj: bool = True,
                 db: torch.Tensor | None = None, write: bool = True, dx0: torch.Tensor | None = None,
-                copy: torch.Tensor | None = None) -> None:
+                copy: torch.Tensor | None = None, dx0_acc: bool = False, dx0_plus_a: bool = False) -> None:
     """One elementwise pass over ``a`` ``[M, N]``: the prologue (``pro``: :func:`prologue_flags` with the kept ``s``;
     the DCN multiplier ``g0``; the rotation ``rope``, inverse when ``conj``) into ``out`` (None: in place) where
-    ``write``, its column sums into ``db``; ``a ⊙ s`` into ``dx0`` (``s`` the DCN's kept pre-product), ``a`` into
-    ``copy``."""
+    ``write``, its column sums into ``db``; ``a ⊙ s`` into ``dx0`` (``s`` the DCN's kept pre-product; plus ``a``
+    where ``dx0_plus_a``, added to dx0 where ``dx0_acc``), ``a`` into ``copy``."""
     m, n = a.shape
     reach = max((r - 1) * abs(st) for t in (a, out, s, g0, dx0, copy) if t is not None
                 for r, st in zip(t.shape, t.stride()))
     spec = PassSpec(m=m, n=n, dtype=a.dtype, device=a.device, **(pro or {}), pro_x0=g0 is not None,
                     rope=None if rope is None else rope[0], conj=conj, write=write, col_sum=db is not None,
-                    int64=reach > 2**31 - 1, dx0=dx0 is not None, copy=copy is not None)
+                    int64=reach > 2**31 - 1, dx0=dx0 is not None, dx0_acc=dx0_acc, dx0_plus_a=dx0_plus_a,
+                    copy=copy is not None)
     pass_(pass_plan(spec), a, out, s=s, g0=g0, db=db, rope=None if rope is None else rope[1], dx0=dx0, copy=copy)
 
 
@@ -321,3 +322,45 @@ def qkv_backward(grad: torch.Tensor, x2: torch.Tensor, weight: torch.Tensor, rop
         run(GemmOperands(a=g.t(), b=b, c=target, db=db if want_b else None, rope=args), pro_rope=rope,
             n_along_p=True, row_sum=want_b)
     return dx, dw, db
+
+
+# ---------------------------------------------------------------------------------------------- DCN cross network
+def dcn_net_forward(x0: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor, weight_v: torch.Tensor | None,
+                    y: torch.Tensor, h: torch.Tensor | None, u: torch.Tensor, inter: torch.Tensor) -> None:
+    """L cross layers on x0 [M, N] (weight [L, N, rank], bias [L, N], weight_v [L, rank, N] or None): layer l's
+    output into inter[l] (y for the last), its h = x Vᵀ into h[l], its pre-product into u[l]."""
+    x = x0
+    for layer in range(weight.shape[0]):
+        out = y if layer == weight.shape[0] - 1 else inter[layer]
+        dcn_forward(x0, x, weight[layer], bias[layer], None if weight_v is None else weight_v[layer], out,
+                    None if h is None else h[layer], u[layer])
+        x = out
+
+
+def dcn_net_backward(grad: torch.Tensor, x0: torch.Tensor, weight: torch.Tensor, weight_v: torch.Tensor | None,
+                     h: torch.Tensor | None, u: torch.Tensor, inter: torch.Tensor) -> tuple:
+    """(dx0, dw, db [L, N] acc dtype, dv) of :func:`dcn_net_forward`, the layers in reverse: per layer one pass forms
+    gx = g ⊙ x0 with the bias gradient, adds g ⊙ u (and, for the first layer, whose input is x0, g itself) to dx0 and
+    copies g into the buffer that becomes the next layer's g; cuBLAS computes dW = gxᵀ·h, dT = gx·W, that buffer
+    (dx0 for the first layer) += dT·V, dV = dTᵀ·x."""
+    layers, n = weight.shape[0], weight.shape[1]
+    g = rows(grad)
+    acc = torch.float64 if g.dtype == torch.float64 else torch.float32
+    dx0, gx = g.new_empty(g.shape), g.new_empty(g.shape)
+    dw, dv = torch.empty_like(weight), None if weight_v is None else torch.empty_like(weight_v)
+    db = g.new_empty((layers, n), dtype=acc)
+    buffers = [g.new_empty(g.shape), g.new_empty(g.shape)] if layers > 1 else []
+    for layer in reversed(range(layers)):
+        x = x0 if layer == 0 else inter[layer - 1]
+        nxt = dx0 if layer == 0 else buffers[layer % 2]
+        elementwise(g, gx, s=u[layer], g0=x0, db=db[layer], dx0=dx0, dx0_acc=layer < layers - 1,
+                    dx0_plus_a=layer == 0, copy=None if layer == 0 else nxt)
+        torch.mm(gx.t(), x if h is None else h[layer], out=dw[layer])
+        if weight_v is None:
+            torch.addmm(nxt, gx, weight[layer], out=nxt)
+        else:
+            dt = torch.mm(gx, weight[layer])
+            torch.addmm(nxt, dt, weight_v[layer], out=nxt)
+            torch.mm(dt.t(), x, out=dv[layer])
+        g = nxt
+    return dx0, dw, db, dv if dv is not None else g.new_empty(0)
