@@ -4,7 +4,7 @@
 #   mp2prof  MLPerf DCNv2 at 10% tables through the CLI with the config's defaults (fused kernels, CUDA graph), 30
 #            steps, the last ones profiled: the per-kernel table of one step;
 #   gemm     round18.sh gemm (the GEMM family's checks and graph timings, its GPU tests);
-#   ab       the GEMM and DCN GPU tests, the GEMM family's graph time, the rotation pass, then the DLRM step of
+#   ab       the GEMM and DCN GPU tests, the GEMM family's graph time, the DCN backward's pass, then the DLRM step of
 #            .ab_old/src (carried) against this tree: Kaggle and MLPerf DCNv2 at 10% tables.
 set -uo pipefail
 export PYTHONUNBUFFERED=1 PYTHONPATH="$PWD/src"
@@ -27,7 +27,7 @@ for part in "$@"; do case "$part" in
     echo "tests exit $?"; grep -E "^FAILED|passed|failed" "$OUT/ab_tests.log" | tail -6 | cut -c1-200
     timeout 100 python3 benchmarks/gpu_checks/gemm_probe.py 2>&1 | grep -v Warn > "$OUT/gemm_probe.txt"
     grep -E "graph|_gemm_kernel|_pass_kernel" "$OUT/gemm_probe.txt" | cut -c1-150
-    timeout 60 python3 benchmarks/gpu_checks/pass_probe.py dcn 2>&1 | grep -v Warn | tee "$OUT/rope_pass.txt"
+    timeout 60 python3 benchmarks/gpu_checks/pass_probe.py dcn 2>&1 | grep -v Warn | tee "$OUT/dcn_pass.txt"
     timeout 260 bash benchmarks/lab_ab.sh "$OUT/dlrm_ab" .ab_old/src 1 dlrm -- --dtype bf16 \
       --case kaggle-B=65536 mlperf-v2-x0.1-B=65536 --providers fuselab-graph | tail -8 ;;
   *) echo "usage: $0 rope|mp2prof|gemm|ab ..." >&2; exit 2 ;;
