@@ -24,7 +24,8 @@ OPTIMIZERS = ("sgd", "adagrad", "rowwise_adagrad")
 MODES = {"eager": [], "compile": ["--compile"], "graph": ["--cuda-graph", "--data-on-device"],
          "compiled-graph": ["--compile", "--cuda-graph", "--data-on-device"]}
 #: the combinations the CLI refuses, with the words its message must hold
-REFUSED = {("torch", "graph"): "cuda_graph", ("torch", "compiled-graph"): "cuda_graph"}
+REFUSED = {("torch", "graph"): "mode='cuda_graph' needs kernels='fuselab'",
+           ("torch", "compiled-graph"): "mode='compile_graph' needs kernels='fuselab'"}
 #: learning rates given on the command line where a config has none for the optimizer (the CLI refuses the run
 #: without them: test_an_optimizer_without_learning_rates_is_refused)
 GIVEN_RATES = ["--lr-dense", "0.01", "--lr-sparse", "0.01"]
