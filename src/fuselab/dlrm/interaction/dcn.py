@@ -112,8 +112,5 @@ class DCNInteraction(nn.Module):
         if dense.shape != (b, self.dim) or emb.shape != (b, self.num_sparse, self.dim):
             raise ValueError(f"dense must be (B, {self.dim}) and emb (B, {self.num_sparse}, {self.dim}), got "
                              f"{tuple(dense.shape)} and {tuple(emb.shape)}")
-        # x0 = [dense, emb] in dense's dtype: emb cast as it is copied in (one pass; a cast then a cat is two)
-        x0 = dense.new_empty((b, self.num_sparse + 1, self.dim))
-        x0[:, 0] = dense
-        x0[:, 1:] = emb
-        return self.crossnet(x0.view(b, self.out_features))
+        x0 = torch.cat([dense.unsqueeze(1), emb.to(dense.dtype)], dim=1).reshape(b, self.out_features)
+        return self.crossnet(x0)
