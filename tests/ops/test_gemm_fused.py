@@ -174,6 +174,23 @@ def test_dcn_cross_net_without_grad_and_bad_inputs(triton_backend):
         dcn_cross_net(x0, w.double(), b, v)
 
 
+@pytest.mark.slow
+def test_dcn_cross_net_compile_fullgraph(triton_backend):
+    """torch.compile(fullgraph=True) traces the one-op cross network (its fake, its registered autograd): forward
+    and every gradient against the float64 loop of reference layers."""
+    from fuselab.core.compile import compile_quietly
+    from fuselab.ops.gemm import dcn_cross_net
+
+    x0, w, b, v = torch.randn(9, 16), torch.randn(2, 16, 4) / 2, torch.randn(2, 16), torch.randn(2, 4, 16) / 4
+    leaves = _leaves(x0, w, b, v)
+    loss = compile_quietly(lambda *t: dcn_cross_net(*t).square().sum(), fullgraph=True)(*leaves)
+    loss.backward()
+    l64 = _leaves(x0, w, b, v, dtype=torch.float64)
+    _net_reference(*l64).square().sum().backward()
+    for name, got, want in zip(("dx0", "dw", "db", "dv"), leaves, l64):
+        assert_close(got.grad, want.grad, torch.float32, name, atol=1e-4 * (1 + want.grad.abs()))
+
+
 def test_dcn_cross_net_opcheck(triton_backend):
     """The op's schema, fake and autograd registration."""
     from fuselab.ops.gemm.dcn_net import DCN_NET

@@ -6,7 +6,7 @@ gradient of x0 in the elementwise pass that forms the layer's other terms (one r
 layer) instead of autograd's separate sums of the per-layer gradients (two reads and a write each), and write the
 first layer's dxl (x0 is its input) onto dx0 as well. The op runs where its backward is that pass: the Triton
 kernels under the ``"cublas"`` backward plan, with x0 needing a gradient; elsewhere :func:`dcn_cross_net` is the
-loop of :func:`~fuselab.ops.gemm.dcn_cross` calls.
+loop of :func:`~fuselab.ops.gemm.dcn_cross` calls (under ``torch.compile`` that choice is made when it traces).
 """
 
 from __future__ import annotations
@@ -85,6 +85,13 @@ def _backward_fake(grad: torch.Tensor, x0: torch.Tensor, weight: torch.Tensor, w
 DCN_NET_BACKWARD = RecordOp("fuselab::dcn_cross_net_bwd", eager=_backward_launch, fake=_backward_fake)
 
 
+@torch.compiler.assume_constant_result
+def _one_op_on(device: str) -> bool:
+    """Whether the cross network runs as one op on ``device``: the Triton kernels and the ``"cublas"`` backward plan
+    (whose pass sums x0's gradient). A constant to ``torch.compile`` (the tuning is read when it traces)."""
+    return use_triton(device) and current(GemmTuning).backward == "cublas"
+
+
 def dcn_cross_net(x0: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor,
                   weight_v: torch.Tensor | None = None) -> torch.Tensor:
     """L DCNv2 cross layers: ``x_{l+1} = x0 ⊙ (x_l @ weight[l].T + bias[l]) + x_l`` from ``x_0 = x0``, or with
@@ -113,9 +120,7 @@ def dcn_cross_net(x0: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor,
                          f"{tuple(weight.shape)}, bias {tuple(bias.shape)}"
                          + ("" if weight_v is None else f", weight_v {tuple(weight_v.shape)}"))
     validate_dcn(x0, x0, weight[0], bias[0], None if weight_v is None else weight_v[0])
-    one_op = (use_triton(x0.device) and torch.is_grad_enabled() and x0.requires_grad and x0.numel() > 0
-              and current(GemmTuning).backward == "cublas")
-    if not one_op:
+    if not (torch.is_grad_enabled() and x0.requires_grad and x0.numel() > 0 and _one_op_on(str(x0.device))):
         x = x0
         for layer in range(weight.shape[0]):
             x = dcn_cross(x0, x, weight[layer], bias[layer], weight_v=None if weight_v is None else weight_v[layer])
