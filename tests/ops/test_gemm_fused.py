@@ -126,7 +126,7 @@ def _net_reference(x0, w, b, v):
     return x
 
 
-@pytest.mark.parametrize("layers", [1, 3])
+@pytest.mark.parametrize("layers", [1, 2, 3])
 @pytest.mark.parametrize("rank", [None, 8])
 def test_dcn_cross_net(triton_backend, plan, layers, rank):
     """The cross network as one op (the default plan) or as per-layer ops (the fused plan) against the float64 loop of

@@ -239,17 +239,29 @@ def _dcn_cublas(g, x02, xl2, weight, weight_v, h, u, want, out) -> None:
         elementwise(g, target, s=u, g0=x02, db=out[3] if want_b else None, write=need_gx,
                     dx0=out[0] if u is not None else None, copy=out[1] if want_xl else None)
     if want_w:
-        out[2] = torch.mm(gx.t(), xl2 if h is None else h)
+        out[2] = g.new_empty(weight.shape)
+    if want_v:
+        out[4] = g.new_empty(weight_v.shape)
+    _cross_products(gx, xl2, h, weight, weight_v, out[1] if want_xl else None, out[2] if want_w else None,
+                    out[4] if want_v else None)
+
+
+def _cross_products(gx, x, h, weight, weight_v, dxl, dw, dv) -> None:
+    """A cross layer's products after its pass, each where its output is given: dw = gxᵀ·h (h = x at full rank);
+    dxl += gx·W (full rank) or, with dT = gx·W, dxl += dT·V and dv = dTᵀ·x. dxl holds the pass's copy of g: the
+    addmm runs in place on it."""
+    if dw is not None:
+        torch.mm(gx.t(), x if h is None else h, out=dw)
     if weight_v is None:
-        if want_xl:
-            torch.addmm(out[1], gx, weight, out=out[1])
+        if dxl is not None:
+            torch.addmm(dxl, gx, weight, out=dxl)
         return
-    if want_xl or want_v:
+    if dxl is not None or dv is not None:
         dt = torch.mm(gx, weight)
-        if want_xl:
-            torch.addmm(out[1], dt, weight_v, out=out[1])  # in place: onto the pass's copy of g
-        if want_v:
-            out[4] = torch.mm(dt.t(), xl2)
+        if dxl is not None:
+            torch.addmm(dxl, dt, weight_v, out=dxl)
+        if dv is not None:
+            torch.mm(dt.t(), x, out=dv)
 
 
 def _dcn_fused(g, x02, xl2, weight, weight_v, h, want, out) -> None:
@@ -349,18 +361,15 @@ def dcn_net_backward(grad: torch.Tensor, x0: torch.Tensor, weight: torch.Tensor,
     dx0, gx = g.new_empty(g.shape), g.new_empty(g.shape)
     dw, dv = torch.empty_like(weight), None if weight_v is None else torch.empty_like(weight_v)
     db = g.new_empty((layers, n), dtype=acc)
-    buffers = [g.new_empty(g.shape), g.new_empty(g.shape)] if layers > 1 else []
+    # the next layer's g, formed while the current one is read: two buffers alternate (one for two layers)
+    buffers = [g.new_empty(g.shape) for _ in range(min(2, layers - 1))]
     for layer in reversed(range(layers)):
         x = x0 if layer == 0 else inter[layer - 1]
-        nxt = dx0 if layer == 0 else buffers[layer % 2]
+        nxt = dx0 if layer == 0 else buffers[layer % len(buffers)]
         elementwise(g, gx, s=u[layer], g0=x0, db=db[layer], dx0=dx0, dx0_acc=layer < layers - 1,
                     dx0_plus_a=layer == 0, copy=None if layer == 0 else nxt)
-        torch.mm(gx.t(), x if h is None else h[layer], out=dw[layer])
-        if weight_v is None:
-            torch.addmm(nxt, gx, weight[layer], out=nxt)
-        else:
-            dt = torch.mm(gx, weight[layer])
-            torch.addmm(nxt, dt, weight_v[layer], out=nxt)
-            torch.mm(dt.t(), x, out=dv[layer])
+        _cross_products(gx, x, None if h is None else h[layer], weight[layer],
+                        None if weight_v is None else weight_v[layer], nxt, dw[layer],
+                        None if dv is None else dv[layer])
         g = nxt
     return dx0, dw, db, dv if dv is not None else g.new_empty(0)
